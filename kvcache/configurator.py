@@ -1,0 +1,224 @@
+"""KVCacheConfigurator: profile, plan, build; one call, one immutable result.
+
+A target worker profiles through its MemoryProbe, plans with the pure planner (paying
+for any draft pools too), and builds its pools and allocator. A draft worker is given
+the target's request table, allocator and plan (`shared`): it skips profiling and
+builds only its own KV pool, with the same token capacity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import torch
+
+from kvcache.advice import suggest_fixes
+from kvcache.dtypes import KV_CACHE_DTYPES, KVCacheDtype
+from kvcache.errors import ConfigError, DoesNotFitError, WeightsLeaveNoRoomError
+from kvcache.layer_specs import model_layer_specs
+from kvcache.memory_budget import (
+    MemoryBudget, compute_budget, default_chunked_prefill_size, default_cuda_graph_max_bs,
+    derive_mem_fraction_static, exact_fraction, runtime_reserve_mib,
+)
+from kvcache.memory_probe import MemoryProbe
+from kvcache.model_config import ModelConfig
+from kvcache.parallel import ParallelState
+from kvcache.planning import PlanRequest, plan_pool_sizes
+from kvcache.pool_builder import KVPool, WorkerPools, build_worker_pools
+from kvcache.pool_config import MemoryPoolConfig
+from kvcache.pool_layout import CacheLayout
+from kvcache.pools import RecurrentStatePool, ReqToTokenPool
+from kvcache.server_args import ServerArgs
+
+RADIX_STATE_SLOTS_PER_REQUEST = 3
+
+
+class KVCacheConfigResult(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """What the model runner keeps: the plan, the formats, the pools and the allocator."""
+
+    memory_pool_config: MemoryPoolConfig
+    model_dtype: Any  # torch.dtype
+    kv_cache_dtype: Any  # KVCacheDtype
+    req_to_token_pool: ReqToTokenPool
+    token_to_kv_pool: Any  # KVPool
+    token_to_kv_pool_allocator: Any
+    state_pool: RecurrentStatePool | None
+    allocated_bytes: int  # bytes this worker allocated (shared objects excluded)
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        return self.memory_pool_config.max_total_num_tokens
+
+    @property
+    def max_running_requests(self) -> int:
+        return self.memory_pool_config.max_running_requests
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SharedTargetCache:
+    """What a draft worker takes from its target: same token indices, same request rows."""
+
+    req_to_token_pool: ReqToTokenPool
+    token_to_kv_pool_allocator: Any
+    memory_pool_config: MemoryPoolConfig
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KVCacheConfigurator:
+    """Sizes and builds one worker's KV cache. Typed fields only; one public method."""
+
+    server_args: ServerArgs
+    model_config: ModelConfig
+    parallel_state: ParallelState
+    model_dtype: torch.dtype
+    kv_cache_dtype: KVCacheDtype
+    device: torch.device
+    memory_probe: MemoryProbe
+    layer_ids: range | None = None
+    pool_name_prefix: str = ""
+    draft_layout: CacheLayout | None = None
+    shared: SharedTargetCache | None = None
+
+    # ---- the one public method -------------------------------------------
+    def configure(self, *, pre_model_load_memory: int) -> KVCacheConfigResult:
+        """Profile (unless shared), plan, build. `pre_model_load_memory` is the free bytes
+        the probe reported before weights were loaded."""
+        layout = self.layout()
+        if self.shared is not None:
+            return self._configure_from_shared(layout, self.shared)
+        plan = self._plan(layout, pre_model_load_memory)
+        pools = build_worker_pools(plan=plan, layout=layout, device=self.device)
+        self.memory_probe.note_allocation(pools.nbytes)
+        assert pools.req_to_token_pool is not None
+        return self._result(plan, pools, pools.req_to_token_pool, pools.allocator)
+
+    # ---- parts (public for reports and tests, pure) ----------------------
+    def layout(self, kv_cache_dtype: KVCacheDtype | None = None) -> CacheLayout:
+        """This worker's pools, from its layer specs."""
+        placements = model_layer_specs(
+            self.model_config, self.parallel_state, kv_cache_dtype or self.kv_cache_dtype,
+            model_dtype=self.model_dtype, ssm_dtype=_SSM_DTYPES[self.server_args.mamba_ssm_dtype],
+            layer_ids=self.layer_ids,
+        )
+        return CacheLayout.from_placements(placements, prefix=self.pool_name_prefix)
+
+    def mem_fraction_static(self) -> float:
+        """The user's value, or SGLang's rule for this card (see kvcache.memory_budget)."""
+        a = self.server_args
+        if a.mem_fraction_static is not None:
+            return a.mem_fraction_static
+        total = self.memory_probe.total_bytes()
+        graphs = 0 if self.device.type == "cpu" else (
+            a.cuda_graph_max_bs if a.cuda_graph_max_bs is not None else default_cuda_graph_max_bs(total, a.tp_size))
+        reserve = runtime_reserve_mib(
+            total_bytes=total,
+            chunked_prefill_size=a.chunked_prefill_size or default_chunked_prefill_size(total),
+            cuda_graph_max_bs=graphs, tp_size=a.tp_size, pp_size=a.pp_size,
+            dp_attention_size=a.attention_dp_size, speculative_algorithm=a.speculative_algorithm,
+        )
+        return derive_mem_fraction_static(total, reserve)
+
+    def plan_request(self, layout: CacheLayout, budget: MemoryBudget) -> PlanRequest:
+        """The planner's input for this layout and budget."""
+        a = self.server_args
+        context = self.model_config.context_length(a.context_length, allow_long_context=a.allow_long_context)
+        extra = a.resolved_speculative_num_draft_tokens if a.speculative else 0
+        groups = layout.kv_groups + (self.draft_layout.kv_groups if self.draft_layout else ())
+        state = None
+        if layout.state is not None:
+            state = layout.state.demand(
+                slots_per_request=1 if a.disable_radix_cache else RADIX_STATE_SLOTS_PER_REQUEST,
+                memory_ratio=exact_fraction(a.mamba_full_memory_ratio), max_slots=a.max_mamba_cache_size,
+            )
+        return PlanRequest(
+            budget=budget, page_size=a.page_size, context_length=context,
+            req_to_token_row_width=context + extra, kv_pools=tuple(g.demand() for g in groups),
+            swa_ratio=exact_fraction(a.swa_full_tokens_ratio), state=state,
+            max_total_tokens=a.max_total_tokens, max_running_requests=a.max_running_requests,
+            attention_dp_size=a.attention_dp_size,
+        )
+
+    # ---- internals --------------------------------------------------------
+    def _plan(self, layout: CacheLayout, free_before: int) -> MemoryPoolConfig:
+        a = self.server_args
+        free_after = self.memory_probe.free_bytes()
+        total = self.memory_probe.total_bytes()
+        fraction = None if a.kv_cache_memory is not None else self.mem_fraction_static()
+
+        def budget_for(f: float) -> int:
+            return compute_budget(total_bytes=total, free_before_load=free_before, free_after_load=free_after,
+                                  mem_fraction_static=f, kv_cache_memory=None).budget_bytes if f else 0
+
+        try:
+            budget = compute_budget(
+                total_bytes=total, free_before_load=free_before, free_after_load=free_after,
+                mem_fraction_static=fraction, kv_cache_memory=a.kv_cache_memory,
+            )
+        except WeightsLeaveNoRoomError as exc:
+            empty = MemoryBudget(budget_bytes=0, total_bytes=total, free_before_load_bytes=free_before,
+                                 free_after_load_bytes=free_after, mem_fraction_static=fraction, kv_cache_memory_bytes=None)
+            raise exc.with_suggestions(self._suggestions(layout, self.plan_request(layout, empty), _safe(budget_for))) from None
+        request = self.plan_request(layout, budget)
+        try:
+            plan = plan_pool_sizes(request)
+        except DoesNotFitError as exc:
+            fixes = exc.suggestions + self._suggestions(layout, request, _safe(budget_for) if fraction else None)
+            raise exc.with_suggestions(fixes) from None
+        agreed = self.parallel_state.min_across_ranks(plan.max_total_num_tokens)
+        if agreed < plan.max_total_num_tokens:
+            plan = plan_pool_sizes(msgspec.structs.replace(request, max_total_tokens=agreed))
+        return plan
+
+    def _suggestions(self, layout: CacheLayout, request: PlanRequest, budget_for: Any) -> tuple[str, ...]:
+        fp8 = None
+        if self.kv_cache_dtype.bits > 8:
+            fp8_layout = self.layout(KV_CACHE_DTYPES["fp8_e4m3"])
+            fp8 = self.plan_request(fp8_layout, request.budget)
+        limit = request.budget.free_after_load_bytes if self.server_args.kv_cache_memory is not None else None
+        return suggest_fixes(request, budget_for_fraction=budget_for, kv_cache_memory_limit=limit, fp8_request=fp8)
+
+    def _configure_from_shared(self, layout: CacheLayout, shared: SharedTargetCache) -> KVCacheConfigResult:
+        plan = shared.memory_pool_config
+        for group in layout.kv_groups:
+            try:
+                pool_plan = plan.pool(group.name)
+            except KeyError:
+                raise ConfigError(
+                    f"the target's plan has no pool {group.name!r} for this draft worker (it has "
+                    f"{[p.name for p in plan.kv_pools]}): the target must be configured with this draft's layout"
+                ) from None
+            if pool_plan.bytes_per_token != group.bytes_per_token:
+                raise ConfigError(
+                    f"draft pool {group.name!r} costs {group.bytes_per_token} bytes/token but the target paid for "
+                    f"{pool_plan.bytes_per_token}: target and draft were configured with different settings"
+                )
+        if layout.state is not None:
+            raise ConfigError("a draft worker with recurrent-state layers cannot share the target's request table")
+        pools = build_worker_pools(
+            plan=plan, layout=layout, device=self.device,
+            shared_req_to_token_pool=shared.req_to_token_pool, shared_allocator=shared.token_to_kv_pool_allocator,
+        )
+        self.memory_probe.note_allocation(pools.nbytes)
+        return self._result(plan, pools, shared.req_to_token_pool, shared.token_to_kv_pool_allocator)
+
+    def _result(self, plan: MemoryPoolConfig, pools: WorkerPools, req_pool: ReqToTokenPool, allocator: Any) -> KVCacheConfigResult:
+        return KVCacheConfigResult(
+            memory_pool_config=plan, model_dtype=self.model_dtype, kv_cache_dtype=self.kv_cache_dtype,
+            req_to_token_pool=req_pool, token_to_kv_pool=pools.token_to_kv_pool,
+            token_to_kv_pool_allocator=allocator, state_pool=pools.state_pool, allocated_bytes=pools.nbytes,
+        )
+
+
+_SSM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _safe(budget_for: Any) -> Any:
+    """A budget function that answers 0 where the weights would leave no room."""
+    def wrapped(f: float) -> int:
+        try:
+            return budget_for(f)
+        except DoesNotFitError:
+            return 0
+    return wrapped

@@ -1,0 +1,118 @@
+"""Memory probes: how many bytes a device has in all and has free right now.
+
+`CudaMemoryProbe` asks the driver, `HostMemoryProbe` keeps a CPU engine inside a
+configured limit (a host has no card to ask), and `FixedMemoryProbe` is a simulated
+card for dry-run plans and tests. Probes that measure real memory ignore
+`note_allocation`; the simulated one debits it, so a dry run on `meta` still sees
+the weights it did not really allocate.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from kvcache.errors import ConfigError
+
+
+@runtime_checkable
+class MemoryProbe(Protocol):
+    """What the configurator asks of a device's memory."""
+
+    def free_bytes(self) -> int: ...
+
+    def total_bytes(self) -> int: ...
+
+    def note_allocation(self, nbytes: int) -> None: ...
+
+
+class CudaMemoryProbe:
+    """A CUDA device, through cudaMemGetInfo after emptying the caching allocator."""
+
+    def __init__(self, device: torch.device) -> None:
+        if device.type != "cuda":
+            raise ConfigError(f"CudaMemoryProbe needs a cuda device, got {device}")
+        self._device = device
+
+    def free_bytes(self) -> int:
+        torch.cuda.synchronize(self._device)
+        torch.cuda.empty_cache()
+        free, _total = torch.cuda.mem_get_info(self._device)
+        return int(free)
+
+    def total_bytes(self) -> int:
+        return int(torch.cuda.mem_get_info(self._device)[1])
+
+    def note_allocation(self, nbytes: int) -> None:
+        """Real allocations show up in free_bytes by themselves."""
+
+
+def _resident_bytes() -> int:
+    """This process's resident set size, from /proc (0 where there is no /proc)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _host_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class HostMemoryProbe:
+    """A CPU engine's memory: a fixed limit, less what this process has grown by since the probe was made.
+
+    Free is also capped by what the host really has available, so a limit larger
+    than the machine cannot promise memory that is not there.
+    """
+
+    def __init__(self, limit_bytes: int) -> None:
+        if limit_bytes <= 0:
+            raise ConfigError(f"--memory-limit must be positive, got {limit_bytes}")
+        self._limit = limit_bytes
+        self._baseline = _resident_bytes()
+
+    def free_bytes(self) -> int:
+        used = max(0, _resident_bytes() - self._baseline)
+        free = self._limit - used
+        available = _host_available_bytes()
+        return max(0, min(free, available) if available is not None else free)
+
+    def total_bytes(self) -> int:
+        return self._limit
+
+    def note_allocation(self, nbytes: int) -> None:
+        """Resident memory shows real allocations by itself."""
+
+
+class FixedMemoryProbe:
+    """A simulated card: fixed total, free bytes that fall only by what is noted."""
+
+    def __init__(self, *, total_bytes: int, free_bytes: int | None = None) -> None:
+        free = total_bytes if free_bytes is None else free_bytes
+        if total_bytes <= 0 or not 0 <= free <= total_bytes:
+            raise ConfigError(f"a simulated card needs 0 <= free ({free}) <= total ({total_bytes}) and total > 0")
+        self._total = total_bytes
+        self._free = free
+
+    def free_bytes(self) -> int:
+        return self._free
+
+    def total_bytes(self) -> int:
+        return self._total
+
+    def note_allocation(self, nbytes: int) -> None:
+        self._free = max(0, self._free - nbytes)
+
+    def __repr__(self) -> str:
+        return f"FixedMemoryProbe(total_bytes={self._total}, free_bytes={self._free})"

@@ -1,0 +1,127 @@
+"""ModelConfig: what KV sizing needs from a Hugging Face config.json, read once.
+
+`ModelConfig.from_hf_config(path or dict)` picks the architecture's reader from
+`kvcache.architectures` and keeps the raw HF dict it came from.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import msgspec
+
+from kvcache.errors import ConfigError
+
+LayerKind = Literal["full_attention", "sliding_attention", "mla", "linear_attention", "mamba2", "mlp"]
+KV_LAYER_KINDS: frozenset[str] = frozenset({"full_attention", "sliding_attention", "mla"})
+STATE_LAYER_KINDS: frozenset[str] = frozenset({"linear_attention", "mamba2"})
+
+
+class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One model's shape, as far as caching goes. Built by `from_hf_config`."""
+
+    name: str
+    architecture: str
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    v_head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    checkpoint_dtype: str | None
+    layer_kinds: tuple[LayerKind, ...]
+    sliding_window: int | None = None
+    # MLA (DeepSeek-V2/V3, Kimi-K2)
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    # gated-delta-net linear attention (Qwen3-Next)
+    linear_num_key_heads: int | None = None
+    linear_num_value_heads: int | None = None
+    linear_key_head_dim: int | None = None
+    linear_value_head_dim: int | None = None
+    linear_conv_kernel_dim: int | None = None
+    # Mamba-2 (Nemotron-H)
+    mamba_num_heads: int | None = None
+    mamba_head_dim: int | None = None
+    ssm_state_size: int | None = None
+    mamba_n_groups: int | None = None
+    mamba_conv_kernel: int | None = None
+    # speculative decoding
+    num_nextn_predict_layers: int = 0
+    is_draft_head: bool = False
+    hf_config: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.layer_kinds) != self.num_hidden_layers:
+            raise ConfigError(
+                f"{self.name}: {len(self.layer_kinds)} layer kinds for {self.num_hidden_layers} layers"
+            )
+
+    @classmethod
+    def from_hf_config(cls, source: str | Path | Mapping[str, Any], *, name: str | None = None) -> "ModelConfig":
+        """Read a HF config.json (a path to the file or its directory, or the parsed dict)."""
+        from kvcache.architectures import read_architecture
+
+        if isinstance(source, Mapping):
+            hf = dict(source)
+            label = name or str(hf.get("_name_or_path") or _first_architecture(hf))
+        else:
+            hf = read_hf_config_file(source)
+            label = name or _label_for_path(Path(source))
+        return read_architecture(hf, name=label)
+
+    @property
+    def kv_layer_count(self) -> int:
+        """Layers that keep per-token KV (full, sliding or MLA attention)."""
+        return sum(kind in KV_LAYER_KINDS for kind in self.layer_kinds)
+
+    @property
+    def is_hybrid(self) -> bool:
+        return len({k for k in self.layer_kinds if k != "mlp"}) > 1 or any(
+            k in STATE_LAYER_KINDS for k in self.layer_kinds
+        )
+
+    def context_length(self, requested: int | None, *, allow_long_context: bool = False) -> int:
+        """The engine's context length: the model's, or a requested one that does not exceed it."""
+        if requested is None:
+            return self.max_position_embeddings
+        if requested > self.max_position_embeddings and not allow_long_context:
+            raise ConfigError(
+                f"--context-length {requested} is longer than {self.name}'s max_position_embeddings "
+                f"{self.max_position_embeddings}; use at most {self.max_position_embeddings}, or pass "
+                "--allow-long-context if the model really extrapolates"
+            )
+        return requested
+
+
+def read_hf_config_file(path: str | Path) -> dict[str, Any]:
+    """Parse config.json (given the file or its directory). Python's json reads `Infinity`,
+    which some real configs hold (Nemotron-H), where strict decoders refuse it."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"no model config at {p}: pass a preset name, a model directory or a config.json") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p} is not a valid config.json: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p} must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
+def _first_architecture(hf: Mapping[str, Any]) -> str:
+    archs = hf.get("architectures") or [hf.get("model_type", "model")]
+    return str(archs[0])
+
+
+def _label_for_path(p: Path) -> str:
+    if p.is_dir():
+        return p.name
+    return p.parent.name if p.name == "config.json" else p.stem

@@ -1,0 +1,220 @@
+"""plan_pool_sizes: pure integer sizing, numbers in and a MemoryPoolConfig out. No device.
+
+The cost of holding T tokens (T a multiple of page_size) is
+
+    cost(T) = sum over pools of (tokens_p(T) + page_size) * bytes_per_token_p
+            + (R(T) + 1) * row_width * 4             # req_to_token, int32
+            + [(R(T) + 1) * 4 + slots * slot_bytes]   # hybrids: slot map and state
+
+where tokens_p(T) is T for pools that hold every token and align_down(T * swa_ratio)
+for sliding-window pools, and R(T) is the running-request cap. cost is monotone in T,
+so the plan is the largest T with cost(T) <= budget, found by bisection: nothing is
+allocated beyond the budget, and one more page would not fit.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from typing import Literal
+
+import msgspec
+
+from kvcache.byte_units import format_bytes
+from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, DoesNotFitError
+from kvcache.memory_budget import MemoryBudget
+from kvcache.pool_config import REQ_TO_TOKEN_ELEMENT_BYTES, KVPoolPlan, MemoryPoolConfig, PoolKind, StatePoolPlan
+
+DEFAULT_REQUESTS_PER_CONTEXT = 512
+MIN_DEFAULT_RUNNING_REQUESTS = 2048
+MAX_DEFAULT_RUNNING_REQUESTS = 4096
+
+
+class KVPoolDemand(msgspec.Struct, frozen=True, kw_only=True):
+    """A per-token pool to size: its layers' bytes per token and whether it holds every token or a window."""
+
+    name: str
+    kind: PoolKind
+    num_layers: int
+    bytes_per_token: int
+    window: int | None = None  # the sliding window of a sliding-window pool
+    share: Literal["all", "swa"] = "all"  # "swa": align_down(T * swa_ratio) tokens, paired with a full pool
+
+
+class StateDemand(msgspec.Struct, frozen=True, kw_only=True):
+    """Recurrent state to size: bytes of one slot (all this rank's state layers) and how slots are shared."""
+
+    num_layers: int
+    bytes_per_slot: int
+    slots_per_request: int
+    memory_ratio: Fraction  # state : KV share of the budget (mamba_full_memory_ratio)
+    max_slots: int | None = None  # usable slots asked for (max_mamba_cache_size)
+
+
+class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the planner needs, as plain numbers."""
+
+    budget: MemoryBudget
+    page_size: int
+    context_length: int
+    req_to_token_row_width: int
+    kv_pools: tuple[KVPoolDemand, ...]
+    swa_ratio: Fraction = Fraction(4, 5)
+    state: StateDemand | None = None
+    max_total_tokens: int | None = None
+    max_running_requests: int | None = None
+    attention_dp_size: int = 1
+
+
+def align_down(n: int, page: int) -> int:
+    return n // page * page
+
+
+def align_up(n: int, page: int) -> int:
+    return -(-n // page) * page
+
+
+def _pool_tokens(req: PlanRequest, pool: KVPoolDemand, tokens: int) -> int:
+    if pool.share == "all":
+        return tokens
+    return align_down(tokens * req.swa_ratio.numerator // req.swa_ratio.denominator, req.page_size)
+
+
+def _state_slots(req: PlanRequest) -> int:
+    """Slots (padding slot included) from the state share budget * r / (1 + r), or the user's count."""
+    s = req.state
+    if s is None:
+        return 0
+    if s.max_slots is not None:
+        return s.max_slots + 1
+    share = req.budget.budget_bytes * s.memory_ratio.numerator // (s.memory_ratio.numerator + s.memory_ratio.denominator)
+    return share // s.bytes_per_slot
+
+
+def running_requests(req: PlanRequest, tokens: int, state_slots: int) -> int:
+    """SGLang's cap: clamp(T / context * 512, 2048, 4096) or the user's value; then <= T // 2,
+    divided over attention-DP groups, and no more than the state slots can serve."""
+    if req.max_running_requests is not None:
+        cap = req.max_running_requests
+    else:
+        cap = tokens * DEFAULT_REQUESTS_PER_CONTEXT // req.context_length
+        cap = min(max(cap, MIN_DEFAULT_RUNNING_REQUESTS), MAX_DEFAULT_RUNNING_REQUESTS)
+    cap = min(cap, tokens // 2) // req.attention_dp_size
+    if req.state is not None:
+        cap = min(cap, (state_slots - 1) // req.state.slots_per_request)
+    return max(cap, 1)
+
+
+def plan_cost(req: PlanRequest, tokens: int, state_slots: int) -> int:
+    """Bytes of every buffer when the full pools hold `tokens` tokens (the module formula)."""
+    page = req.page_size
+    kv = sum((_pool_tokens(req, p, tokens) + page) * p.bytes_per_token for p in req.kv_pools)
+    rows = running_requests(req, tokens, state_slots) + 1
+    table = rows * req.req_to_token_row_width * REQ_TO_TOKEN_ELEMENT_BYTES
+    state = (rows * REQ_TO_TOKEN_ELEMENT_BYTES + state_slots * req.state.bytes_per_slot) if req.state else 0
+    return kv + table + state
+
+
+def _largest_fitting_tokens(req: PlanRequest, state_slots: int) -> int:
+    """Largest page multiple T <= the caps with plan_cost(T) <= budget; 0 if not even one page fits."""
+    page = req.page_size
+    budget = req.budget.budget_bytes
+    per_page = page * max(1, sum(p.bytes_per_token for p in req.kv_pools if p.share == "all"))
+    hi = budget // per_page + 1
+    if req.max_total_tokens is not None:
+        hi = min(hi, req.max_total_tokens // page)
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if plan_cost(req, mid * page, state_slots) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * page
+
+
+def plan_pool_sizes(req: PlanRequest) -> MemoryPoolConfig:
+    """Size every pool for the budget; raises a DoesNotFitError subclass (without suggestions)."""
+    budget = req.budget.budget_bytes
+    page = req.page_size
+    slots = _state_slots(req)
+    if req.state is not None:
+        _check_state_fits(req, slots)
+    tokens = _largest_fitting_tokens(req, slots)
+    one_request = align_up(max(_one_request_tokens(req), 1), page)
+    if tokens == 0:
+        raise BudgetBelowOnePageError(
+            f"the KV budget does not hold one page ({page} tokens) plus the request table",
+            needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
+        )
+    if tokens < one_request:
+        raise BudgetBelowOneRequestError(
+            f"the KV budget holds {tokens} tokens, fewer than one request of --context-length {req.context_length} "
+            f"needs ({one_request} tokens)",
+            needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
+        )
+    _check_windows_fit(req, tokens, slots)
+    pools = tuple(
+        KVPoolPlan(
+            name=p.name, kind=p.kind, num_layers=p.num_layers, bytes_per_token=p.bytes_per_token,
+            num_tokens=_pool_tokens(req, p, tokens), page_size=page, holds_every_token=p.share == "all",
+        )
+        for p in req.kv_pools
+    )
+    state_plan = None
+    if req.state is not None:
+        state_plan = StatePoolPlan(
+            num_layers=req.state.num_layers, bytes_per_slot=req.state.bytes_per_slot,
+            num_slots=slots, slots_per_request=req.state.slots_per_request,
+        )
+    return MemoryPoolConfig(
+        budget=req.budget, page_size=page, context_length=req.context_length,
+        max_total_num_tokens=tokens, max_running_requests=running_requests(req, tokens, slots),
+        req_to_token_row_width=req.req_to_token_row_width, kv_pools=pools, state_pool=state_plan,
+    )
+
+
+def _one_request_tokens(req: PlanRequest) -> int:
+    """Full-pool tokens one request of context_length needs. With only sliding layers, a window."""
+    if req.kv_pools and all(p.window is not None for p in req.kv_pools):
+        return min(req.context_length, min(p.window for p in req.kv_pools if p.window) + req.page_size)
+    return req.context_length
+
+
+def _check_state_fits(req: PlanRequest, slots: int) -> None:
+    s = req.state
+    assert s is not None
+    need = (1 + s.slots_per_request) * s.bytes_per_slot
+    if slots * s.bytes_per_slot > req.budget.budget_bytes:
+        raise DoesNotFitError(
+            f"--max-mamba-cache-size {s.max_slots} state slots take {format_bytes(slots * s.bytes_per_slot)}, "
+            "more than the whole KV budget",
+            needed_bytes=slots * s.bytes_per_slot, available_bytes=req.budget.budget_bytes,
+            suggestions=(f"--max-mamba-cache-size {max(1, req.budget.budget_bytes // 2 // s.bytes_per_slot - 1)}",),
+        )
+    if slots - 1 < s.slots_per_request:
+        raise BudgetBelowOneRequestError(
+            f"the state share of the budget holds {max(slots - 1, 0)} usable state slots; one request needs "
+            f"{s.slots_per_request} ({format_bytes(s.bytes_per_slot)} each)",
+            needed_bytes=need, available_bytes=req.budget.budget_bytes,
+        )
+
+
+def _check_windows_fit(req: PlanRequest, tokens: int, slots: int) -> None:
+    """A paired sliding-window pool must hold one request's window plus a page."""
+    for p in req.kv_pools:
+        if p.share != "swa" or p.window is None:
+            continue
+        need = min(p.window, req.context_length) + req.page_size
+        have = _pool_tokens(req, p, tokens)
+        if have < need:
+            ratio = Fraction(need, tokens)
+            hint = f"--swa-full-tokens-ratio {min(1.0, float(ratio) + 0.005):.3f}" if ratio <= 1 else (
+                "a larger budget (--mem-fraction-static or --kv-cache-memory)")
+            raise BudgetBelowOneRequestError(
+                f"the sliding-window pool {p.name!r} holds {have} tokens, fewer than one window "
+                f"({min(p.window, req.context_length)}) plus a page ({req.page_size})",
+                needed_bytes=plan_cost(req, tokens, slots) + (need - have) * p.bytes_per_token,
+                available_bytes=req.budget.budget_bytes,
+                suggestions=(hint,),
+            )

@@ -1,0 +1,121 @@
+"""MemoryPoolConfig: the plan. Token and request counts, and the bytes of every buffer.
+
+A frozen, JSON-encodable msgspec Struct. Every buffer the configurator allocates is
+listed here, so the bytes it predicts are the bytes it allocates.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from kvcache.memory_budget import MemoryBudget
+
+PoolKind = Literal["full", "swa", "mla"]
+REQ_TO_TOKEN_ELEMENT_BYTES = 4  # int32 token indices
+
+
+class KVPoolPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """One per-token pool: `num_tokens` usable rows plus one padding page."""
+
+    name: str
+    kind: PoolKind
+    num_layers: int
+    bytes_per_token: int
+    num_tokens: int
+    page_size: int
+    holds_every_token: bool = True
+
+    @property
+    def num_rows(self) -> int:
+        """Rows allocated: the tokens plus page 0, which absorbs padded writes."""
+        return self.num_tokens + self.page_size
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_rows * self.bytes_per_token
+
+
+class StatePoolPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-request recurrent state (Mamba-2 / gated delta net): slot 0 is padding."""
+
+    num_layers: int
+    bytes_per_slot: int
+    num_slots: int
+    slots_per_request: int
+
+    @property
+    def usable_slots(self) -> int:
+        return self.num_slots - 1
+
+    @property
+    def request_cap(self) -> int:
+        """Requests the state slots can serve at once."""
+        return self.usable_slots // self.slots_per_request
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_slots * self.bytes_per_slot
+
+
+class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The sizing outcome for one engine (a target, plus any draft pools it pays for)."""
+
+    budget: MemoryBudget
+    page_size: int
+    context_length: int
+    max_total_num_tokens: int
+    max_running_requests: int
+    req_to_token_row_width: int
+    kv_pools: tuple[KVPoolPlan, ...]
+    state_pool: StatePoolPlan | None = None
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes one token costs in the pools that hold every token (full, MLA, draft)."""
+        return sum(p.bytes_per_token for p in self.kv_pools if p.holds_every_token)
+
+    @property
+    def req_to_token_bytes(self) -> int:
+        """(max_running_requests + 1) rows of int32 token indices; row 0 is padding."""
+        return (self.max_running_requests + 1) * self.req_to_token_row_width * REQ_TO_TOKEN_ELEMENT_BYTES
+
+    @property
+    def req_to_state_bytes(self) -> int:
+        """Hybrid models map each request row to its state slot: one int32 per row."""
+        return (self.max_running_requests + 1) * REQ_TO_TOKEN_ELEMENT_BYTES if self.state_pool else 0
+
+    def pool(self, name: str) -> KVPoolPlan:
+        for p in self.kv_pools:
+            if p.name == name:
+                return p
+        raise KeyError(f"no KV pool named {name!r}; pools: {[p.name for p in self.kv_pools]}")
+
+    @property
+    def buffers(self) -> dict[str, int]:
+        """Every buffer the configurator allocates, by name, in bytes."""
+        out = {"req_to_token": self.req_to_token_bytes}
+        if self.state_pool is not None:
+            out["req_to_state_slot"] = self.req_to_state_bytes
+            out["state"] = self.state_pool.total_bytes
+        for p in self.kv_pools:
+            out[f"kv_{p.name}"] = p.total_bytes
+        return out
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.buffers.values())
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict, derived numbers included."""
+        data = msgspec.to_builtins(self)
+        data.update(bytes_per_token=self.bytes_per_token, buffers=self.buffers, total_bytes=self.total_bytes)
+        for d, p in zip(data["kv_pools"], self.kv_pools):
+            d.update(num_rows=p.num_rows, total_bytes=p.total_bytes)
+        if self.state_pool is not None:
+            data["state_pool"].update(
+                usable_slots=self.state_pool.usable_slots, request_cap=self.state_pool.request_cap,
+                total_bytes=self.state_pool.total_bytes,
+            )
+        return data

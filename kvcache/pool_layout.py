@@ -1,0 +1,102 @@
+"""CacheLayout: a rank's cached layers grouped into the pools that will hold them.
+
+Layers of one pool kind (full, swa, mla, state) share one pool and must share one
+shape. A sliding-window pool is sized by swa_full_tokens_ratio only when a full pool
+beside it holds every token; with every layer sliding it holds every token itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from kvcache.errors import UnsupportedModelError
+from kvcache.layer_specs import LayerPlacement, RecurrentStateSpec, SlidingWindowSpec, TokenSpec
+from kvcache.planning import KVPoolDemand, StateDemand
+from fractions import Fraction
+
+
+@dataclass(frozen=True, slots=True)
+class KVPoolGroup:
+    """The layers of one per-token pool, their common spec, and how the pool is sized."""
+
+    name: str
+    spec: TokenSpec
+    layer_ids: tuple[int, ...]
+    paired_with_full: bool
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.spec.bytes_per_token * len(self.layer_ids)
+
+    def demand(self) -> KVPoolDemand:
+        window = self.spec.window if isinstance(self.spec, SlidingWindowSpec) else None
+        return KVPoolDemand(
+            name=self.name, kind=self.spec.pool_kind, num_layers=len(self.layer_ids),
+            bytes_per_token=self.bytes_per_token, window=window,
+            share="swa" if self.paired_with_full else "all",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StateGroup:
+    """The recurrent-state layers of a hybrid model; one slot holds all of them."""
+
+    spec: RecurrentStateSpec
+    layer_ids: tuple[int, ...]
+
+    @property
+    def bytes_per_slot(self) -> int:
+        return self.spec.bytes_per_request * len(self.layer_ids)
+
+    def demand(self, *, slots_per_request: int, memory_ratio: Fraction, max_slots: int | None) -> StateDemand:
+        return StateDemand(
+            num_layers=len(self.layer_ids), bytes_per_slot=self.bytes_per_slot,
+            slots_per_request=slots_per_request, memory_ratio=memory_ratio, max_slots=max_slots,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLayout:
+    """Per-token pool groups and the optional state group of one worker."""
+
+    kv_groups: tuple[KVPoolGroup, ...]
+    state: StateGroup | None = None
+
+    @classmethod
+    def from_placements(cls, placements: Sequence[LayerPlacement], *, prefix: str = "") -> "CacheLayout":
+        by_kind: dict[str, list[LayerPlacement]] = {}
+        for p in placements:
+            by_kind.setdefault(p.spec.pool_kind, []).append(p)
+        has_full = bool(by_kind.get("full") or by_kind.get("mla"))
+        groups: list[KVPoolGroup] = []
+        for kind in ("full", "mla", "swa"):
+            members = by_kind.get(kind)
+            if not members:
+                continue
+            spec = _uniform(kind, members)
+            groups.append(KVPoolGroup(
+                name=prefix + kind, spec=spec, layer_ids=tuple(m.layer_id for m in members),
+                paired_with_full=(kind == "swa" and has_full),
+            ))
+        state = None
+        if by_kind.get("state"):
+            members = by_kind["state"]
+            state = StateGroup(spec=_uniform("state", members), layer_ids=tuple(m.layer_id for m in members))
+        return cls(kv_groups=tuple(groups), state=state)
+
+    def group(self, name: str) -> KVPoolGroup:
+        for g in self.kv_groups:
+            if g.name == name:
+                return g
+        raise KeyError(name)
+
+
+def _uniform(kind: str, members: list[LayerPlacement]):  # type: ignore[no-untyped-def]
+    specs = {m.spec for m in members}
+    if len(specs) > 1:
+        raise UnsupportedModelError(
+            f"{kind} layers of different shapes ({len(specs)} kinds) cannot share one pool; "
+            "this model needs a pool per shape, which is not supported yet"
+        )
+    return members[0].spec

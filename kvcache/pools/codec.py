@@ -1,0 +1,84 @@
+"""How cached values are written into a pool's storage: cast, FP8 as bytes, FP4 with scales.
+
+FP4 (e2m1) packs two values per byte; each group of 16 values shares one scale byte,
+stored as an FP8 e4m3 bit pattern (amax / 6, 6 being e2m1's largest magnitude).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvcache.dtypes import KVCacheDtype
+
+_E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+FP4_GROUP = 16
+
+
+def encode(values: torch.Tensor, dtype: KVCacheDtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Values in model dtype -> (data in storage dtype, scales or None)."""
+    if dtype.scale_group:
+        return quantize_fp4(values)
+    if dtype.stored_as_bytes:
+        return values.to(dtype.torch_dtype).view(torch.uint8), None
+    return values.to(dtype.storage_dtype), None
+
+
+def decode_view(storage: torch.Tensor, dtype: KVCacheDtype) -> torch.Tensor:
+    """The buffer as kernels read it: FP8 bytes viewed as FP8; other formats as stored."""
+    if dtype.stored_as_bytes and not dtype.scale_group:
+        return storage.view(dtype.torch_dtype)
+    return storage
+
+
+def quantize_fp4(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., d] floats (d a multiple of 16) -> packed [..., d/2] uint8 and [..., d/16] scale bytes."""
+    x = values.float()
+    groups = x.reshape(*x.shape[:-1], -1, FP4_GROUP)
+    scale = (groups.abs().amax(dim=-1, keepdim=True) / 6.0).to(torch.float8_e4m3fn)
+    safe = scale.float().where(scale.float() > 0, torch.ones_like(scale.float()))
+    scaled = (groups / safe).clamp(-6.0, 6.0)
+    table = _E2M1_VALUES.to(x.device)
+    codes = (scaled.abs().unsqueeze(-1) - table).abs().argmin(dim=-1).to(torch.uint8)
+    codes = codes | ((scaled < 0).to(torch.uint8) << 3)
+    codes = codes.reshape(*x.shape[:-1], -1)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return packed, scale.squeeze(-1).view(torch.uint8)
+
+
+def dequantize_fp4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Inverse of quantize_fp4, to float32 (for tests and reference kernels)."""
+    low, high = packed & 0x0F, packed >> 4
+    codes = torch.stack((low, high), dim=-1).reshape(*packed.shape[:-1], -1)
+    table = _E2M1_VALUES.to(packed.device)
+    magnitude = table[(codes & 0x7).long()]
+    signed = torch.where((codes & 0x8) > 0, -magnitude, magnitude)
+    scale = scales.view(torch.float8_e4m3fn).float().repeat_interleave(FP4_GROUP, dim=-1)
+    return signed * scale
+
+
+class CacheTensor:
+    """One logical [rows, heads, dim] cache tensor in a KV dtype: data, plus scales for FP4."""
+
+    __slots__ = ("data", "scales", "dtype")
+
+    def __init__(self, *, rows: int, heads: int, dim: int, dtype: KVCacheDtype, device: torch.device) -> None:
+        from kvcache.pools.buffers import allocate_zeros
+
+        self.dtype = dtype
+        self.data = allocate_zeros((rows, heads, dtype.data_elements(dim)), dtype.storage_dtype, device)
+        self.scales = (
+            allocate_zeros((rows, heads, dtype.scale_elements(dim)), torch.uint8, device) if dtype.scale_group else None
+        )
+
+    def write(self, loc: torch.Tensor, values: torch.Tensor) -> None:
+        """Store `values` ([n, heads, dim], model dtype) at rows `loc`."""
+        data, scales = encode(values, self.dtype)
+        self.data[loc] = data
+        if self.scales is not None:
+            self.scales[loc] = scales
+
+    def read(self) -> torch.Tensor:
+        return decode_view(self.data, self.dtype)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.data,) if self.scales is None else (self.data, self.scales)

@@ -1,0 +1,68 @@
+"""MHATokenToKVPool: K and V buffers per layer for MHA/GQA (and sliding-window) layers.
+
+Each buffer has size + page_size rows: row (page) 0 absorbs padded writes, so token
+indices 1..size are usable.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from kvcache.dtypes import KVCacheDtype
+from kvcache.pools.buffers import tensor_bytes
+from kvcache.pools.codec import CacheTensor
+
+
+class MHATokenToKVPool:
+    """Per-token K/V for `layer_ids` (global layer numbers), each [rows, kv_heads, head_dim]."""
+
+    def __init__(
+        self, *, size: int, page_size: int, dtype: KVCacheDtype, kv_heads: int, head_dim: int, v_head_dim: int,
+        layer_ids: Sequence[int], device: torch.device,
+    ) -> None:
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        self.device = device
+        self.layer_ids = tuple(layer_ids)
+        self._index = {layer: i for i, layer in enumerate(self.layer_ids)}
+        rows = size + page_size
+        self._k: list[CacheTensor] = []
+        self._v: list[CacheTensor] = []
+        for _ in self.layer_ids:
+            self._k.append(CacheTensor(rows=rows, heads=kv_heads, dim=head_dim, dtype=dtype, device=device))
+            self._v.append(CacheTensor(rows=rows, heads=kv_heads, dim=v_head_dim, dtype=dtype, device=device))
+
+    def _local(self, layer_id: int) -> int:
+        try:
+            return self._index[layer_id]
+        except KeyError:
+            raise KeyError(f"layer {layer_id} is not in this pool (layers {self.layer_ids[0]}..{self.layer_ids[-1]})") from None
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._k[self._local(layer_id)].read()
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._v[self._local(layer_id)].read()
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def get_key_scales(self, layer_id: int) -> torch.Tensor | None:
+        """FP4 per-16 scale bytes of K (None for other formats)."""
+        return self._k[self._local(layer_id)].scales
+
+    def get_value_scales(self, layer_id: int) -> torch.Tensor | None:
+        return self._v[self._local(layer_id)].scales
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
+        """Write K and V ([n, kv_heads, dim], model dtype) for token indices `loc`."""
+        i = self._local(layer_id)
+        self._k[i].write(loc, cache_k)
+        self._v[i].write(loc, cache_v)
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_bytes(t for c in (*self._k, *self._v) for t in c.tensors())

@@ -1,0 +1,67 @@
+"""MLATokenToKVPool: one latent buffer per MLA layer, [rows, 1, kv_lora_rank + qk_rope_head_dim].
+
+The first kv_lora_rank elements are the compressed KV (the 'value' view); the rest
+is the decoupled RoPE key.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from kvcache.dtypes import KVCacheDtype
+from kvcache.pools.buffers import tensor_bytes
+from kvcache.pools.codec import CacheTensor
+
+
+class MLATokenToKVPool:
+    """Per-token MLA latents for `layer_ids`; row (page) 0 is padding."""
+
+    def __init__(
+        self, *, size: int, page_size: int, dtype: KVCacheDtype, kv_lora_rank: int, qk_rope_head_dim: int,
+        layer_ids: Sequence[int], device: torch.device,
+    ) -> None:
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        self.device = device
+        self.kv_lora_rank = kv_lora_rank
+        self.qk_rope_head_dim = qk_rope_head_dim
+        self.layer_ids = tuple(layer_ids)
+        self._index = {layer: i for i, layer in enumerate(self.layer_ids)}
+        rows = size + page_size
+        self._kv = [
+            CacheTensor(rows=rows, heads=1, dim=kv_lora_rank + qk_rope_head_dim, dtype=dtype, device=device)
+            for _ in self.layer_ids
+        ]
+
+    def _buffer(self, layer_id: int) -> CacheTensor:
+        if layer_id not in self._index:
+            raise KeyError(f"layer {layer_id} is not in this MLA pool (layers {self.layer_ids[0]}..{self.layer_ids[-1]})")
+        return self._kv[self._index[layer_id]]
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """The whole latent (compressed KV and RoPE key)."""
+        return self._buffer(layer_id).read()
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """The compressed KV part, which attention reads as values."""
+        if self.dtype.scale_group:
+            raise ValueError("an FP4 MLA latent packs elements in pairs; read get_key_buffer and its scales instead")
+        return self._buffer(layer_id).read()[..., : self.kv_lora_rank]
+
+    def get_key_scales(self, layer_id: int) -> torch.Tensor | None:
+        return self._buffer(layer_id).scales
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor) -> None:
+        """Write whole latents ([n, 1, kv_lora_rank + qk_rope_head_dim])."""
+        self._buffer(layer_id).write(loc, cache_k)
+
+    def set_mla_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k_nope: torch.Tensor, cache_k_rope: torch.Tensor) -> None:
+        """Write the compressed KV and the RoPE key given apart ([n, 1, rank] and [n, 1, rope])."""
+        self.set_kv_buffer(layer_id, loc, torch.cat((cache_k_nope, cache_k_rope), dim=-1))
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_bytes(t for c in self._kv for t in c.tensors())

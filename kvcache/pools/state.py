@@ -1,0 +1,55 @@
+"""RecurrentStatePool: per-request conv and SSM state for Mamba-2 / gated-delta-net layers.
+
+Slot 0 is padding; a request holds `slots_per_request` slots (more than one when a
+radix cache keeps states of shared prefixes).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from kvcache.layer_specs import RecurrentStateSpec
+from kvcache.pools.buffers import allocate_zeros, tensor_bytes
+
+
+class RecurrentStatePool:
+    """`num_slots` slots (padding included) of every state layer's conv and SSM tensors."""
+
+    def __init__(self, *, num_slots: int, spec: RecurrentStateSpec, layer_ids: Sequence[int], device: torch.device) -> None:
+        self.num_slots = num_slots
+        self.spec = spec
+        self.device = device
+        self.layer_ids = tuple(layer_ids)
+        self._index = {layer: i for i, layer in enumerate(self.layer_ids)}
+        self.conv: list[torch.Tensor] = []
+        self.ssm: list[torch.Tensor] = []
+        for _ in self.layer_ids:
+            self.conv.append(allocate_zeros((num_slots, *spec.conv_shape), spec.conv_dtype, device))
+            self.ssm.append(allocate_zeros((num_slots, *spec.ssm_shape), spec.ssm_dtype, device))
+        self._free: list[int] = list(range(num_slots - 1, 0, -1))
+
+    def get_state(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(conv, ssm) buffers of one layer, indexed by slot."""
+        i = self._index[layer_id]
+        return self.conv[i], self.ssm[i]
+
+    def alloc(self, need: int = 1) -> list[int] | None:
+        if need > len(self._free):
+            return None
+        taken = [self._free.pop() for _ in range(need)]
+        return taken
+
+    def free(self, slots: list[int]) -> None:
+        for slot in slots:
+            if not 1 <= slot < self.num_slots:
+                raise ValueError(f"state slot {slot} is not in 1..{self.num_slots - 1}")
+            self._free.append(slot)
+
+    def available_size(self) -> int:
+        return len(self._free)
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_bytes((*self.conv, *self.ssm))
