@@ -17,7 +17,6 @@ import torch
 from kvcache.advice import suggest_fixes
 from kvcache.dtypes import KV_CACHE_DTYPES, KVCacheDtype
 from kvcache.errors import ConfigError, DoesNotFitError, WeightsLeaveNoRoomError
-from kvcache.layer_specs import model_layer_specs
 from kvcache.memory_budget import (
     MemoryBudget, compute_budget, default_chunked_prefill_size, default_cuda_graph_max_bs,
     derive_mem_fraction_static, exact_fraction, runtime_reserve_mib,
@@ -28,7 +27,7 @@ from kvcache.parallel import ParallelState
 from kvcache.planning import PlanRequest, plan_pool_sizes
 from kvcache.pool_builder import KVPool, WorkerPools, build_worker_pools
 from kvcache.pool_config import MemoryPoolConfig
-from kvcache.pool_layout import CacheLayout
+from kvcache.pool_layout import CacheLayout, worker_cache_layout
 from kvcache.pools import RecurrentStatePool, ReqToTokenPool
 from kvcache.server_args import ServerArgs
 
@@ -97,12 +96,11 @@ class KVCacheConfigurator:
     # ---- parts (public for reports and tests, pure) ----------------------
     def layout(self, kv_cache_dtype: KVCacheDtype | None = None) -> CacheLayout:
         """This worker's pools, from its layer specs."""
-        placements = model_layer_specs(
-            self.model_config, self.parallel_state, kv_cache_dtype or self.kv_cache_dtype,
-            model_dtype=self.model_dtype, ssm_dtype=_SSM_DTYPES[self.server_args.mamba_ssm_dtype],
-            layer_ids=self.layer_ids,
+        return worker_cache_layout(
+            model_config=self.model_config, parallel_state=self.parallel_state,
+            kv_cache_dtype=kv_cache_dtype or self.kv_cache_dtype, model_dtype=self.model_dtype,
+            mamba_ssm_dtype=self.server_args.mamba_ssm_dtype, layer_ids=self.layer_ids, prefix=self.pool_name_prefix,
         )
-        return CacheLayout.from_placements(placements, prefix=self.pool_name_prefix)
 
     def mem_fraction_static(self) -> float:
         """The user's value, or SGLang's rule for this card (see kvcache.memory_budget)."""
@@ -209,9 +207,6 @@ class KVCacheConfigurator:
             req_to_token_pool=req_pool, token_to_kv_pool=pools.token_to_kv_pool,
             token_to_kv_pool_allocator=allocator, state_pool=pools.state_pool, allocated_bytes=pools.nbytes,
         )
-
-
-_SSM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _safe(budget_for: Any) -> Any:

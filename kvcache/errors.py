@@ -70,3 +70,7 @@ class KVCacheMemoryTooLargeError(DoesNotFitError):
 
 class PoolBuildError(KVCacheError):
     """Building a pool failed part-way (e.g. out of memory); what was built has been freed."""
+
+
+class WeightsDoNotFitError(DoesNotFitError):
+    """The model's weights alone are larger than the memory free before loading."""

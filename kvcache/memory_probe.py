@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from kvcache.cards import SimulatedCard
 from kvcache.errors import ConfigError
 
 
@@ -116,3 +117,17 @@ class FixedMemoryProbe:
 
     def __repr__(self) -> str:
         return f"FixedMemoryProbe(total_bytes={self._total}, free_bytes={self._free})"
+
+
+DEFAULT_HOST_MEMORY_LIMIT = 8 << 30
+
+
+def probe_for_device(device: torch.device, *, memory_limit: int | None, card: "SimulatedCard | None") -> MemoryProbe:
+    """CUDA asks the driver; cpu keeps within --memory-limit (8 GiB by default); meta simulates `card`."""
+    if device.type == "cuda":
+        return CudaMemoryProbe(device)
+    if device.type == "meta":
+        if card is None:
+            raise ConfigError("a dry run on the meta device needs a card to plan for: --gpu-memory 80GiB or --gpu H100-80GB")
+        return FixedMemoryProbe(total_bytes=card.total_bytes, free_bytes=card.free_bytes)
+    return HostMemoryProbe(memory_limit or DEFAULT_HOST_MEMORY_LIMIT)

@@ -54,6 +54,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # speculative decoding
     num_nextn_predict_layers: int = 0
     is_draft_head: bool = False
+    nextn_of_target: bool = False  # a NEXTN draft: its weights are the target's MTP layers
     hf_config: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -74,6 +75,20 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             hf = read_hf_config_file(source)
             label = name or _label_for_path(Path(source))
         return read_architecture(hf, name=label)
+
+    def nextn_draft(self) -> "ModelConfig":
+        """The model's own next-token-prediction layers as a draft model (NEXTN / MTP)."""
+        if self.num_nextn_predict_layers < 1:
+            raise ConfigError(
+                f"{self.name} has no next-token-prediction layers (num_nextn_predict_layers is 0); "
+                "NEXTN needs a model that ships them (DeepSeek-V3); use EAGLE with --speculative-draft-model instead"
+            )
+        n = self.num_nextn_predict_layers
+        return msgspec.structs.replace(
+            self, name=f"{self.name} (NEXTN)", num_hidden_layers=n,
+            layer_kinds=(self.layer_kinds[-1],) * n, num_nextn_predict_layers=0, is_draft_head=True,
+            nextn_of_target=True,
+        )
 
     @property
     def kv_layer_count(self) -> int:

@@ -10,10 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from kvcache.errors import UnsupportedModelError
-from kvcache.layer_specs import LayerPlacement, RecurrentStateSpec, SlidingWindowSpec, TokenSpec
-from kvcache.planning import KVPoolDemand, StateDemand
 from fractions import Fraction
+
+import torch
+
+from kvcache.dtypes import KVCacheDtype
+from kvcache.errors import UnsupportedModelError
+from kvcache.layer_specs import LayerPlacement, RecurrentStateSpec, SlidingWindowSpec, TokenSpec, model_layer_specs
+from kvcache.model_config import ModelConfig
+from kvcache.parallel import ParallelState
+from kvcache.planning import KVPoolDemand, StateDemand
+
+DRAFT_POOL_PREFIX = "draft_"
+SSM_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,3 +109,15 @@ def _uniform(kind: str, members: list[LayerPlacement]):  # type: ignore[no-untyp
             "this model needs a pool per shape, which is not supported yet"
         )
     return members[0].spec
+
+
+def worker_cache_layout(
+    *, model_config: ModelConfig, parallel_state: ParallelState, kv_cache_dtype: KVCacheDtype,
+    model_dtype: torch.dtype, mamba_ssm_dtype: str = "float32", layer_ids: range | None = None, prefix: str = "",
+) -> CacheLayout:
+    """One worker's pools: its layer specs (this rank's layers), grouped."""
+    placements = model_layer_specs(
+        model_config, parallel_state, kv_cache_dtype, model_dtype=model_dtype,
+        ssm_dtype=SSM_DTYPES[mamba_ssm_dtype], layer_ids=layer_ids,
+    )
+    return CacheLayout.from_placements(placements, prefix=prefix)

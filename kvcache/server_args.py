@@ -165,6 +165,8 @@ def _cross_field_problems(a: ServerArgs) -> list[str]:
             "--speculative-algorithm NEXTN drafts with the target's own next-token-prediction layers; "
             "drop --speculative-draft-model"
         )
+    if algo != "none" and a.pp_size > 1:
+        problems.append(f"--speculative-algorithm {algo} is not supported with --pp-size {a.pp_size}; use --pp-size 1")
     if algo == "none":
         given = [name for name in ("speculative_draft_model", "speculative_num_steps",
                                    "speculative_eagle_topk", "speculative_num_draft_tokens")

@@ -1,0 +1,1 @@
+"""The engine application: CLI, model runner, weight loader and report."""

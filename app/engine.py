@@ -1,0 +1,32 @@
+"""Engine: the bootstrap order of one engine's workers.
+
+Both workers load weights before the target profiles, so the draft's weights are
+inside the measured use; then the target configures (paying for the draft's pools)
+and the draft configures from the target's result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.model_runner import ModelRunner
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Engine:
+    """A target worker and, with speculative decoding, a draft worker."""
+
+    target: ModelRunner
+    draft: ModelRunner | None = None
+
+    def bootstrap(self) -> None:
+        self.target.load_weights()
+        if self.draft is not None:
+            self.draft.load_weights()
+        self.target.init_memory_pool()
+        if self.draft is not None:
+            self.draft.init_memory_pool()
+
+    @property
+    def workers(self) -> tuple[ModelRunner, ...]:
+        return (self.target,) if self.draft is None else (self.target, self.draft)

@@ -1,0 +1,150 @@
+"""ModelRunner: one worker's start-up. Load (dummy) weights, then configure the KV cache.
+
+It keeps what SGLang's runner keeps (max_total_num_tokens, max_running_requests,
+req_to_token_pool, token_to_kv_pool, token_to_kv_pool_allocator, memory_pool_config)
+and the whole KVCacheConfigResult. The two phases are separate so that an engine
+with a draft loads both workers' weights before the target profiles.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from app.weights import DummyWeightLoader, LoadedWeights, WeightsDoNotFitError as LoaderOutOfMemory
+from app.weights import parameter_specs, quantized_storage_for
+from kvcache.byte_units import format_bytes
+from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
+from kvcache.errors import KVCacheError, WeightsDoNotFitError
+from kvcache.memory_probe import MemoryProbe
+from kvcache.model_config import ModelConfig
+from kvcache.parallel import ParallelState
+
+
+class ModelRunner:
+    """A target or draft worker: its weights, its KV cache, and how long each took."""
+
+    def __init__(
+        self, *, role: str, model_config: ModelConfig, parallel_state: ParallelState, device: torch.device,
+        model_dtype: torch.dtype, memory_probe: MemoryProbe, configurator_factory: Callable[[], KVCacheConfigurator],
+        forward_stream: Any,
+    ) -> None:
+        self.role = role
+        self.model_config = model_config
+        self.parallel_state = parallel_state
+        self.device = device
+        self.model_dtype = model_dtype
+        self.memory_probe = memory_probe
+        self.forward_stream = forward_stream
+        self._configurator_factory = configurator_factory
+        self.timings: dict[str, float] = {}
+        self.pre_model_load_memory: int | None = None
+        self.weights: LoadedWeights | None = None
+        self._kv_cache: KVCacheConfigResult | None = None
+
+    # ---- phases ---------------------------------------------------------
+    def load_weights(self) -> LoadedWeights:
+        """Record free memory, then allocate real-size dummy weights (nothing on meta)."""
+        start = time.perf_counter()
+        self.pre_model_load_memory = self.memory_probe.free_bytes()
+        self.timings["profile_before_load_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        specs = self.weight_specs()
+        loader = DummyWeightLoader(
+            device=self.device, dtype=self.model_dtype,
+            quantized_storage=quantized_storage_for(self.model_config.hf_config),
+        )
+        needed = loader.bytes_needed(specs)
+        if needed > self.pre_model_load_memory:
+            raise self._weights_do_not_fit(needed)
+        try:
+            self.weights = loader.load(specs)
+        except LoaderOutOfMemory as exc:
+            raise self._weights_do_not_fit(needed) from exc
+        self.memory_probe.note_allocation(self.weights.total_bytes)
+        self._synchronize()
+        self.timings["load_weights_s"] = time.perf_counter() - start
+        return self.weights
+
+    def init_memory_pool(self) -> KVCacheConfigResult:
+        """Ask the configurator for the KV cache (a target profiles; a draft shares the target's)."""
+        if self.pre_model_load_memory is None:
+            raise KVCacheError(f"{self.role} worker: load_weights() must run before init_memory_pool()")
+        start = time.perf_counter()
+        configurator = self._configurator_factory()
+        self._kv_cache = configurator.configure(pre_model_load_memory=self.pre_model_load_memory)
+        self._synchronize()
+        self.timings["configure_kv_cache_s"] = time.perf_counter() - start
+        return self._kv_cache
+
+    def initialize(self) -> KVCacheConfigResult:
+        """Both phases, for a worker with no draft beside it."""
+        self.load_weights()
+        return self.init_memory_pool()
+
+    def weight_specs(self) -> tuple[Any, ...]:
+        """This rank's parameter tensors: its pipeline layers, its tensor-parallel shards."""
+        m, p = self.model_config, self.parallel_state
+        hf = m.hf_config
+        if m.nextn_of_target:
+            return parameter_specs(hf, tp_size=p.tp_size, nextn=True)
+        layers = p.layer_range(m.num_hidden_layers)
+        return parameter_specs(
+            hf, tp_size=p.tp_size, layer_start=layers.start, layer_end=layers.stop,
+            include_embedding=p.is_first_pp_rank, include_lm_head=p.is_last_pp_rank,
+        )
+
+    # ---- what the engine reads -------------------------------------------
+    @property
+    def kv_cache(self) -> KVCacheConfigResult:
+        if self._kv_cache is None:
+            raise KVCacheError(f"the {self.role} worker's KV cache is not configured yet: call init_memory_pool() first")
+        return self._kv_cache
+
+    @property
+    def is_configured(self) -> bool:
+        return self._kv_cache is not None
+
+    @property
+    def memory_pool_config(self) -> Any:
+        return self.kv_cache.memory_pool_config
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        return self.kv_cache.max_total_num_tokens
+
+    @property
+    def max_running_requests(self) -> int:
+        return self.kv_cache.max_running_requests
+
+    @property
+    def req_to_token_pool(self) -> Any:
+        return self.kv_cache.req_to_token_pool
+
+    @property
+    def token_to_kv_pool(self) -> Any:
+        return self.kv_cache.token_to_kv_pool
+
+    @property
+    def token_to_kv_pool_allocator(self) -> Any:
+        return self.kv_cache.token_to_kv_pool_allocator
+
+    # ---- internals -----------------------------------------------------
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _weights_do_not_fit(self, needed: int) -> WeightsDoNotFitError:
+        free = self.pre_model_load_memory or 0
+        current = tp = self.parallel_state.tp_size
+        while needed * current // tp > free * 9 // 10 and tp < 1024:
+            tp *= 2
+        return WeightsDoNotFitError(
+            f"{self.model_config.name}'s {self.role} weights ({format_bytes(needed)} on this rank) do not fit "
+            f"in the {format_bytes(free)} free on {self.device}",
+            needed_bytes=needed, available_bytes=free,
+            suggestions=(f"--tp-size {tp} (about {format_bytes(needed * current // tp)} per rank)",
+                         "a card with more memory"),
+        )

@@ -1,0 +1,134 @@
+"""The bootstrap report: what was sized and built, as text for people or one JSON object."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from app.engine import Engine
+from app.model_runner import ModelRunner
+from kvcache.byte_units import format_bytes
+from kvcache.dtypes import model_dtype_name
+from kvcache.pool_layout import DRAFT_POOL_PREFIX
+
+
+class WorkerReport(msgspec.Struct, frozen=True, kw_only=True):
+    """One worker: its model, formats, what it allocated and how long each phase took."""
+
+    role: str
+    model: str
+    model_dtype: str
+    kv_cache_dtype: str
+    weights_bytes: int
+    parameter_count: int
+    allocated_bytes: int
+    pools: list[str]
+    timings_s: dict[str, float]
+
+
+class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
+    """The engine's outcome. Keys are stable: scripts read them from --json."""
+
+    model: str
+    device: str
+    card: str | None
+    model_dtype: str
+    kv_cache_dtype: str
+    page_size: int
+    context_length: int
+    bytes_per_token: int
+    max_total_num_tokens: int
+    max_running_requests: int
+    budget_bytes: int
+    mem_fraction_static: float | None
+    free_before_load_bytes: int
+    free_after_load_bytes: int
+    total_memory_bytes: int
+    weights_bytes: int
+    buffers: dict[str, int]
+    planned_bytes: int
+    allocated_bytes: int
+    plan: dict[str, Any]
+    state_request_cap: int | None
+    timings_s: dict[str, float]
+    draft: WorkerReport | None = None
+
+
+def _worker(runner: ModelRunner) -> WorkerReport:
+    kv = runner.kv_cache
+    assert runner.weights is not None
+    return WorkerReport(
+        role=runner.role, model=runner.model_config.name, model_dtype=model_dtype_name(kv.model_dtype),
+        kv_cache_dtype=kv.kv_cache_dtype.name, weights_bytes=runner.weights.total_bytes,
+        parameter_count=runner.weights.parameter_count, allocated_bytes=kv.allocated_bytes,
+        pools=_pool_names(runner), timings_s=dict(runner.timings),
+    )
+
+
+def _pool_names(runner: ModelRunner) -> list[str]:
+    plan = runner.memory_pool_config
+    return [p.name for p in plan.kv_pools if p.name.startswith(DRAFT_POOL_PREFIX) == (runner.role == "draft")]
+
+
+def build_report(engine: Engine, *, card: str | None = None) -> BootstrapReport:
+    target = engine.target
+    kv = target.kv_cache
+    plan = kv.memory_pool_config
+    budget = plan.budget
+    assert target.weights is not None
+    weights = sum(w.weights.total_bytes for w in engine.workers if w.weights is not None)
+    return BootstrapReport(
+        model=target.model_config.name, device=str(target.device), card=card,
+        model_dtype=model_dtype_name(kv.model_dtype), kv_cache_dtype=kv.kv_cache_dtype.name,
+        page_size=plan.page_size, context_length=plan.context_length, bytes_per_token=plan.bytes_per_token,
+        max_total_num_tokens=plan.max_total_num_tokens, max_running_requests=plan.max_running_requests,
+        budget_bytes=budget.budget_bytes, mem_fraction_static=budget.mem_fraction_static,
+        free_before_load_bytes=budget.free_before_load_bytes, free_after_load_bytes=budget.free_after_load_bytes,
+        total_memory_bytes=budget.total_bytes, weights_bytes=weights, buffers=plan.buffers,
+        planned_bytes=plan.total_bytes, allocated_bytes=sum(w.kv_cache.allocated_bytes for w in engine.workers),
+        plan=plan.to_dict(),
+        state_request_cap=plan.state_pool.request_cap if plan.state_pool else None,
+        timings_s=dict(target.timings), draft=_worker(engine.draft) if engine.draft is not None else None,
+    )
+
+
+def render_text(report: BootstrapReport) -> str:
+    """The report for a terminal: one fact per line, GiB beside exact bytes."""
+    r = report
+    lines = [
+        f"model               {r.model}",
+        f"device              {r.device}" + (f"  (plan for {r.card}, nothing allocated)" if r.card else ""),
+        f"dtype / KV dtype    {r.model_dtype} / {r.kv_cache_dtype}",
+        f"context length      {r.context_length:,}   page size {r.page_size}",
+        f"memory              total {format_bytes(r.total_memory_bytes)}",
+        f"                    free before load {format_bytes(r.free_before_load_bytes)}",
+        f"                    free after load  {format_bytes(r.free_after_load_bytes)}",
+        f"weights             {format_bytes(r.weights_bytes)}",
+        "KV budget           " + format_bytes(r.budget_bytes)
+        + (f"  (mem_fraction_static {r.mem_fraction_static})" if r.mem_fraction_static is not None else "  (--kv-cache-memory)"),
+        f"bytes per token     {r.bytes_per_token:,}",
+        f"max total tokens    {r.max_total_num_tokens:,}",
+        f"max running reqs    {r.max_running_requests:,}"
+        + (f"  (state slots cap requests at {r.state_request_cap})" if r.state_request_cap is not None else ""),
+        "buffers:",
+    ]
+    width = max(len(k) for k in r.buffers)
+    lines += [f"  {name:<{width}}  {format_bytes(n)}" for name, n in r.buffers.items()]
+    lines.append(f"  {'total planned':<{width}}  {format_bytes(r.planned_bytes)}")
+    lines.append(f"  {'total allocated':<{width}}  {format_bytes(r.allocated_bytes)}")
+    for pool in r.plan["kv_pools"]:
+        lines.append(f"pool {pool['name']:<14} {pool['kind']:>4}: {pool['num_layers']} layers x "
+                     f"{pool['bytes_per_token'] // max(pool['num_layers'], 1):,} B/token, {pool['num_tokens']:,} tokens")
+    if r.plan.get("state_pool"):
+        s = r.plan["state_pool"]
+        lines.append(f"pool state            : {s['num_layers']} layers, {s['bytes_per_slot']:,} B/slot, "
+                     f"{s['usable_slots']} slots (+1 padding), {s['slots_per_request']} per request")
+    if r.draft is not None:
+        d = r.draft
+        lines.append(f"draft worker        {d.model} ({d.kv_cache_dtype}): pools {', '.join(d.pools)}, "
+                     f"weights {format_bytes(d.weights_bytes)}, allocated {format_bytes(d.allocated_bytes)}")
+    lines.append("timings:  " + ", ".join(f"{k.removesuffix('_s')} {v * 1000:.1f} ms" for k, v in r.timings_s.items()))
+    if r.draft is not None:
+        lines.append("draft timings:  " + ", ".join(f"{k.removesuffix('_s')} {v * 1000:.1f} ms" for k, v in r.draft.timings_s.items()))
+    return "\n".join(lines)

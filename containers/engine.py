@@ -1,0 +1,85 @@
+"""EngineContainer: the root. It alone knows every collaborator and wires the workers."""
+
+from __future__ import annotations
+
+from dependency_injector import containers, providers
+
+from app.engine import Engine
+from app.parallel_setup import parallel_state_resource
+from kvcache.configurator import SharedTargetCache
+from kvcache.devices import resolve_device
+from kvcache.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
+from kvcache.memory_probe import probe_for_device
+from kvcache.model_config import ModelConfig
+from kvcache.pool_layout import DRAFT_POOL_PREFIX, worker_cache_layout
+from kvcache.presets import load_model_config
+from kvcache.server_args import ServerArgs
+
+from containers.worker import WorkerContainer
+
+
+class EngineContainer(containers.DeclarativeContainer):
+    """Give it `server_args` and `model_config`; ask it for `engine` (or any part)."""
+
+    server_args = providers.Dependency(instance_of=ServerArgs)
+    model_config = providers.Dependency(instance_of=ModelConfig)
+    card = providers.Object(None)  # a SimulatedCard for dry-run plans on the meta device
+
+    parallel_state = providers.Resource(parallel_state_resource, server_args)
+    device = providers.ThreadSafeSingleton(resolve_device, server_args.provided.device)
+    memory_probe = providers.ThreadSafeSingleton(
+        probe_for_device, device, memory_limit=server_args.provided.memory_limit, card=card,
+    )
+    model_dtype = providers.Callable(resolve_model_dtype, server_args.provided.dtype, model_config.provided.checkpoint_dtype)
+
+    draft_model_config = providers.Selector(
+        server_args.provided.speculative_algorithm,
+        none=providers.Object(None),
+        NEXTN=providers.Callable(model_config.provided.nextn_draft.call()),
+        EAGLE=providers.Callable(load_model_config, server_args.provided.speculative_draft_model),
+        EAGLE3=providers.Callable(load_model_config, server_args.provided.speculative_draft_model),
+        STANDALONE=providers.Callable(load_model_config, server_args.provided.speculative_draft_model),
+    )
+
+    kv_cache_dtype = providers.Callable(resolve_kv_cache_dtype, server_args.provided.kv_cache_dtype, model_dtype)
+    # The draft's pools as the target pays for them (declared here: target and draft refer to each other).
+    draft_cache_layout = providers.Callable(
+        worker_cache_layout,
+        model_config=draft_model_config, parallel_state=parallel_state, kv_cache_dtype=kv_cache_dtype,
+        model_dtype=model_dtype, mamba_ssm_dtype=server_args.provided.mamba_ssm_dtype,
+        layer_ids=providers.Callable(parallel_state.provided.layer_range.call(draft_model_config.provided.num_hidden_layers)),
+        prefix=DRAFT_POOL_PREFIX,
+    )
+
+    target = providers.Container(
+        WorkerContainer,
+        role=providers.Object("target"),
+        server_args=server_args, model_config=model_config, parallel_state=parallel_state,
+        device=device, memory_probe=memory_probe, model_dtype=model_dtype,
+        draft_layout=providers.Selector(
+            server_args.provided.speculative_algorithm,
+            none=providers.Object(None), NEXTN=draft_cache_layout, EAGLE=draft_cache_layout,
+            EAGLE3=draft_cache_layout, STANDALONE=draft_cache_layout,
+        ),
+    )
+    draft = providers.Container(
+        WorkerContainer,
+        role=providers.Object("draft"),
+        server_args=server_args, model_config=draft_model_config, parallel_state=parallel_state,
+        device=device, memory_probe=memory_probe, model_dtype=model_dtype,
+        pool_name_prefix=providers.Object(DRAFT_POOL_PREFIX),
+        shared=providers.Factory(
+            SharedTargetCache,
+            req_to_token_pool=target.model_runner.provided.req_to_token_pool,
+            token_to_kv_pool_allocator=target.model_runner.provided.token_to_kv_pool_allocator,
+            memory_pool_config=target.model_runner.provided.memory_pool_config,
+        ),
+    )
+
+    draft_runner = providers.Selector(
+        server_args.provided.speculative_algorithm,
+        none=providers.Object(None),
+        NEXTN=draft.model_runner, EAGLE=draft.model_runner, EAGLE3=draft.model_runner,
+        STANDALONE=draft.model_runner,
+    )
+    engine = providers.ThreadSafeSingleton(Engine, target=target.model_runner, draft=draft_runner)

@@ -1,0 +1,95 @@
+"""The fakes themselves. Each is a real, small implementation of the interface it stands for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvcache.byte_units import GiB
+from kvcache.memory_probe import FixedMemoryProbe
+from kvcache.model_config import ModelConfig
+
+# A two-layer Llama-shaped model: 2 KV heads of 16, so 2 * 2 * (16 + 16) * 2 = 256 bytes/token in bf16.
+TINY_MODEL_HF_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def tiny_model_config(**overrides: Any) -> ModelConfig:
+    """The tiny model, with any HF fields changed."""
+    return ModelConfig.from_hf_config({**TINY_MODEL_HF_CONFIG, **overrides}, name="tiny-llama")
+
+
+def fixed_card_probe(total_gib: int = 1, free_gib: int | None = None) -> FixedMemoryProbe:
+    """A simulated card of whole GiB."""
+    return FixedMemoryProbe(total_bytes=total_gib * GiB, free_bytes=None if free_gib is None else free_gib * GiB)
+
+
+class RecordingAllocator:
+    """Wraps a real allocator and records every call (name, first argument), nothing more."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.calls: list[tuple[str, Any]] = []
+
+    def _record(self, name: str, arg: Any = None) -> None:
+        self.calls.append((name, arg))
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        self._record("alloc", need_size)
+        return self._inner.alloc(need_size)
+
+    def free(self, free_index: torch.Tensor) -> None:
+        self._record("free", int(free_index.numel()))
+        self._inner.free(free_index)
+
+    def free_group_begin(self) -> None:
+        self._record("free_group_begin")
+        self._inner.free_group_begin()
+
+    def free_group_end(self) -> None:
+        self._record("free_group_end")
+        self._inner.free_group_end()
+
+    def available_size(self) -> int:
+        self._record("available_size")
+        return self._inner.available_size()
+
+    def clear(self) -> None:
+        self._record("clear")
+        self._inner.clear()
+
+    def backup_state(self) -> Any:
+        self._record("backup_state")
+        return self._inner.backup_state()
+
+    def restore_state(self, state: Any) -> None:
+        self._record("restore_state")
+        self._inner.restore_state(state)
+
+    @property
+    def size(self) -> int:
+        return self._inner.size
+
+    @property
+    def page_size(self) -> int:
+        return self._inner.page_size
+
+    @property
+    def device(self) -> torch.device:
+        return self._inner.device
+
+    @property
+    def nbytes(self) -> int:
+        return self._inner.nbytes

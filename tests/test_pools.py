@@ -1,0 +1,139 @@
+"""Pools: shapes and bytes from their specs, reads and writes per layer, formats, failure cleanup."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from kvcache.dtypes import KV_CACHE_DTYPES
+from kvcache.layer_specs import RecurrentStateSpec
+from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool, RecurrentStatePool, ReqToTokenPool
+from kvcache.pools import buffers
+from kvcache.pools.codec import dequantize_fp4, quantize_fp4
+
+CPU = torch.device("cpu")
+META = torch.device("meta")
+
+
+def mha(dtype: str, device: torch.device = CPU, size: int = 32, page: int = 4) -> MHATokenToKVPool:
+    return MHATokenToKVPool(size=size, page_size=page, dtype=KV_CACHE_DTYPES[dtype], kv_heads=2, head_dim=16,
+                            v_head_dim=16, layer_ids=[3, 4], device=device)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "bytes_per_token_per_layer"),
+    [
+        ("bfloat16", 2 * 2 * 16 * 2),  # K and V, 2 heads x 16, 2 bytes
+        ("float32", 2 * 2 * 16 * 4),
+        ("fp8_e4m3", 2 * 2 * 16 * 1),
+        ("fp4_e2m1", 2 * (2 * 16 // 2 + 2 * 16 // 16)),  # half a byte per value + a scale byte per 16
+    ],
+)
+@pytest.mark.parametrize("device", [CPU, META])
+def test_mha_pool_bytes_match_the_spec_formula(dtype: str, bytes_per_token_per_layer: int, device: torch.device) -> None:
+    pool = mha(dtype, device)
+    rows = 32 + 4  # size + one padding page
+    assert pool.nbytes == rows * bytes_per_token_per_layer * 2  # two layers
+    assert KV_CACHE_DTYPES[dtype].bytes_for(2 * 16) * 2 == bytes_per_token_per_layer
+
+
+def test_mha_pool_writes_and_reads_per_layer() -> None:
+    pool = mha("bfloat16")
+    k = torch.randn(3, 2, 16, dtype=torch.bfloat16)
+    v = torch.randn(3, 2, 16, dtype=torch.bfloat16)
+    loc = torch.tensor([5, 6, 9])
+    pool.set_kv_buffer(4, loc, k, v)
+    assert torch.equal(pool.get_key_buffer(4)[loc], k)
+    assert torch.equal(pool.get_value_buffer(4)[loc], v)
+    assert pool.get_key_buffer(3).abs().sum() == 0  # other layers untouched, zero-initialised
+    assert pool.get_key_buffer(4).shape == (36, 2, 16)
+    with pytest.raises(KeyError, match="layer 7 is not in this pool"):
+        pool.get_key_buffer(7)
+
+
+def test_fp8_pool_stores_bytes_and_reads_as_fp8() -> None:
+    pool = mha("fp8_e4m3")
+    k = torch.tensor([0.5, -1.0, 2.0, 448.0] * 8).reshape(1, 2, 16).to(torch.bfloat16)
+    pool.set_kv_buffer(3, torch.tensor([1]), k, k)
+    assert pool._k[0].data.dtype == torch.uint8
+    key = pool.get_key_buffer(3)
+    assert key.dtype == torch.float8_e4m3fn
+    assert torch.equal(key[1].float(), k[0].float())  # these values are exact in e4m3
+
+
+def test_fp4_round_trip_is_exact_on_representable_values() -> None:
+    # e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; amax 6 gives scale 1, which e4m3 holds exactly.
+    values = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0, 0.0])
+    packed, scales = quantize_fp4(values.reshape(1, 16))
+    assert packed.shape == (1, 8) and scales.shape == (1, 1)
+    assert torch.equal(dequantize_fp4(packed, scales), values.reshape(1, 16))
+
+
+def test_fp4_pool_holds_packed_data_and_scales() -> None:
+    pool = mha("fp4_e2m1")
+    k = torch.randn(2, 2, 16)
+    pool.set_kv_buffer(3, torch.tensor([2, 3]), k, k)
+    data, scales = pool.get_key_buffer(3), pool.get_key_scales(3)
+    assert data.shape == (36, 2, 8) and scales is not None and scales.shape == (36, 2, 1)
+    restored = dequantize_fp4(data[2:4], scales[2:4])
+    # FP4 keeps about one significant bit: each value within half a step of the group's scale grid.
+    assert torch.allclose(restored, k, atol=float(k.abs().max()) / 6 + 1e-3)
+
+
+def test_mla_pool_latent_layout() -> None:
+    pool = MLATokenToKVPool(size=8, page_size=1, dtype=KV_CACHE_DTYPES["bfloat16"], kv_lora_rank=512,
+                            qk_rope_head_dim=64, layer_ids=range(3), device=CPU)
+    assert pool.nbytes == 3 * 9 * (512 + 64) * 2  # 3 layers x 9 rows x 576 x 2 B
+    nope = torch.randn(2, 1, 512, dtype=torch.bfloat16)
+    rope = torch.randn(2, 1, 64, dtype=torch.bfloat16)
+    pool.set_mla_kv_buffer(1, torch.tensor([1, 2]), nope, rope)
+    assert torch.equal(pool.get_value_buffer(1)[1:3], nope)
+    assert torch.equal(pool.get_key_buffer(1)[1:3, :, 512:], rope)
+
+
+def test_req_to_token_pool_rows_and_padding_row() -> None:
+    pool = ReqToTokenPool(size=3, max_context_len=10, device=CPU, with_state_slots=True)
+    assert pool.nbytes == 4 * 10 * 4 + 4 * 4  # (3 + 1) rows x 10 x int32, plus the state-slot column
+    rows = pool.alloc(3)
+    assert rows is not None and sorted(rows) == [1, 2, 3]  # row 0 is padding
+    assert pool.alloc(1) is None
+    pool.free(rows[0])
+    assert pool.available_size() == 1
+    with pytest.raises(ValueError, match="request row 0 is not in 1..3"):
+        pool.free(0)
+
+
+def test_state_pool_bytes_and_slots() -> None:
+    spec = RecurrentStateSpec(kind="mamba2", conv_shape=(8, 3), ssm_shape=(2, 4, 4),
+                              conv_dtype=torch.bfloat16, ssm_dtype=torch.float32)
+    pool = RecurrentStatePool(num_slots=5, spec=spec, layer_ids=[0, 2], device=CPU)
+    assert spec.bytes_per_request == 8 * 3 * 2 + 2 * 4 * 4 * 4
+    assert pool.nbytes == 5 * spec.bytes_per_request * 2
+    slots = pool.alloc(4)
+    assert slots is not None and 0 not in slots and pool.alloc(1) is None
+
+
+def test_a_pool_that_fails_part_way_keeps_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[weakref.ref[torch.Tensor]] = []
+    real = buffers.allocate_zeros
+
+    def fail_on_fifth(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if len(made) == 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated on the fifth buffer)")
+        t = real(shape, dtype, device)
+        made.append(weakref.ref(t))
+        return t
+
+    monkeypatch.setattr(buffers, "allocate_zeros", fail_on_fifth)
+    try:
+        MHATokenToKVPool(size=8, page_size=1, dtype=KV_CACHE_DTYPES["bfloat16"], kv_heads=1, head_dim=16,
+                         v_head_dim=16, layer_ids=range(4), device=CPU)
+    except torch.OutOfMemoryError:
+        pass
+    else:
+        pytest.fail("the fifth allocation should have failed")
+    gc.collect()
+    assert len(made) == 4 and all(ref() is None for ref in made)
