@@ -3,6 +3,7 @@
 The cost of holding T tokens (T a multiple of page_size) is
 
     cost(T) = sum over pools of (tokens_p(T) + page_size) * bytes_per_token_p
+            + allocator_index_bytes(T, page, swa tokens)  # free lists (+ SWA map)
             + (R(T) + 1) * row_width * 4             # req_to_token, int32
             + [(R(T) + 1) * 4 + slots * slot_bytes]   # hybrids: slot map and state
 
@@ -20,6 +21,7 @@ from typing import Literal
 
 import msgspec
 
+from kvcache.allocators.footprint import allocator_index_bytes
 from kvcache.byte_units import format_bytes
 from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, DoesNotFitError
 from kvcache.memory_budget import MemoryBudget
@@ -109,10 +111,13 @@ def plan_cost(req: PlanRequest, tokens: int, state_slots: int) -> int:
     """Bytes of every buffer when the full pools hold `tokens` tokens (the module formula)."""
     page = req.page_size
     kv = sum((_pool_tokens(req, p, tokens) + page) * p.bytes_per_token for p in req.kv_pools)
+    paired = [p for p in req.kv_pools if p.share == "swa"]
+    swa_tokens = _pool_tokens(req, paired[0], tokens) if paired else None
+    index = allocator_index_bytes(tokens, page, swa_tokens)
     rows = running_requests(req, tokens, state_slots) + 1
     table = rows * req.req_to_token_row_width * REQ_TO_TOKEN_ELEMENT_BYTES
     state = (rows * REQ_TO_TOKEN_ELEMENT_BYTES + state_slots * req.state.bytes_per_slot) if req.state else 0
-    return kv + table + state
+    return kv + index + table + state
 
 
 def _largest_fitting_tokens(req: PlanRequest, state_slots: int) -> int:

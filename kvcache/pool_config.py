@@ -10,6 +10,7 @@ from typing import Literal
 
 import msgspec
 
+from kvcache.allocators.footprint import allocator_index_bytes
 from kvcache.memory_budget import MemoryBudget
 
 PoolKind = Literal["full", "swa", "mla"]
@@ -93,9 +94,15 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
         raise KeyError(f"no KV pool named {name!r}; pools: {[p.name for p in self.kv_pools]}")
 
     @property
+    def allocator_index_bytes(self) -> int:
+        """The allocator's free lists (and the SWA index map when a window pool is paired)."""
+        paired = [p for p in self.kv_pools if not p.holds_every_token]
+        return allocator_index_bytes(self.max_total_num_tokens, self.page_size, paired[0].num_tokens if paired else None)
+
+    @property
     def buffers(self) -> dict[str, int]:
         """Every buffer the configurator allocates, by name, in bytes."""
-        out = {"req_to_token": self.req_to_token_bytes}
+        out = {"req_to_token": self.req_to_token_bytes, "allocator_index": self.allocator_index_bytes}
         if self.state_pool is not None:
             out["req_to_state_slot"] = self.req_to_state_bytes
             out["state"] = self.state_pool.total_bytes
