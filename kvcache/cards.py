@@ -1,8 +1,10 @@
 """Named accelerator cards for dry-run plans, with the capacity their driver reports.
 
-A plan assumes the card's whole capacity less the CUDA context (`CUDA_CONTEXT_BYTES`,
-measured on an H200 with torch: the free bytes cudaMemGetInfo reports right after the
-context is created, before any allocation) is free before weights load.
+A plan assumes the card's capacity less the CUDA context (`CUDA_CONTEXT_BYTES`) is free
+before weights load. Both were measured on an H200 (torch 2.11, driver 580.159,
+2026-12-02): cudaMemGetInfo's total was 150,109,880,320 B, and right after torch
+created its context 650,969,088 B of it were no longer free. Other cards' capacities
+are nvidia-smi's MiB figures; their driver reports a few hundred MiB less.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 from kvcache.byte_units import GiB, MiB, parse_bytes
 from kvcache.errors import ConfigError
 
-CUDA_CONTEXT_BYTES = 512 * MiB
+CUDA_CONTEXT_BYTES = 650_969_088
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,11 +29,11 @@ class SimulatedCard:
         return max(0, self.total_bytes - CUDA_CONTEXT_BYTES)
 
 
-# Capacities as cudaMemGetInfo reports them (MiB as nvidia-smi shows them).
+# Total bytes: H200 as cudaMemGetInfo reported it; the others as nvidia-smi's MiB.
 KNOWN_CARDS: dict[str, int] = {
     "H100-80GB": 81559 * MiB,
     "H100-94GB": 95830 * MiB,
-    "H200": 143771 * MiB,
+    "H200": 150_109_880_320,
     "B200": 183359 * MiB,
     "A100-40GB": 40960 * MiB,
     "A100-80GB": 81920 * MiB,

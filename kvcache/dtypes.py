@@ -47,6 +47,11 @@ class KVCacheDtype:
         """Storage elements (bytes) of the per-group scales; 0 for formats without scales."""
         return elements // self.scale_group if self.scale_group else 0
 
+    def row_buffers(self, heads: int, dim: int) -> tuple[int, ...]:
+        """Bytes per row of the buffers holding [heads, dim] values: (data,) or (data, scales) for FP4."""
+        data = heads * self.data_elements(dim) * self.storage_dtype.itemsize
+        return (data, heads * self.scale_elements(dim)) if self.scale_group else (data,)
+
     @property
     def stored_as_bytes(self) -> bool:
         """FP8/FP4 live in uint8 tensors: torch lacks index_put for them on some backends."""

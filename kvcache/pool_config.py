@@ -11,6 +11,7 @@ from typing import Literal
 import msgspec
 
 from kvcache.allocators.footprint import allocator_index_bytes
+from kvcache.device_buffers import allocation_size
 from kvcache.memory_budget import MemoryBudget
 
 PoolKind = Literal["full", "swa", "mla"]
@@ -27,6 +28,7 @@ class KVPoolPlan(msgspec.Struct, frozen=True, kw_only=True):
     num_tokens: int
     page_size: int
     holds_every_token: bool = True
+    buffer_row_bytes: tuple[int, ...] = ()
 
     @property
     def num_rows(self) -> int:
@@ -35,7 +37,8 @@ class KVPoolPlan(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def total_bytes(self) -> int:
-        return self.num_rows * self.bytes_per_token
+        """Every buffer's rows, as allocated (rounded per kvcache.device_buffers.allocation_size)."""
+        return sum(allocation_size(self.num_rows * b) for b in (self.buffer_row_bytes or (self.bytes_per_token,)))
 
 
 class StatePoolPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,6 +48,7 @@ class StatePoolPlan(msgspec.Struct, frozen=True, kw_only=True):
     bytes_per_slot: int
     num_slots: int
     slots_per_request: int
+    buffer_slot_bytes: tuple[int, ...] = ()
 
     @property
     def usable_slots(self) -> int:
@@ -57,7 +61,7 @@ class StatePoolPlan(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def total_bytes(self) -> int:
-        return self.num_slots * self.bytes_per_slot
+        return sum(allocation_size(self.num_slots * b) for b in (self.buffer_slot_bytes or (self.bytes_per_slot,)))
 
 
 class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,12 +84,12 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def req_to_token_bytes(self) -> int:
         """(max_running_requests + 1) rows of int32 token indices; row 0 is padding."""
-        return (self.max_running_requests + 1) * self.req_to_token_row_width * REQ_TO_TOKEN_ELEMENT_BYTES
+        return allocation_size((self.max_running_requests + 1) * self.req_to_token_row_width * REQ_TO_TOKEN_ELEMENT_BYTES)
 
     @property
     def req_to_state_bytes(self) -> int:
         """Hybrid models map each request row to its state slot: one int32 per row."""
-        return (self.max_running_requests + 1) * REQ_TO_TOKEN_ELEMENT_BYTES if self.state_pool else 0
+        return allocation_size((self.max_running_requests + 1) * REQ_TO_TOKEN_ELEMENT_BYTES) if self.state_pool else 0
 
     def pool(self, name: str) -> KVPoolPlan:
         for p in self.kv_pools:

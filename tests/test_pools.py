@@ -8,10 +8,11 @@ import weakref
 import pytest
 import torch
 
+from kvcache.device_buffers import allocation_size
 from kvcache.dtypes import KV_CACHE_DTYPES
 from kvcache.layer_specs import RecurrentStateSpec
 from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool, RecurrentStatePool, ReqToTokenPool
-from kvcache.pools import buffers
+from kvcache import device_buffers as buffers
 from kvcache.pools.codec import dequantize_fp4, quantize_fp4
 
 CPU = torch.device("cpu")
@@ -36,8 +37,12 @@ def mha(dtype: str, device: torch.device = CPU, size: int = 32, page: int = 4) -
 def test_mha_pool_bytes_match_the_spec_formula(dtype: str, bytes_per_token_per_layer: int, device: torch.device) -> None:
     pool = mha(dtype, device)
     rows = 32 + 4  # size + one padding page
-    assert pool.nbytes == rows * bytes_per_token_per_layer * 2  # two layers
-    assert KV_CACHE_DTYPES[dtype].bytes_for(2 * 16) * 2 == bytes_per_token_per_layer
+    spec_bytes = KV_CACHE_DTYPES[dtype].bytes_for(2 * 16) * 2
+    assert spec_bytes == bytes_per_token_per_layer
+    # every buffer is allocated at allocation_size: K and V of each layer (and FP4 scales) apart
+    row_buffers = KV_CACHE_DTYPES[dtype].row_buffers(2, 16) * 2
+    assert sum(row_buffers) == bytes_per_token_per_layer
+    assert pool.nbytes == 2 * sum(allocation_size(rows * b) for b in row_buffers)
 
 
 def test_mha_pool_writes_and_reads_per_layer() -> None:
@@ -86,7 +91,8 @@ def test_fp4_pool_holds_packed_data_and_scales() -> None:
 def test_mla_pool_latent_layout() -> None:
     pool = MLATokenToKVPool(size=8, page_size=1, dtype=KV_CACHE_DTYPES["bfloat16"], kv_lora_rank=512,
                             qk_rope_head_dim=64, layer_ids=range(3), device=CPU)
-    assert pool.nbytes == 3 * 9 * (512 + 64) * 2  # 3 layers x 9 rows x 576 x 2 B
+    assert pool.nbytes == 3 * allocation_size(9 * (512 + 64) * 2)  # 3 layers x 9 rows x 576 x 2 B, rounded to 512
+    assert allocation_size(9 * 576 * 2) == 10752
     nope = torch.randn(2, 1, 512, dtype=torch.bfloat16)
     rope = torch.randn(2, 1, 64, dtype=torch.bfloat16)
     pool.set_mla_kv_buffer(1, torch.tensor([1, 2]), nope, rope)
@@ -94,9 +100,18 @@ def test_mla_pool_latent_layout() -> None:
     assert torch.equal(pool.get_key_buffer(1)[1:3, :, 512:], rope)
 
 
+@pytest.mark.parametrize(
+    ("nbytes", "allocated"),
+    [(1, 512), (512, 512), (513, 1024), (10 * 2**20 - 1, 10 * 2**20), (10 * 2**20 + 1, 12 * 2**20), (0, 0)],
+)
+def test_allocation_size_follows_the_cuda_caching_allocator(nbytes: int, allocated: int) -> None:
+    # 512-byte blocks; from 10 MiB a buffer is its own segment, rounded to 2 MiB
+    assert allocation_size(nbytes) == allocated
+
+
 def test_req_to_token_pool_rows_and_padding_row() -> None:
     pool = ReqToTokenPool(size=3, max_context_len=10, device=CPU, with_state_slots=True)
-    assert pool.nbytes == 4 * 10 * 4 + 4 * 4  # (3 + 1) rows x 10 x int32, plus the state-slot column
+    assert pool.nbytes == 512 + 512  # (3 + 1) rows x 10 x int32 = 160 B and 16 B of slot column, each a 512 B block
     rows = pool.alloc(3)
     assert rows is not None and sorted(rows) == [1, 2, 3]  # row 0 is padding
     assert pool.alloc(1) is None
@@ -111,7 +126,7 @@ def test_state_pool_bytes_and_slots() -> None:
                               conv_dtype=torch.bfloat16, ssm_dtype=torch.float32)
     pool = RecurrentStatePool(num_slots=5, spec=spec, layer_ids=[0, 2], device=CPU)
     assert spec.bytes_per_request == 8 * 3 * 2 + 2 * 4 * 4 * 4
-    assert pool.nbytes == 5 * spec.bytes_per_request * 2
+    assert pool.nbytes == 2 * (allocation_size(5 * 8 * 3 * 2) + allocation_size(5 * 2 * 4 * 4 * 4))
     slots = pool.alloc(4)
     assert slots is not None and 0 not in slots and pool.alloc(1) is None
 

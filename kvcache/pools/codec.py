@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from kvcache import device_buffers
 from kvcache.dtypes import KVCacheDtype
 
 _E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -62,12 +63,10 @@ class CacheTensor:
     __slots__ = ("data", "scales", "dtype")
 
     def __init__(self, *, rows: int, heads: int, dim: int, dtype: KVCacheDtype, device: torch.device) -> None:
-        from kvcache.pools.buffers import allocate_zeros
-
         self.dtype = dtype
-        self.data = allocate_zeros((rows, heads, dtype.data_elements(dim)), dtype.storage_dtype, device)
+        self.data = device_buffers.allocate_zeros((rows, heads, dtype.data_elements(dim)), dtype.storage_dtype, device)
         self.scales = (
-            allocate_zeros((rows, heads, dtype.scale_elements(dim)), torch.uint8, device) if dtype.scale_group else None
+            device_buffers.allocate_zeros((rows, heads, dtype.scale_elements(dim)), torch.uint8, device) if dtype.scale_group else None
         )
 
     def write(self, loc: torch.Tensor, values: torch.Tensor) -> None:

@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 
 from kvcache.dtypes import KVCacheDtype
-from kvcache.pools.buffers import tensor_bytes
+from kvcache.device_buffers import tensor_bytes
 from kvcache.pools.codec import CacheTensor
 
 

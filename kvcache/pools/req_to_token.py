@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from kvcache.pools.buffers import allocate_zeros, tensor_bytes
+from kvcache import device_buffers
+from kvcache.device_buffers import tensor_bytes
 
 
 class ReqToTokenPool:
@@ -18,8 +19,8 @@ class ReqToTokenPool:
         self.size = size
         self.max_context_len = max_context_len
         self.device = device
-        self.req_to_token = allocate_zeros((size + 1, max_context_len), torch.int32, device)
-        self.req_to_state_slot = allocate_zeros((size + 1,), torch.int32, device) if with_state_slots else None
+        self.req_to_token = device_buffers.allocate_zeros((size + 1, max_context_len), torch.int32, device)
+        self.req_to_state_slot = device_buffers.allocate_zeros((size + 1,), torch.int32, device) if with_state_slots else None
         self._free_slots: list[int] = list(range(size, 0, -1))
 
     def alloc(self, need_size: int = 1) -> list[int] | None:

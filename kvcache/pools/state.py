@@ -11,7 +11,8 @@ from typing import Sequence
 import torch
 
 from kvcache.layer_specs import RecurrentStateSpec
-from kvcache.pools.buffers import allocate_zeros, tensor_bytes
+from kvcache import device_buffers
+from kvcache.device_buffers import tensor_bytes
 
 
 class RecurrentStatePool:
@@ -26,8 +27,8 @@ class RecurrentStatePool:
         self.conv: list[torch.Tensor] = []
         self.ssm: list[torch.Tensor] = []
         for _ in self.layer_ids:
-            self.conv.append(allocate_zeros((num_slots, *spec.conv_shape), spec.conv_dtype, device))
-            self.ssm.append(allocate_zeros((num_slots, *spec.ssm_shape), spec.ssm_dtype, device))
+            self.conv.append(device_buffers.allocate_zeros((num_slots, *spec.conv_shape), spec.conv_dtype, device))
+            self.ssm.append(device_buffers.allocate_zeros((num_slots, *spec.ssm_shape), spec.ssm_dtype, device))
         self._free: list[int] = list(range(num_slots - 1, 0, -1))
 
     def get_state(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
