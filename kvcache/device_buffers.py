@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import mmap
 from math import prod
-from typing import Iterable
+from itertools import accumulate
+from typing import Iterable, Sequence
 
 import torch
 
@@ -49,6 +50,26 @@ def allocate_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
     return flat[:nbytes].view(dtype).view(shape)
 
 
+def carve(segments: Sequence[tuple[tuple[int, ...], torch.dtype]], device: torch.device) -> list[torch.Tensor]:
+    """One zeroed allocation holding every segment back to back, returned as one tensor per segment.
+
+    A pool takes all its layers' buffers in one allocation, so the allocator's rounding
+    costs it at most one block, and one failure leaves nothing half-built.
+    """
+    sizes = [prod(shape) * dtype.itemsize for shape, dtype in segments]
+    for (_, dtype), offset in zip(segments, accumulate([0, *sizes])):
+        if offset % dtype.itemsize:
+            raise ValueError(f"segment at byte {offset} is not aligned for {dtype}")
+    flat = allocate_zeros((sum(sizes),), torch.uint8, device)
+    out: list[torch.Tensor] = []
+    offset = 0
+    for (shape, dtype), size in zip(segments, sizes):
+        out.append(flat[offset:offset + size].view(dtype).view(shape))
+        offset += size
+    return out
+
+
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Exact bytes behind these tensors (their storages, rounding included), on any device."""
-    return sum(t.untyped_storage().nbytes() for t in tensors)
+    """Exact bytes behind these tensors: each distinct storage once, rounding included, on any device."""
+    storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}  # views share one
+    return sum(storages.values())

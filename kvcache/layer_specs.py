@@ -30,11 +30,6 @@ class FullAttentionSpec:
     pool_kind = "full"
 
     @property
-    def buffer_row_bytes(self) -> tuple[int, ...]:
-        """Bytes per token row of each buffer one layer allocates (K, then V)."""
-        return self.dtype.row_buffers(self.kv_heads, self.head_dim) + self.dtype.row_buffers(self.kv_heads, self.v_head_dim)
-
-    @property
     def bytes_per_token(self) -> int:
         return self.dtype.bytes_for(self.kv_heads * self.head_dim) + self.dtype.bytes_for(self.kv_heads * self.v_head_dim)
 
@@ -52,10 +47,6 @@ class SlidingWindowSpec:
     pool_kind = "swa"
 
     @property
-    def buffer_row_bytes(self) -> tuple[int, ...]:
-        return self.dtype.row_buffers(self.kv_heads, self.head_dim) + self.dtype.row_buffers(self.kv_heads, self.v_head_dim)
-
-    @property
     def bytes_per_token(self) -> int:
         return self.dtype.bytes_for(self.kv_heads * self.head_dim) + self.dtype.bytes_for(self.kv_heads * self.v_head_dim)
 
@@ -69,10 +60,6 @@ class MLASpec:
     dtype: KVCacheDtype
 
     pool_kind = "mla"
-
-    @property
-    def buffer_row_bytes(self) -> tuple[int, ...]:
-        return self.dtype.row_buffers(1, self.kv_lora_rank + self.qk_rope_head_dim)
 
     @property
     def bytes_per_token(self) -> int:
@@ -90,11 +77,6 @@ class RecurrentStateSpec:
     ssm_dtype: torch.dtype
 
     pool_kind = "state"
-
-    @property
-    def buffer_slot_bytes(self) -> tuple[int, int]:
-        """Bytes per slot of the conv buffer and of the SSM buffer."""
-        return prod(self.conv_shape) * self.conv_dtype.itemsize, prod(self.ssm_shape) * self.ssm_dtype.itemsize
 
     @property
     def bytes_per_request(self) -> int:

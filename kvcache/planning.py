@@ -2,13 +2,13 @@
 
 The cost of holding T tokens (T a multiple of page_size) is
 
-    cost(T) = sum over pools' buffers of A((tokens_p(T) + page_size) * row_bytes)
-            + allocator_index_bytes(T, page, swa tokens)  # free lists (+ SWA map)
-            + (R(T) + 1) * row_width * 4             # req_to_token, int32
-            + [(R(T) + 1) * 4 + slots * slot_bytes]   # hybrids: slot map and state
+    cost(T) = sum over pools of A((tokens_p(T) + page_size) * bytes_per_token_p)
+            + allocator_index_bytes(T, page, swa tokens)      # free lists (+ SWA map)
+            + A((R(T) + 1) * (row_width [+ 1]) * 4)            # req_to_token (+ state-slot column)
+            + [A(slots * slot_bytes)]                          # hybrids: recurrent state
 
-each buffer charged at A(n) = kvcache.device_buffers.allocation_size(n), the bytes
-the device allocator really takes for it; tokens_p(T) is T for pools that hold every token and align_down(T * swa_ratio)
+each pool one allocation charged at A(n) = kvcache.device_buffers.allocation_size(n),
+the bytes the device allocator really takes for it; tokens_p(T) is T for pools that hold every token and align_down(T * swa_ratio)
 for sliding-window pools, and R(T) is the running-request cap. cost is monotone in T,
 so the plan is the largest T with cost(T) <= budget, found by bisection: nothing is
 allocated beyond the budget, and one more page would not fit.
@@ -41,7 +41,6 @@ class KVPoolDemand(msgspec.Struct, frozen=True, kw_only=True):
     kind: PoolKind
     num_layers: int
     bytes_per_token: int
-    buffer_row_bytes: tuple[int, ...] = ()  # bytes per row of each buffer; () means one buffer of bytes_per_token
     window: int | None = None  # the sliding window of a sliding-window pool
     share: Literal["all", "swa"] = "all"  # "swa": align_down(T * swa_ratio) tokens, paired with a full pool
 
@@ -52,7 +51,6 @@ class StateDemand(msgspec.Struct, frozen=True, kw_only=True):
     num_layers: int
     bytes_per_slot: int
     slots_per_request: int
-    buffer_slot_bytes: tuple[int, ...] = ()  # per slot, each buffer; () means one buffer
     memory_ratio: Fraction  # state : KV share of the budget (mamba_full_memory_ratio)
     max_slots: int | None = None  # usable slots asked for (max_mamba_cache_size)
 
@@ -78,11 +76,6 @@ def align_down(n: int, page: int) -> int:
 
 def align_up(n: int, page: int) -> int:
     return -(-n // page) * page
-
-
-def buffers_bytes(rows: int, row_bytes: tuple[int, ...]) -> int:
-    """Bytes of buffers of `rows` rows each, as allocated (see kvcache.device_buffers)."""
-    return sum(allocation_size(rows * b) for b in row_bytes)
 
 
 def _pool_tokens(req: PlanRequest, pool: KVPoolDemand, tokens: int) -> int:
@@ -119,17 +112,14 @@ def running_requests(req: PlanRequest, tokens: int, state_slots: int) -> int:
 def plan_cost(req: PlanRequest, tokens: int, state_slots: int) -> int:
     """Bytes of every buffer when the full pools hold `tokens` tokens (the module formula)."""
     page = req.page_size
-    kv = sum(buffers_bytes(_pool_tokens(req, p, tokens) + page, p.buffer_row_bytes or (p.bytes_per_token,))
-             for p in req.kv_pools)
+    kv = sum(allocation_size((_pool_tokens(req, p, tokens) + page) * p.bytes_per_token) for p in req.kv_pools)
     paired = [p for p in req.kv_pools if p.share == "swa"]
     swa_tokens = _pool_tokens(req, paired[0], tokens) if paired else None
     index = allocator_index_bytes(tokens, page, swa_tokens)
     rows = running_requests(req, tokens, state_slots) + 1
-    table = allocation_size(rows * req.req_to_token_row_width * REQ_TO_TOKEN_ELEMENT_BYTES)
-    state = 0
-    if req.state is not None:
-        slot_buffers = req.state.buffer_slot_bytes or (req.state.bytes_per_slot,)
-        state = allocation_size(rows * REQ_TO_TOKEN_ELEMENT_BYTES) + buffers_bytes(state_slots, slot_buffers)
+    table_row = req.req_to_token_row_width + (1 if req.state else 0)  # hybrids: + the state-slot column
+    table = allocation_size(rows * table_row * REQ_TO_TOKEN_ELEMENT_BYTES)
+    state = allocation_size(state_slots * req.state.bytes_per_slot) if req.state else 0
     return kv + index + table + state
 
 
@@ -176,7 +166,6 @@ def plan_pool_sizes(req: PlanRequest) -> MemoryPoolConfig:
         KVPoolPlan(
             name=p.name, kind=p.kind, num_layers=p.num_layers, bytes_per_token=p.bytes_per_token,
             num_tokens=_pool_tokens(req, p, tokens), page_size=page, holds_every_token=p.share == "all",
-            buffer_row_bytes=p.buffer_row_bytes or (p.bytes_per_token,),
         )
         for p in req.kv_pools
     )
@@ -185,7 +174,6 @@ def plan_pool_sizes(req: PlanRequest) -> MemoryPoolConfig:
         state_plan = StatePoolPlan(
             num_layers=req.state.num_layers, bytes_per_slot=req.state.bytes_per_slot,
             num_slots=slots, slots_per_request=req.state.slots_per_request,
-            buffer_slot_bytes=req.state.buffer_slot_bytes or (req.state.bytes_per_slot,),
         )
     return MemoryPoolConfig(
         budget=req.budget, page_size=page, context_length=req.context_length,

@@ -28,7 +28,6 @@ class KVPoolPlan(msgspec.Struct, frozen=True, kw_only=True):
     num_tokens: int
     page_size: int
     holds_every_token: bool = True
-    buffer_row_bytes: tuple[int, ...] = ()
 
     @property
     def num_rows(self) -> int:
@@ -38,7 +37,7 @@ class KVPoolPlan(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def total_bytes(self) -> int:
         """Every buffer's rows, as allocated (rounded per kvcache.device_buffers.allocation_size)."""
-        return sum(allocation_size(self.num_rows * b) for b in (self.buffer_row_bytes or (self.bytes_per_token,)))
+        return allocation_size(self.num_rows * self.bytes_per_token)
 
 
 class StatePoolPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,7 +47,6 @@ class StatePoolPlan(msgspec.Struct, frozen=True, kw_only=True):
     bytes_per_slot: int
     num_slots: int
     slots_per_request: int
-    buffer_slot_bytes: tuple[int, ...] = ()
 
     @property
     def usable_slots(self) -> int:
@@ -61,7 +59,7 @@ class StatePoolPlan(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def total_bytes(self) -> int:
-        return sum(allocation_size(self.num_slots * b) for b in (self.buffer_slot_bytes or (self.bytes_per_slot,)))
+        return allocation_size(self.num_slots * self.bytes_per_slot)
 
 
 class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,13 +81,10 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def req_to_token_bytes(self) -> int:
-        """(max_running_requests + 1) rows of int32 token indices; row 0 is padding."""
-        return allocation_size((self.max_running_requests + 1) * self.req_to_token_row_width * REQ_TO_TOKEN_ELEMENT_BYTES)
-
-    @property
-    def req_to_state_bytes(self) -> int:
-        """Hybrid models map each request row to its state slot: one int32 per row."""
-        return allocation_size((self.max_running_requests + 1) * REQ_TO_TOKEN_ELEMENT_BYTES) if self.state_pool else 0
+        """(max_running_requests + 1) rows of int32 token indices (row 0 is padding); hybrid
+        models add one int32 column mapping each row to its state slot. One allocation."""
+        width = self.req_to_token_row_width + (1 if self.state_pool else 0)
+        return allocation_size((self.max_running_requests + 1) * width * REQ_TO_TOKEN_ELEMENT_BYTES)
 
     def pool(self, name: str) -> KVPoolPlan:
         for p in self.kv_pools:
@@ -108,7 +103,6 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
         """Every buffer the configurator allocates, by name, in bytes."""
         out = {"req_to_token": self.req_to_token_bytes, "allocator_index": self.allocator_index_bytes}
         if self.state_pool is not None:
-            out["req_to_state_slot"] = self.req_to_state_bytes
             out["state"] = self.state_pool.total_bytes
         for p in self.kv_pools:
             out[f"kv_{p.name}"] = p.total_bytes

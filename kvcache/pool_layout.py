@@ -42,8 +42,7 @@ class KVPoolGroup:
         window = self.spec.window if isinstance(self.spec, SlidingWindowSpec) else None
         return KVPoolDemand(
             name=self.name, kind=self.spec.pool_kind, num_layers=len(self.layer_ids),
-            bytes_per_token=self.bytes_per_token, buffer_row_bytes=self.spec.buffer_row_bytes * len(self.layer_ids),
-            window=window,
+            bytes_per_token=self.bytes_per_token, window=window,
             share="swa" if self.paired_with_full else "all",
         )
 
@@ -62,7 +61,6 @@ class StateGroup:
     def demand(self, *, slots_per_request: int, memory_ratio: Fraction, max_slots: int | None) -> StateDemand:
         return StateDemand(
             num_layers=len(self.layer_ids), bytes_per_slot=self.bytes_per_slot,
-            buffer_slot_bytes=self.spec.buffer_slot_bytes * len(self.layer_ids),
             slots_per_request=slots_per_request, memory_ratio=memory_ratio, max_slots=max_slots,
         )
 

@@ -39,10 +39,9 @@ def test_mha_pool_bytes_match_the_spec_formula(dtype: str, bytes_per_token_per_l
     rows = 32 + 4  # size + one padding page
     spec_bytes = KV_CACHE_DTYPES[dtype].bytes_for(2 * 16) * 2
     assert spec_bytes == bytes_per_token_per_layer
-    # every buffer is allocated at allocation_size: K and V of each layer (and FP4 scales) apart
-    row_buffers = KV_CACHE_DTYPES[dtype].row_buffers(2, 16) * 2
-    assert sum(row_buffers) == bytes_per_token_per_layer
-    assert pool.nbytes == 2 * sum(allocation_size(rows * b) for b in row_buffers)
+    # one allocation holds every layer's K and V (and FP4 scales), rounded once
+    assert sum(KV_CACHE_DTYPES[dtype].row_buffers(2, 16)) * 2 == bytes_per_token_per_layer
+    assert pool.nbytes == allocation_size(rows * bytes_per_token_per_layer * 2)
 
 
 def test_mha_pool_writes_and_reads_per_layer() -> None:
@@ -91,8 +90,8 @@ def test_fp4_pool_holds_packed_data_and_scales() -> None:
 def test_mla_pool_latent_layout() -> None:
     pool = MLATokenToKVPool(size=8, page_size=1, dtype=KV_CACHE_DTYPES["bfloat16"], kv_lora_rank=512,
                             qk_rope_head_dim=64, layer_ids=range(3), device=CPU)
-    assert pool.nbytes == 3 * allocation_size(9 * (512 + 64) * 2)  # 3 layers x 9 rows x 576 x 2 B, rounded to 512
-    assert allocation_size(9 * 576 * 2) == 10752
+    assert pool.nbytes == allocation_size(3 * 9 * (512 + 64) * 2)  # 3 layers x 9 rows x 576 x 2 B = 31,104
+    assert pool.nbytes == 31232  # rounded up to a 512 B block
     nope = torch.randn(2, 1, 512, dtype=torch.bfloat16)
     rope = torch.randn(2, 1, 64, dtype=torch.bfloat16)
     pool.set_mla_kv_buffer(1, torch.tensor([1, 2]), nope, rope)
@@ -111,7 +110,7 @@ def test_allocation_size_follows_the_cuda_caching_allocator(nbytes: int, allocat
 
 def test_req_to_token_pool_rows_and_padding_row() -> None:
     pool = ReqToTokenPool(size=3, max_context_len=10, device=CPU, with_state_slots=True)
-    assert pool.nbytes == 512 + 512  # (3 + 1) rows x 10 x int32 = 160 B and 16 B of slot column, each a 512 B block
+    assert pool.nbytes == 512  # (3 + 1) rows x 10 x int32 = 160 B plus a 16 B slot column: one 512 B block
     rows = pool.alloc(3)
     assert rows is not None and sorted(rows) == [1, 2, 3]  # row 0 is padding
     assert pool.alloc(1) is None
@@ -126,7 +125,7 @@ def test_state_pool_bytes_and_slots() -> None:
                               conv_dtype=torch.bfloat16, ssm_dtype=torch.float32)
     pool = RecurrentStatePool(num_slots=5, spec=spec, layer_ids=[0, 2], device=CPU)
     assert spec.bytes_per_request == 8 * 3 * 2 + 2 * 4 * 4 * 4
-    assert pool.nbytes == 2 * (allocation_size(5 * 8 * 3 * 2) + allocation_size(5 * 2 * 4 * 4 * 4))
+    assert pool.nbytes == allocation_size(2 * 5 * spec.bytes_per_request)
     slots = pool.alloc(4)
     assert slots is not None and 0 not in slots and pool.alloc(1) is None
 
@@ -135,20 +134,28 @@ def test_a_pool_that_fails_part_way_keeps_nothing(monkeypatch: pytest.MonkeyPatc
     made: list[weakref.ref[torch.Tensor]] = []
     real = buffers.allocate_zeros
 
-    def fail_on_fifth(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        if len(made) == 4:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated on the fifth buffer)")
+    def fail_on_second(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if len(made) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated on the second buffer)")
         t = real(shape, dtype, device)
         made.append(weakref.ref(t))
         return t
 
-    monkeypatch.setattr(buffers, "allocate_zeros", fail_on_fifth)
+    monkeypatch.setattr(buffers, "allocate_zeros", fail_on_second)
+    pools = []
     try:
-        MHATokenToKVPool(size=8, page_size=1, dtype=KV_CACHE_DTYPES["bfloat16"], kv_heads=1, head_dim=16,
-                         v_head_dim=16, layer_ids=range(4), device=CPU)
+        for _ in range(2):
+            pools.append(MHATokenToKVPool(size=8, page_size=1, dtype=KV_CACHE_DTYPES["bfloat16"], kv_heads=1,
+                                          head_dim=16, v_head_dim=16, layer_ids=range(4), device=CPU))
     except torch.OutOfMemoryError:
-        pass
+        pools.clear()
     else:
-        pytest.fail("the fifth allocation should have failed")
+        pytest.fail("the second allocation should have failed")
     gc.collect()
-    assert len(made) == 4 and all(ref() is None for ref in made)
+    assert len(made) == 1 and all(ref() is None for ref in made)
+
+
+def test_one_allocation_per_pool() -> None:
+    pool = mha("bfloat16")
+    storages = {t.untyped_storage().data_ptr() for c in (*pool._k, *pool._v) for t in c.tensors()}
+    assert len(storages) == 1

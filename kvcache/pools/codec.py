@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from kvcache import device_buffers
 from kvcache.dtypes import KVCacheDtype
 
 _E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -57,17 +56,30 @@ def dequantize_fp4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return signed * scale
 
 
+def cache_segments(rows: int, heads: int, dim: int, dtype: KVCacheDtype) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """The buffers one [rows, heads, dim] cache tensor needs: data, and FP4's scale bytes."""
+    segments = [((rows, heads, dtype.data_elements(dim)), dtype.storage_dtype)]
+    if dtype.scale_group:
+        segments.append(((rows, heads, dtype.scale_elements(dim)), torch.uint8))
+    return segments
+
+
 class CacheTensor:
     """One logical [rows, heads, dim] cache tensor in a KV dtype: data, plus scales for FP4."""
 
     __slots__ = ("data", "scales", "dtype")
 
-    def __init__(self, *, rows: int, heads: int, dim: int, dtype: KVCacheDtype, device: torch.device) -> None:
+    def __init__(self, parts: list[torch.Tensor], dtype: KVCacheDtype) -> None:
         self.dtype = dtype
-        self.data = device_buffers.allocate_zeros((rows, heads, dtype.data_elements(dim)), dtype.storage_dtype, device)
-        self.scales = (
-            device_buffers.allocate_zeros((rows, heads, dtype.scale_elements(dim)), torch.uint8, device) if dtype.scale_group else None
-        )
+        self.data = parts[0]
+        self.scales = parts[1] if dtype.scale_group else None
+
+    @staticmethod
+    def take(parts: list[torch.Tensor], dtype: KVCacheDtype) -> "CacheTensor":
+        """Build from the front of `parts` (as carved from cache_segments), consuming them."""
+        n = 2 if dtype.scale_group else 1
+        taken = [parts.pop(0) for _ in range(n)]
+        return CacheTensor(taken, dtype)
 
     def write(self, loc: torch.Tensor, values: torch.Tensor) -> None:
         """Store `values` ([n, heads, dim], model dtype) at rows `loc`."""

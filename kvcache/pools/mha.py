@@ -1,5 +1,7 @@
 """MHATokenToKVPool: K and V buffers per layer for MHA/GQA (and sliding-window) layers.
 
+All layers' buffers are views into one allocation (one block of rounding, one failure point).
+
 Each buffer has size + page_size rows: row (page) 0 absorbs padded writes, so token
 indices 1..size are usable.
 """
@@ -11,8 +13,8 @@ from typing import Sequence
 import torch
 
 from kvcache.dtypes import KVCacheDtype
-from kvcache.device_buffers import tensor_bytes
-from kvcache.pools.codec import CacheTensor
+from kvcache.device_buffers import carve, tensor_bytes
+from kvcache.pools.codec import CacheTensor, cache_segments
 
 
 class MHATokenToKVPool:
@@ -29,11 +31,13 @@ class MHATokenToKVPool:
         self.layer_ids = tuple(layer_ids)
         self._index = {layer: i for i, layer in enumerate(self.layer_ids)}
         rows = size + page_size
+        per_layer = cache_segments(rows, kv_heads, head_dim, dtype) + cache_segments(rows, kv_heads, v_head_dim, dtype)
+        parts = carve(per_layer * len(self.layer_ids), device)  # one allocation for every layer's K and V
         self._k: list[CacheTensor] = []
         self._v: list[CacheTensor] = []
         for _ in self.layer_ids:
-            self._k.append(CacheTensor(rows=rows, heads=kv_heads, dim=head_dim, dtype=dtype, device=device))
-            self._v.append(CacheTensor(rows=rows, heads=kv_heads, dim=v_head_dim, dtype=dtype, device=device))
+            self._k.append(CacheTensor.take(parts, dtype))
+            self._v.append(CacheTensor.take(parts, dtype))
 
     def _local(self, layer_id: int) -> int:
         try:

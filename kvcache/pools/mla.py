@@ -11,8 +11,8 @@ from typing import Sequence
 import torch
 
 from kvcache.dtypes import KVCacheDtype
-from kvcache.device_buffers import tensor_bytes
-from kvcache.pools.codec import CacheTensor
+from kvcache.device_buffers import carve, tensor_bytes
+from kvcache.pools.codec import CacheTensor, cache_segments
 
 
 class MLATokenToKVPool:
@@ -31,10 +31,9 @@ class MLATokenToKVPool:
         self.layer_ids = tuple(layer_ids)
         self._index = {layer: i for i, layer in enumerate(self.layer_ids)}
         rows = size + page_size
-        self._kv = [
-            CacheTensor(rows=rows, heads=1, dim=kv_lora_rank + qk_rope_head_dim, dtype=dtype, device=device)
-            for _ in self.layer_ids
-        ]
+        segments = cache_segments(rows, 1, kv_lora_rank + qk_rope_head_dim, dtype)
+        parts = carve(segments * len(self.layer_ids), device)  # one allocation for every layer
+        self._kv = [CacheTensor.take(parts, dtype) for _ in self.layer_ids]
 
     def _buffer(self, layer_id: int) -> CacheTensor:
         if layer_id not in self._index:

@@ -19,8 +19,10 @@ class ReqToTokenPool:
         self.size = size
         self.max_context_len = max_context_len
         self.device = device
-        self.req_to_token = device_buffers.allocate_zeros((size + 1, max_context_len), torch.int32, device)
-        self.req_to_state_slot = device_buffers.allocate_zeros((size + 1,), torch.int32, device) if with_state_slots else None
+        segments = [((size + 1, max_context_len), torch.int32)] + ([((size + 1,), torch.int32)] if with_state_slots else [])
+        parts = device_buffers.carve(segments, device)
+        self.req_to_token = parts[0]
+        self.req_to_state_slot = parts[1] if with_state_slots else None
         self._free_slots: list[int] = list(range(size, 0, -1))
 
     def alloc(self, need_size: int = 1) -> list[int] | None:

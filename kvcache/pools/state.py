@@ -24,11 +24,10 @@ class RecurrentStatePool:
         self.device = device
         self.layer_ids = tuple(layer_ids)
         self._index = {layer: i for i, layer in enumerate(self.layer_ids)}
-        self.conv: list[torch.Tensor] = []
-        self.ssm: list[torch.Tensor] = []
-        for _ in self.layer_ids:
-            self.conv.append(device_buffers.allocate_zeros((num_slots, *spec.conv_shape), spec.conv_dtype, device))
-            self.ssm.append(device_buffers.allocate_zeros((num_slots, *spec.ssm_shape), spec.ssm_dtype, device))
+        segments = [((num_slots, *spec.ssm_shape), spec.ssm_dtype), ((num_slots, *spec.conv_shape), spec.conv_dtype)]
+        parts = device_buffers.carve(segments * len(self.layer_ids), device)  # one allocation, SSM first for alignment
+        self.ssm: list[torch.Tensor] = parts[0::2]
+        self.conv: list[torch.Tensor] = parts[1::2]
         self._free: list[int] = list(range(num_slots - 1, 0, -1))
 
     def get_state(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
