@@ -1,0 +1,119 @@
+"""The container wiring: dependencies, overrides on instances, isolation, target/draft sharing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dependency_injector import errors, providers
+
+from containers import EngineContainer, WorkerContainer
+from kvcache.byte_units import GiB, MiB
+from kvcache.configurator import KVCacheConfigurator
+from kvcache.memory_probe import FixedMemoryProbe, HostMemoryProbe, MemoryProbe
+from kvcache.presets import load_model_config
+from kvcache.server_args import ServerArgs
+from kvcache.testing import tiny_model_config
+
+
+def test_check_dependencies_passes_for_a_wired_engine(make_engine) -> None:
+    engine = make_engine()
+    engine.check_dependencies()
+
+
+def test_a_bare_worker_container_names_what_it_lacks() -> None:
+    with pytest.raises(errors.Error, match="server_args"):
+        WorkerContainer().check_dependencies()
+
+
+def test_the_probe_follows_the_device(make_engine) -> None:
+    assert isinstance(make_engine(device="cpu").memory_probe(), HostMemoryProbe)
+    with pytest.raises(Exception, match="needs a card"):
+        make_engine(device="meta").memory_probe()
+
+
+def test_overriding_the_probe_on_an_instance_changes_the_plan(make_engine) -> None:
+    engine = make_engine(mem_fraction_static=0.5)
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
+    runner = engine.engine().target
+    runner.initialize()
+    plan = runner.memory_pool_config
+    weights = runner.weights.total_bytes
+    # tiny model: embed + head 2 x 256 x 64, per layer q/o 64x64, k/v 32x64, mlp 3 x 64 x 128, 2 norms; final norm
+    assert runner.weights.parameter_count == 2 * 256 * 64 + 2 * (2 * 4096 + 2 * 2048 + 3 * 8192 + 2 * 64) + 64
+    assert weights == runner.weights.parameter_count * 2
+    assert plan.budget.free_after_load_bytes == GiB - weights
+    assert plan.budget.budget_bytes == GiB - weights - GiB // 2
+    assert plan.total_bytes <= plan.budget.budget_bytes
+    assert plan.bytes_per_token == 2 * 2 * (16 + 16) * 2  # 2 layers x 2 KV heads x (16 + 16) x bf16
+
+
+def test_two_engine_containers_share_nothing(make_engine) -> None:
+    a, b = make_engine(), make_engine()
+    assert a.engine() is not b.engine()
+    assert a.target.model_runner() is not b.target.model_runner()
+    assert a.memory_probe() is not b.memory_probe()
+
+
+def test_overriding_one_instance_leaves_the_class_and_others_alone(make_engine) -> None:
+    a, b = make_engine(), make_engine()
+    fake = FixedMemoryProbe(total_bytes=GiB)
+    a.memory_probe.override(fake)
+    assert a.memory_probe() is fake
+    assert b.memory_probe() is not fake
+    assert not EngineContainer.memory_probe.overridden
+
+
+def test_the_configurator_provider_can_be_swapped(make_engine) -> None:
+    engine = make_engine(kv_cache_memory=64 * MiB)
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
+    real = engine.target.configurator()
+    capped = KVCacheConfigurator(**{f: getattr(real, f) for f in KVCacheConfigurator.__slots__
+                                    if f != "server_args"}, server_args=real.server_args.replace(max_total_tokens=1000))
+    engine.target.configurator.override(providers.Object(capped))
+    runner = engine.engine().target
+    runner.initialize()
+    assert runner.max_total_num_tokens == 1000
+
+
+def test_configure_is_called_once_with_the_pre_load_free_bytes(make_engine, mocker) -> None:
+    engine = make_engine(kv_cache_memory=16 * MiB)
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
+    spy = mocker.spy(KVCacheConfigurator, "configure")
+    engine.engine().bootstrap()
+    assert spy.call_count == 1
+    assert spy.call_args.kwargs == {"pre_model_load_memory": GiB}
+
+
+def test_an_autospec_probe_is_strict_about_its_interface(make_engine, mocker) -> None:
+    probe = mocker.create_autospec(MemoryProbe, instance=True)
+    probe.free_bytes.return_value = GiB
+    probe.total_bytes.return_value = GiB
+    engine = make_engine(kv_cache_memory=16 * MiB)
+    engine.memory_probe.override(probe)
+    engine.engine().bootstrap()
+    assert probe.note_allocation.called
+    with pytest.raises(AttributeError):
+        probe.free_memory  # a misspelt method does not exist on an autospec
+
+
+def test_streams_and_dtypes_reach_the_runner_uncopied(make_engine) -> None:
+    engine = make_engine()
+    stream = engine.target.forward_stream()
+    runner = engine.target.model_runner()
+    assert runner.forward_stream is stream  # a singleton, not a deep copy
+    assert engine.target.configurator().model_dtype is torch.bfloat16
+    assert engine.target.kv_cache_dtype().name == "bfloat16"
+
+
+def test_without_speculation_there_is_no_draft(make_engine) -> None:
+    engine = make_engine()
+    assert engine.engine().draft is None
+    assert engine.draft_model_config() is None
+
+
+def test_draft_config_comes_from_the_algorithm() -> None:
+    args = ServerArgs.from_mapping({"device": "cpu", "speculative_algorithm": "NEXTN"})
+    engine = EngineContainer(server_args=args, model_config=load_model_config("DeepSeek-V3"))
+    draft = engine.draft_model_config()
+    assert draft.num_hidden_layers == 1 and draft.layer_kinds == ("mla",) and draft.nextn_of_target
+    engine.shutdown_resources()
