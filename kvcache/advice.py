@@ -5,6 +5,7 @@ Each suggestion names a flag and a value that was checked by planning with it.
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Callable
 
 import msgspec
@@ -63,6 +64,27 @@ def longest_fitting_context(req: PlanRequest) -> int | None:
     return lo * page
 
 
+def smallest_fitting_swa_ratio(req: PlanRequest) -> float | None:
+    """The smallest swa_full_tokens_ratio (to 0.001) above the current one that plans, or None."""
+    if not any(p.share == "swa" for p in req.kv_pools):
+        return None
+
+    def ok(milli: int) -> bool:
+        return fits(msgspec.structs.replace(req, swa_ratio=Fraction(milli, 1000)))
+
+    lo = int(req.swa_ratio * 1000) + 1
+    hi = 1000
+    if lo > hi or not ok(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo / 1000
+
+
 def smallest_fitting_budget(req: PlanRequest, limit: int) -> int | None:
     """The fewest budget bytes (<= limit) that plan, or None."""
     if not fits(_with_budget(req, limit)):
@@ -86,6 +108,9 @@ def suggest_fixes(
 ) -> tuple[str, ...]:
     """Checked alternatives, most direct first."""
     out: list[str] = []
+    ratio = smallest_fitting_swa_ratio(req)
+    if ratio is not None:
+        out.append(f"--swa-full-tokens-ratio {ratio:.3f}")
     if budget_for_fraction is not None:
         fraction = smallest_fitting_mem_fraction(req, budget_for_fraction)
         if fraction is not None:

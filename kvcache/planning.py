@@ -216,13 +216,9 @@ def _check_windows_fit(req: PlanRequest, tokens: int, slots: int) -> None:
         need = min(p.window, req.context_length) + req.page_size
         have = _pool_tokens(req, p, tokens)
         if have < need:
-            ratio = Fraction(need, tokens)
-            hint = f"--swa-full-tokens-ratio {min(1.0, float(ratio) + 0.005):.3f}" if ratio <= 1 else (
-                "a larger budget (--mem-fraction-static or --kv-cache-memory)")
             raise BudgetBelowOneRequestError(
                 f"the sliding-window pool {p.name!r} holds {have} tokens, fewer than one window "
                 f"({min(p.window, req.context_length)}) plus a page ({req.page_size})",
                 needed_bytes=plan_cost(req, tokens, slots) + (need - have) * p.bytes_per_token,
                 available_bytes=req.budget.budget_bytes,
-                suggestions=(hint,),
             )
