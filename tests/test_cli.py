@@ -1,0 +1,149 @@
+"""The command line end to end: subprocesses for the real thing, main() in-process for the many error cases."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from kvcache.byte_units import GiB
+
+REPO = Path(__file__).resolve().parents[1]
+REQUIRED_KEYS = {"model", "device", "model_dtype", "kv_cache_dtype", "page_size", "bytes_per_token",
+                 "max_total_num_tokens", "max_running_requests", "budget_bytes", "weights_bytes", "buffers"}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "app", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_bootstrap_is_the_default_and_prints_a_report() -> None:
+    done = run_cli("--memory-limit", "6GiB", "--max-total-tokens", "16384")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "model               SmolLM2-135M" in out
+    assert "device              cpu" in out
+    assert "bytes per token     23,040" in out  # 30 layers x 3 KV heads x (64 + 64) x 2
+    assert "max total tokens    16,384" in out
+    assert "total allocated" in out and "load_weights" in out
+
+
+@pytest.mark.parametrize(
+    ("model", "card", "bytes_per_token"),
+    [
+        ("Llama-3.1-8B-Instruct", ["--gpu-memory", "80GiB"], 131_072),
+        ("DeepSeek-V3", ["--gpu", "H200", "--tp-size", "8"], 70_272),
+        ("gpt-oss-20b", ["--gpu", "A100-40GB"], 24_576),
+    ],
+)
+def test_plan_json_for_cards_and_families(model: str, card: list[str], bytes_per_token: int) -> None:
+    done = run_cli("plan", "--model", model, *card, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert REQUIRED_KEYS <= report.keys()
+    assert report["device"] == "meta" and report["bytes_per_token"] == bytes_per_token
+    assert sum(report["buffers"].values()) == report["planned_bytes"] == report["allocated_bytes"]
+    assert report["planned_bytes"] <= report["budget_bytes"]
+
+
+def test_plan_reports_both_speculative_workers() -> None:
+    done = run_cli("plan", "--model", "Llama-3.1-8B-Instruct", "--speculative-algorithm", "EAGLE3",
+                   "--speculative-draft-model", "EAGLE3-LLaMA3.1-Instruct-8B", "--gpu-memory", "80GiB", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["bytes_per_token"] == 131_072 + 4_096
+    assert report["draft"]["pools"] == ["draft_full"]
+    assert report["buffers"]["kv_draft_full"] == report["draft"]["allocated_bytes"]
+
+
+def test_a_config_file_feeds_server_args_and_flags_override_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "server.toml"
+    cfg.write_text('page-size = 16\nkv_cache_dtype = "fp8_e4m3"\nmax_total_tokens = 4096\n')
+    assert main(["plan", "--gpu-memory", "24GiB", "--config", str(cfg), "--max-total-tokens", "8192", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["page_size"], report["kv_cache_dtype"], report["max_total_num_tokens"]) == (16, "fp8_e4m3", 8192)
+
+
+def test_presets_lists_the_shipped_configs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    assert "SmolLM2-135M" in out and "Qwen3-Next-80B-A3B-Thinking" in out
+
+
+def test_bad_input_exits_2_in_one_line_without_a_traceback() -> None:
+    done = run_cli("plan", "--model", "no-such-model", "--gpu-memory", "80GiB")
+    assert done.returncode == 2
+    assert "unknown model 'no-such-model'" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "--gpu-memory", "80GiB", "--page-size", "0"], "Expected `int` >= 1 - at `$.page_size`"),
+        (["plan", "--gpu-memory", "80GiB", "--kv-cache-dtype", "fp7"], "at `$.kv_cache_dtype`"),
+        (["plan", "--gpu", "H300"], "unknown card 'H300'"),
+        (["plan", "--gpu-memory", "80GiB", "--context-length", "100000"], "longer than SmolLM2-135M's max_position_embeddings 8192"),
+        (["plan", "--gpu-memory", "80GiB", "--mem-fraction-static", "0.9", "--kv-cache-memory", "1GiB"], "give only one"),
+    ],
+)
+def test_bad_values_exit_2_naming_the_problem(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_malformed_config_json_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text("{ not json")
+    assert main(["plan", "--gpu-memory", "80GiB", "--model", str(bad)]) == 2
+    assert "is not a valid config.json" in capsys.readouterr().err
+    unknown = tmp_path / "m" / "config.json"
+    unknown.parent.mkdir()
+    unknown.write_text(json.dumps({"architectures": ["FancyNewForCausalLM"]}))
+    assert main(["plan", "--gpu-memory", "80GiB", "--model", str(unknown.parent)]) == 2
+    assert "architecture 'FancyNewForCausalLM' is not supported" in capsys.readouterr().err
+
+
+def test_an_unusable_flag_value_is_refused_by_argparse() -> None:
+    done = run_cli("plan", "--gpu-memory", "80GiB", "--kv-cache-memory", "lots")
+    assert done.returncode == 2 and "cannot read 'lots' as a size" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "16GiB"], "nothing is left for the KV cache"),
+        (["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "8GiB"], "--tp-size 4"),
+        (["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "A100-40GB", "--mem-fraction-static", "0.4"],
+         "--mem-fraction-static 0."),
+        (["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "24GiB", "--mem-fraction-static", "0.9"],
+         "--context-length"),
+    ],
+)
+def test_does_not_fit_exits_3_with_values_that_work(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert message in err and "needed:" in err and "available:" in err
+
+
+def test_every_suggested_value_really_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "24GiB", "--mem-fraction-static", "0.9"]
+    assert main(base) == 3
+    err = capsys.readouterr().err
+    fixes = [line.strip()[2:].split(" (")[0].split() for line in err.splitlines() if line.strip().startswith("- --")]
+    assert fixes, err
+    for flag, value in fixes:
+        argv = [a for a in base]
+        if flag == "--mem-fraction-static":
+            argv[argv.index(flag) + 1] = value
+        elif flag == "--kv-cache-memory":
+            argv = argv[:-2] + [flag, value]
+        else:
+            argv += [flag, value]
+        assert main(argv + ["--json"]) == 0, (flag, value, capsys.readouterr().err)
+        capsys.readouterr()
+    assert GiB  # sizes in messages are GiB for people, bytes for scripts
