@@ -1,0 +1,82 @@
+"""ModelRunner on the CPU with a fixed probe: phases, what it keeps, failures that leave nothing behind."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from kvcache import device_buffers
+from kvcache.byte_units import GiB, MiB
+from kvcache.errors import KVCacheError, PoolBuildError, WeightsDoNotFitError
+from kvcache.memory_probe import FixedMemoryProbe
+from kvcache.presets import load_model_config
+
+
+def test_the_runner_keeps_what_sglang_keeps(make_engine) -> None:
+    engine = make_engine(kv_cache_memory=32 * MiB, page_size=4)
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
+    runner = engine.engine().target
+    result = runner.initialize()
+    assert runner.pre_model_load_memory == GiB
+    assert runner.kv_cache is result
+    assert runner.max_total_num_tokens == result.memory_pool_config.max_total_num_tokens > 0
+    assert runner.max_total_num_tokens % 4 == 0
+    assert runner.max_running_requests == result.memory_pool_config.max_running_requests
+    assert runner.req_to_token_pool is result.req_to_token_pool
+    assert runner.token_to_kv_pool is result.token_to_kv_pool
+    assert runner.token_to_kv_pool_allocator is result.token_to_kv_pool_allocator
+    assert result.model_dtype is torch.bfloat16 and result.kv_cache_dtype.name == "bfloat16"
+    assert set(runner.timings) == {"profile_before_load_s", "load_weights_s", "configure_kv_cache_s"}
+
+
+def test_dummy_weights_are_real_tensors_on_cpu_and_nothing_on_meta(make_engine) -> None:
+    cpu = make_engine(model=load_model_config("SmolLM2-135M"), kv_cache_memory=64 * MiB, context_length=512)
+    cpu.memory_probe.override(FixedMemoryProbe(total_bytes=4 * GiB))
+    weights = cpu.engine().target.load_weights()
+    assert weights.parameter_count == 134_515_008  # SmolLM2-135M, tied embeddings
+    assert weights.total_bytes == 134_515_008 * 2
+    assert next(iter(weights.tensors.values())).device.type == "cpu"
+    meta = make_engine(device="meta", model=load_model_config("SmolLM2-135M"))
+    meta.memory_probe.override(FixedMemoryProbe(total_bytes=4 * GiB))
+    meta_weights = meta.engine().target.load_weights()
+    assert meta_weights.total_bytes == weights.total_bytes
+    assert all(t.device.type == "meta" for t in meta_weights.tensors.values())
+
+
+def test_configure_before_loading_is_an_error(make_engine) -> None:
+    with pytest.raises(KVCacheError, match="load_weights\\(\\) must run before init_memory_pool"):
+        make_engine().engine().target.init_memory_pool()
+
+
+def test_weights_larger_than_the_card_fail_before_allocating(make_engine) -> None:
+    engine = make_engine(device="meta", model=load_model_config("Llama-3.1-8B-Instruct"))
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=8 * GiB))
+    # 14.96 GiB / 2 = 7.48 GiB is over 90% of 8 GiB; / 4 = 3.74 GiB is not
+    with pytest.raises(WeightsDoNotFitError, match="--tp-size 4 \\(about 3.74 GiB"):
+        engine.engine().target.load_weights()
+
+
+def test_a_pool_build_failing_part_way_frees_everything(make_engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = make_engine(kv_cache_memory=16 * MiB)
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
+    runner = engine.engine().target
+    runner.load_weights()
+    made: list[weakref.ref[torch.Tensor]] = []
+    real = device_buffers.allocate_zeros
+
+    def fail_on_the_kv_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if made:  # the request table came first; the KV pool is next
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        t = real(shape, dtype, device)
+        made.append(weakref.ref(t))
+        return t
+
+    monkeypatch.setattr(device_buffers, "allocate_zeros", fail_on_the_kv_pool)
+    with pytest.raises(PoolBuildError, match="failed part-way .* everything built so far was freed"):
+        runner.init_memory_pool()
+    gc.collect()
+    assert len(made) == 1 and made[0]() is None
+    assert not runner.is_configured
