@@ -26,54 +26,8 @@ def _with_budget(req: PlanRequest, budget_bytes: int) -> PlanRequest:
     return msgspec.structs.replace(req, budget=msgspec.structs.replace(req.budget, budget_bytes=budget_bytes))
 
 
-def smallest_fitting_mem_fraction(req: PlanRequest, budget_for: Callable[[float], int]) -> float | None:
-    """The smallest mem_fraction_static (to 0.001) whose budget plans, or None if even 0.99 does not."""
-    def ok(milli: int) -> bool:
-        budget = budget_for(milli / 1000)
-        return budget > 0 and fits(_with_budget(req, budget))
-
-    lo, hi = 1, 990
-    if not ok(hi):
-        return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo / 1000
-
-
-def longest_fitting_context(req: PlanRequest) -> int | None:
-    """The longest context_length (a page multiple) that plans with everything else unchanged."""
-    page = req.page_size
-    extra = req.req_to_token_row_width - req.context_length
-
-    def ok(ctx: int) -> bool:
-        return fits(msgspec.structs.replace(req, context_length=ctx, req_to_token_row_width=ctx + extra))
-
-    lo, hi = 1, max(1, (req.context_length - 1) // page)
-    if not ok(lo * page):
-        return None
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if ok(mid * page):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo * page
-
-
-def smallest_fitting_swa_ratio(req: PlanRequest) -> float | None:
-    """The smallest swa_full_tokens_ratio (to 0.001) above the current one that plans, or None."""
-    if not any(p.share == "swa" for p in req.kv_pools):
-        return None
-
-    def ok(milli: int) -> bool:
-        return fits(msgspec.structs.replace(req, swa_ratio=Fraction(milli, 1000)))
-
-    lo = int(req.swa_ratio * 1000) + 1
-    hi = 1000
+def smallest_passing(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
+    """The smallest n in [lo, hi] with ok(n), for ok monotone (false then true); None if ok(hi) fails."""
     if lo > hi or not ok(hi):
         return None
     while lo < hi:
@@ -82,21 +36,47 @@ def smallest_fitting_swa_ratio(req: PlanRequest) -> float | None:
             hi = mid
         else:
             lo = mid + 1
-    return lo / 1000
+    return lo
+
+
+def smallest_fitting_mem_fraction(req: PlanRequest, budget_for: Callable[[float], int]) -> float | None:
+    """The smallest mem_fraction_static (to 0.001) whose budget plans, or None if even 0.99 does not."""
+    def ok(milli: int) -> bool:
+        budget = budget_for(milli / 1000)
+        return budget > 0 and fits(_with_budget(req, budget))
+
+    milli = smallest_passing(1, 990, ok)
+    return None if milli is None else milli / 1000
+
+
+def longest_fitting_context(req: PlanRequest) -> int | None:
+    """The longest context_length (a page multiple) that plans with everything else unchanged."""
+    page = req.page_size
+    extra = req.req_to_token_row_width - req.context_length
+    top = max(1, (req.context_length - 1) // page)
+
+    def ok_from_top(k: int) -> bool:  # counts pages down from the top, so the search runs "false then true"
+        ctx = (top + 1 - k) * page
+        return fits(msgspec.structs.replace(req, context_length=ctx, req_to_token_row_width=ctx + extra))
+
+    k = smallest_passing(1, top, ok_from_top)
+    return None if k is None else (top + 1 - k) * page
+
+
+def smallest_fitting_swa_ratio(req: PlanRequest) -> float | None:
+    """The smallest swa_full_tokens_ratio (to 0.001) above the current one that plans, or None."""
+    if not any(p.share == "swa" for p in req.kv_pools):
+        return None
+    milli = smallest_passing(
+        int(req.swa_ratio * 1000) + 1, 1000,
+        lambda m: fits(msgspec.structs.replace(req, swa_ratio=Fraction(m, 1000))),
+    )
+    return None if milli is None else milli / 1000
 
 
 def smallest_fitting_budget(req: PlanRequest, limit: int) -> int | None:
     """The fewest budget bytes (<= limit) that plan, or None."""
-    if not fits(_with_budget(req, limit)):
-        return None
-    lo, hi = 1, limit
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits(_with_budget(req, mid)):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    return smallest_passing(1, limit, lambda b: fits(_with_budget(req, b)))
 
 
 def suggest_fixes(

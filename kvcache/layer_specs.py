@@ -18,6 +18,11 @@ from kvcache.model_config import ModelConfig
 from kvcache.parallel import ParallelState
 
 
+def kv_bytes_per_token(kv_heads: int, head_dim: int, v_head_dim: int, dtype: KVCacheDtype) -> int:
+    """K and V of one token in one MHA/GQA layer."""
+    return dtype.bytes_for(kv_heads * head_dim) + dtype.bytes_for(kv_heads * v_head_dim)
+
+
 @dataclass(frozen=True, slots=True)
 class FullAttentionSpec:
     """MHA/GQA: K and V of kv_heads heads per token. Pool kind 'full'."""
@@ -31,7 +36,7 @@ class FullAttentionSpec:
 
     @property
     def bytes_per_token(self) -> int:
-        return self.dtype.bytes_for(self.kv_heads * self.head_dim) + self.dtype.bytes_for(self.kv_heads * self.v_head_dim)
+        return kv_bytes_per_token(self.kv_heads, self.head_dim, self.v_head_dim, self.dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +53,7 @@ class SlidingWindowSpec:
 
     @property
     def bytes_per_token(self) -> int:
-        return self.dtype.bytes_for(self.kv_heads * self.head_dim) + self.dtype.bytes_for(self.kv_heads * self.v_head_dim)
+        return kv_bytes_per_token(self.kv_heads, self.head_dim, self.v_head_dim, self.dtype)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,8 @@ stored as an FP8 e4m3 bit pattern (amax / 6, 6 being e2m1's largest magnitude).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from kvcache.dtypes import KVCacheDtype
@@ -93,3 +95,23 @@ class CacheTensor:
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.data,) if self.scales is None else (self.data, self.scales)
+
+
+class LayerIndex:
+    """Global layer ids -> positions in a pool's per-layer lists, with an error naming the pool's range."""
+
+    __slots__ = ("layer_ids", "_position")
+
+    def __init__(self, layer_ids: "Sequence[int]") -> None:
+        self.layer_ids = tuple(layer_ids)
+        self._position = {layer: i for i, layer in enumerate(self.layer_ids)}
+
+    def __call__(self, layer_id: int) -> int:
+        try:
+            return self._position[layer_id]
+        except KeyError:
+            span = f"{self.layer_ids[0]}..{self.layer_ids[-1]}" if self.layer_ids else "none"
+            raise KeyError(f"layer {layer_id} is not in this pool (layers {span})") from None
+
+    def __len__(self) -> int:
+        return len(self.layer_ids)

@@ -14,7 +14,7 @@ import torch
 
 from kvcache.dtypes import KVCacheDtype
 from kvcache.device_buffers import carve, tensor_bytes
-from kvcache.pools.codec import CacheTensor, cache_segments
+from kvcache.pools.codec import CacheTensor, LayerIndex, cache_segments
 
 
 class MHATokenToKVPool:
@@ -28,8 +28,8 @@ class MHATokenToKVPool:
         self.page_size = page_size
         self.dtype = dtype
         self.device = device
-        self.layer_ids = tuple(layer_ids)
-        self._index = {layer: i for i, layer in enumerate(self.layer_ids)}
+        self._local = LayerIndex(layer_ids)
+        self.layer_ids = self._local.layer_ids
         rows = size + page_size
         per_layer = cache_segments(rows, kv_heads, head_dim, dtype) + cache_segments(rows, kv_heads, v_head_dim, dtype)
         parts = carve(per_layer * len(self.layer_ids), device)  # one allocation for every layer's K and V
@@ -38,12 +38,6 @@ class MHATokenToKVPool:
         for _ in self.layer_ids:
             self._k.append(CacheTensor.take(parts, dtype))
             self._v.append(CacheTensor.take(parts, dtype))
-
-    def _local(self, layer_id: int) -> int:
-        try:
-            return self._index[layer_id]
-        except KeyError:
-            raise KeyError(f"layer {layer_id} is not in this pool (layers {self.layer_ids[0]}..{self.layer_ids[-1]})") from None
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self._k[self._local(layer_id)].read()

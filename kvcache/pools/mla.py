@@ -12,7 +12,7 @@ import torch
 
 from kvcache.dtypes import KVCacheDtype
 from kvcache.device_buffers import carve, tensor_bytes
-from kvcache.pools.codec import CacheTensor, cache_segments
+from kvcache.pools.codec import CacheTensor, LayerIndex, cache_segments
 
 
 class MLATokenToKVPool:
@@ -28,17 +28,15 @@ class MLATokenToKVPool:
         self.device = device
         self.kv_lora_rank = kv_lora_rank
         self.qk_rope_head_dim = qk_rope_head_dim
-        self.layer_ids = tuple(layer_ids)
-        self._index = {layer: i for i, layer in enumerate(self.layer_ids)}
+        self._local = LayerIndex(layer_ids)
+        self.layer_ids = self._local.layer_ids
         rows = size + page_size
         segments = cache_segments(rows, 1, kv_lora_rank + qk_rope_head_dim, dtype)
         parts = carve(segments * len(self.layer_ids), device)  # one allocation for every layer
         self._kv = [CacheTensor.take(parts, dtype) for _ in self.layer_ids]
 
     def _buffer(self, layer_id: int) -> CacheTensor:
-        if layer_id not in self._index:
-            raise KeyError(f"layer {layer_id} is not in this MLA pool (layers {self.layer_ids[0]}..{self.layer_ids[-1]})")
-        return self._kv[self._index[layer_id]]
+        return self._kv[self._local(layer_id)]
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         """The whole latent (compressed KV and RoPE key)."""

@@ -13,6 +13,7 @@ import torch
 from kvcache.layer_specs import RecurrentStateSpec
 from kvcache import device_buffers
 from kvcache.device_buffers import tensor_bytes
+from kvcache.pools.codec import LayerIndex
 
 
 class RecurrentStatePool:
@@ -22,8 +23,8 @@ class RecurrentStatePool:
         self.num_slots = num_slots
         self.spec = spec
         self.device = device
-        self.layer_ids = tuple(layer_ids)
-        self._index = {layer: i for i, layer in enumerate(self.layer_ids)}
+        self._local = LayerIndex(layer_ids)
+        self.layer_ids = self._local.layer_ids
         segments = [((num_slots, *spec.ssm_shape), spec.ssm_dtype), ((num_slots, *spec.conv_shape), spec.conv_dtype)]
         parts = device_buffers.carve(segments * len(self.layer_ids), device)  # one allocation, SSM first for alignment
         self.ssm: list[torch.Tensor] = parts[0::2]
@@ -32,7 +33,7 @@ class RecurrentStatePool:
 
     def get_state(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(conv, ssm) buffers of one layer, indexed by slot."""
-        i = self._index[layer_id]
+        i = self._local(layer_id)
         return self.conv[i], self.ssm[i]
 
     def alloc(self, need: int = 1) -> list[int] | None:
