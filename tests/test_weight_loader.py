@@ -1,0 +1,145 @@
+"""The dummy loader: exact bytes, narrow storage for quantized checkpoints, meta dry runs, clean failure."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import app.weights.loader as loader_module
+from app.weights import (
+    DummyWeightLoader,
+    ParamSpec,
+    WeightsDoNotFitError,
+    bytes_needed,
+    fp8_block_size_for,
+    parameter_specs,
+    quantized_storage_for,
+    storage_of,
+)
+
+PRESETS = Path(__file__).resolve().parents[1] / "kvcache" / "presets"
+CPU, META = torch.device("cpu"), torch.device("meta")
+
+
+def preset(name: str) -> dict[str, Any]:
+    return json.loads((PRESETS / f"{name}.json").read_text())
+
+
+def test_cpu_load_of_smollm2_has_exact_bytes() -> None:
+    specs = parameter_specs(preset("SmolLM2-135M"))
+    weights = DummyWeightLoader(device=CPU, dtype=torch.bfloat16).load(specs)
+    assert weights.total_bytes == 134_515_008 * 2 == bytes_needed(specs, torch.bfloat16, None)
+    assert weights.parameter_count == 134_515_008
+    q = weights.tensors["model.layers.0.self_attn.q_proj.weight"]
+    assert q.device == CPU and q.dtype == torch.bfloat16 and q.shape == (576, 576)
+    values = weights.tensors["model.embed_tokens.weight"].float()
+    assert torch.isfinite(values).all() and values.abs().max() <= 1e-3 and values.std() > 0
+
+
+def test_loaded_weights_are_read_only() -> None:
+    weights = DummyWeightLoader(device=CPU, dtype=torch.float32).load([ParamSpec("w", (4, 4), False)])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        weights.total_bytes = 0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        weights.tensors["x"] = torch.empty(1)  # type: ignore[index]
+
+
+def test_meta_load_of_deepseek_v3_fp8_allocates_nothing() -> None:
+    cfg = preset("DeepSeek-V3")
+    specs = parameter_specs(cfg)
+    storage, block = quantized_storage_for(cfg), fp8_block_size_for(cfg)
+    assert (storage, block) == ("fp8", (128, 128))
+    loader = DummyWeightLoader(device=META, dtype=torch.bfloat16, quantized_storage=storage, fp8_block_size=block)
+    weights = loader.load(specs)
+    assert weights.total_bytes == bytes_needed(specs, torch.bfloat16, "fp8") == loader.bytes_needed(specs)
+    assert all(t.is_meta for t in weights.tensors.values())
+    experts = weights.tensors["model.layers.3.mlp.experts.gate_up_proj"]
+    assert experts.dtype == torch.uint8 and experts.shape == (256, 4096, 7168)
+    scales = weights.tensors["model.layers.3.mlp.experts.gate_up_proj_scale_inv"]
+    assert scales.dtype == torch.float32 and scales.shape == (256, 32, 56)
+    assert weights.tensors["model.embed_tokens.weight"].dtype == torch.bfloat16
+    # ~1 byte per quantized parameter: 673.2 GB, against 1342 GB in bf16.
+    assert weights.total_bytes == pytest.approx(673.15e9, rel=0.001)
+
+
+def test_gpt_oss_mxfp4_experts_are_about_the_checkpoint_size() -> None:
+    # The published checkpoint is ~13.8 GB: experts in MXFP4 (4.25 bits an element with
+    # their scales), everything else in bf16. We compute 13.76 GB.
+    cfg = preset("gpt-oss-20b")
+    specs = parameter_specs(cfg)
+    storage = quantized_storage_for(cfg)
+    assert storage == "mxfp4"
+    weights = DummyWeightLoader(device=META, dtype=torch.bfloat16, quantized_storage=storage).load(specs)
+    assert weights.total_bytes == bytes_needed(specs, torch.bfloat16, storage)
+    assert weights.total_bytes == pytest.approx(13.8e9, rel=0.10)
+    blocks = weights.tensors["model.layers.0.mlp.experts.down_proj"]
+    assert blocks.dtype == torch.uint8 and blocks.shape == (32, 2880, 1440)
+    assert weights.tensors["model.layers.0.mlp.experts.down_proj_scales"].shape == (32, 2880, 90)
+    assert weights.tensors["model.layers.0.self_attn.q_proj.weight"].dtype == torch.bfloat16
+    assert weights.tensors["model.layers.0.mlp.router.weight"].dtype == torch.bfloat16
+
+
+def test_fp8_on_cpu_stores_random_bytes_and_block_scales() -> None:
+    specs = [ParamSpec("w", (300, 260), True), ParamSpec("n", (260,), False)]
+    weights = DummyWeightLoader(device=CPU, dtype=torch.bfloat16, quantized_storage="fp8").load(specs)
+    w = weights.tensors["w"]
+    assert w.dtype == torch.uint8 and w.unique().numel() > 200
+    assert weights.tensors["w_scale_inv"].shape == (3, 3)
+    assert weights.total_bytes == 300 * 260 + 9 * 4 + 260 * 2 == bytes_needed(specs, torch.bfloat16, "fp8")
+
+
+def test_fp8_per_tensor_scale_without_blocks() -> None:
+    stored = storage_of(ParamSpec("e", (8, 64, 32), True), torch.bfloat16, "fp8", None)
+    assert [(t.name, t.shape, t.dtype) for t in stored] == [("e", (8, 64, 32), torch.uint8),
+                                                            ("e_scale_inv", (8,), torch.float32)]
+
+
+def test_quantized_storage_only_applies_to_quantized_specs() -> None:
+    stored = storage_of(ParamSpec("norm.weight", (64,), False), torch.float16, "mxfp4")
+    assert [(t.shape, t.dtype) for t in stored] == [((64,), torch.float16)]
+    with pytest.raises(ValueError, match="unknown quantized storage"):
+        storage_of(ParamSpec("w", (4, 4), True), torch.float16, "int4")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("quantization", "expected"), [
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8"),
+    ({"quant_method": "mxfp4"}, "mxfp4"),
+    ({"quant_method": "awq", "bits": 4}, None),
+    (None, None),
+])
+def test_quantized_storage_for(quantization: dict[str, Any] | None, expected: str | None) -> None:
+    cfg = {} if quantization is None else {"quantization_config": quantization}
+    assert quantized_storage_for(cfg) == expected
+
+
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory"), RuntimeError("allocator failed")])
+def test_part_way_failure_frees_everything(monkeypatch: pytest.MonkeyPatch, error: RuntimeError) -> None:
+    specs = parameter_specs(preset("SmolLM2-135M"))
+    made: list[weakref.ref[torch.Tensor]] = []
+    real_empty = loader_module._empty
+
+    def empty_then_fail(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if len(made) == 10:
+            raise error
+        tensor = real_empty(shape, dtype, device)
+        made.append(weakref.ref(tensor))
+        return tensor
+
+    monkeypatch.setattr(loader_module, "_empty", empty_then_fail)
+    expected_allocated = sum(s.numel * 2 for s in specs[:10])
+    with pytest.raises(WeightsDoNotFitError) as caught:
+        DummyWeightLoader(device=CPU, dtype=torch.bfloat16).load(specs)
+    failure = caught.value
+    assert failure.needed_bytes == bytes_needed(specs, torch.bfloat16, None)
+    assert failure.allocated_bytes == expected_allocated
+    assert "0.25 GiB" in str(failure) and "--tp-size" in str(failure)
+    assert failure.__cause__ is error
+    gc.collect()
+    assert len(made) == 10 and all(ref() is None for ref in made)
