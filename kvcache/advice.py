@@ -74,9 +74,36 @@ def smallest_fitting_swa_ratio(req: PlanRequest) -> float | None:
     return None if milli is None else milli / 1000
 
 
+def largest_fitting_state_slots(req: PlanRequest) -> int | None:
+    """The most usable state slots (<= the asked --max-mamba-cache-size) that plan, or None."""
+    if req.state is None or req.state.max_slots is None:
+        return None
+    top, least = req.state.max_slots, req.state.slots_per_request  # fewer slots than one request never plans
+
+    def ok_from_top(k: int) -> bool:
+        state = msgspec.structs.replace(req.state, max_slots=top + 1 - k)
+        return fits(msgspec.structs.replace(req, state=state))
+
+    k = smallest_passing(1, top + 1 - least, ok_from_top)
+    return None if k is None else top + 1 - k
+
+
 def smallest_fitting_budget(req: PlanRequest, limit: int) -> int | None:
     """The fewest budget bytes (<= limit) that plan, or None."""
     return smallest_passing(1, limit, lambda b: fits(_with_budget(req, b)))
+
+
+def suggest_kv_cache_memory(req: PlanRequest, free_after_load: int) -> tuple[str, ...]:
+    """Fixes for a --kv-cache-memory above what is free: values of it that plan (or what else must change)."""
+    at_most = _with_budget(req, free_after_load)
+    least = smallest_fitting_budget(req, free_after_load)
+    if least is not None:
+        return (f"--kv-cache-memory {free_after_load * 9 // 10} (90% of what is free)"
+                if fits(_with_budget(req, free_after_load * 9 // 10)) else
+                f"--kv-cache-memory {free_after_load} (all that is free)",
+                f"--kv-cache-memory {least} (the least that holds one full-length request)")
+    others = suggest_fixes(at_most, budget_for_fraction=None, kv_cache_memory_limit=None, fp8_request=None)
+    return tuple(f"--kv-cache-memory {free_after_load} with {fix}" for fix in others)
 
 
 def suggest_fixes(
@@ -88,6 +115,9 @@ def suggest_fixes(
 ) -> tuple[str, ...]:
     """Checked alternatives, most direct first."""
     out: list[str] = []
+    slots = largest_fitting_state_slots(req)
+    if slots is not None and slots != req.state.max_slots:  # type: ignore[union-attr]
+        out.append(f"--max-mamba-cache-size {slots}")
     ratio = smallest_fitting_swa_ratio(req)
     if ratio is not None:
         out.append(f"--swa-full-tokens-ratio {ratio:.3f}")

@@ -14,9 +14,9 @@ from typing import Any
 import msgspec
 import torch
 
-from kvcache.advice import suggest_fixes
+from kvcache.advice import suggest_fixes, suggest_kv_cache_memory
 from kvcache.dtypes import KV_CACHE_DTYPES, KVCacheDtype
-from kvcache.errors import ConfigError, DoesNotFitError, WeightsLeaveNoRoomError
+from kvcache.errors import ConfigError, DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
 from kvcache.memory_budget import (
     MemoryBudget, compute_budget, default_chunked_prefill_size, default_cuda_graph_max_bs,
     derive_mem_fraction_static, exact_fraction, runtime_reserve_mib,
@@ -118,12 +118,13 @@ class KVCacheConfigurator:
         )
         return derive_mem_fraction_static(total, reserve)
 
-    def plan_request(self, layout: CacheLayout, budget: MemoryBudget) -> PlanRequest:
-        """The planner's input for this layout and budget."""
+    def plan_request(self, layout: CacheLayout, budget: MemoryBudget, draft_layout: CacheLayout | None = None) -> PlanRequest:
+        """The planner's input for this layout and budget (and the draft's pools, if any)."""
         a = self.server_args
         context = self.model_config.context_length(a.context_length, allow_long_context=a.allow_long_context)
         extra = a.resolved_speculative_num_draft_tokens if a.speculative else 0
-        groups = layout.kv_groups + (self.draft_layout.kv_groups if self.draft_layout else ())
+        draft = draft_layout or self.draft_layout
+        groups = layout.kv_groups + (draft.kv_groups if draft else ())
         state = None
         if layout.state is not None:
             state = layout.state.demand(
@@ -154,6 +155,11 @@ class KVCacheConfigurator:
                 total_bytes=total, free_before_load=free_before, free_after_load=free_after,
                 mem_fraction_static=fraction, kv_cache_memory=a.kv_cache_memory,
             )
+        except KVCacheMemoryTooLargeError as exc:
+            limit = MemoryBudget(budget_bytes=free_after, total_bytes=total, free_before_load_bytes=free_before,
+                                 free_after_load_bytes=free_after, mem_fraction_static=None,
+                                 kv_cache_memory_bytes=free_after)
+            raise exc.with_suggestions(suggest_kv_cache_memory(self.plan_request(layout, limit), free_after)) from None
         except WeightsLeaveNoRoomError as exc:
             empty = MemoryBudget(budget_bytes=0, total_bytes=total, free_before_load_bytes=free_before,
                                  free_after_load_bytes=free_after, mem_fraction_static=fraction, kv_cache_memory_bytes=None)
@@ -172,8 +178,9 @@ class KVCacheConfigurator:
     def _suggestions(self, layout: CacheLayout, request: PlanRequest, budget_for: Any) -> tuple[str, ...]:
         fp8 = None
         if self.kv_cache_dtype.bits > 8:
-            fp8_layout = self.layout(KV_CACHE_DTYPES["fp8_e4m3"])
-            fp8 = self.plan_request(fp8_layout, request.budget)
+            fp8_dtype = KV_CACHE_DTYPES["fp8_e4m3"]
+            fp8_draft = self.draft_layout.with_kv_dtype(fp8_dtype) if self.draft_layout else None
+            fp8 = self.plan_request(self.layout(fp8_dtype), request.budget, fp8_draft)
         limit = request.budget.free_after_load_bytes if self.server_args.kv_cache_memory is not None else None
         return suggest_fixes(request, budget_for_fraction=budget_for, kv_cache_memory_limit=limit, fp8_request=fp8)
 

@@ -160,7 +160,8 @@ def _mamba2_spec(m: ModelConfig, p: ParallelState, conv_dtype: torch.dtype, ssm_
     """Mamba-2: conv over x (heads x head_dim), B and C (groups x state); SSM state per head."""
     assert m.mamba_num_heads and m.mamba_head_dim and m.ssm_state_size and m.mamba_n_groups and m.mamba_conv_kernel
     heads = p.split_per_rank(m.mamba_num_heads, "mamba_num_heads")
-    groups = p.split_per_rank(m.mamba_n_groups, "n_groups") if m.mamba_n_groups >= p.attention_tp_size else m.mamba_n_groups
+    # groups that do not split over TP are extended to one per rank and sharded, as SGLang and vLLM do
+    groups = -(-m.mamba_n_groups // p.attention_tp_size)
     conv_dim = heads * m.mamba_head_dim + 2 * groups * m.ssm_state_size
     return RecurrentStateSpec(
         kind="mamba2",

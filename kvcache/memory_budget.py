@@ -109,7 +109,6 @@ def compute_budget(
                 f"--kv-cache-memory asks for {format_bytes(kv_cache_memory)}, but only "
                 f"{format_bytes(free_after_load)} is free after loading weights",
                 needed_bytes=kv_cache_memory, available_bytes=free_after_load,
-                suggestions=(f"--kv-cache-memory {free_after_load * 9 // 10} (90% of what is free; leave room for activations)",),
             )
         budget = kv_cache_memory
     else:

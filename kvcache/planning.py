@@ -155,6 +155,14 @@ def plan_pool_sizes(req: PlanRequest) -> MemoryPoolConfig:
             f"the KV budget does not hold one page ({page} tokens) plus the request table",
             needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
         )
+    if tokens < one_request and req.max_total_tokens is not None and tokens == align_down(req.max_total_tokens, page):
+        if plan_cost(req, one_request, slots) <= budget:
+            raise BudgetBelowOneRequestError(
+                f"--max-total-tokens {req.max_total_tokens} is below one request of --context-length "
+                f"{req.context_length} ({one_request} tokens); the budget would hold more",
+                needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
+                suggestions=(f"--max-total-tokens {one_request} (or drop it)",),
+            )
     if tokens < one_request:
         raise BudgetBelowOneRequestError(
             f"the KV budget holds {tokens} tokens, fewer than one request of --context-length {req.context_length} "
@@ -198,7 +206,6 @@ def _check_state_fits(req: PlanRequest, slots: int) -> None:
             f"--max-mamba-cache-size {s.max_slots} state slots take {format_bytes(slots * s.bytes_per_slot)}, "
             "more than the whole KV budget",
             needed_bytes=slots * s.bytes_per_slot, available_bytes=req.budget.budget_bytes,
-            suggestions=(f"--max-mamba-cache-size {max(1, req.budget.budget_bytes // 2 // s.bytes_per_slot - 1)}",),
         )
     if slots - 1 < s.slots_per_request:
         raise BudgetBelowOneRequestError(

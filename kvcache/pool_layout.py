@@ -7,7 +7,7 @@ beside it holds every token; with every layer sliding it holds every token itsel
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from fractions import Fraction
@@ -93,6 +93,11 @@ class CacheLayout:
             members = by_kind["state"]
             state = StateGroup(spec=_uniform("state", members), layer_ids=tuple(m.layer_id for m in members))
         return cls(kv_groups=tuple(groups), state=state)
+
+    def with_kv_dtype(self, dtype: KVCacheDtype) -> "CacheLayout":
+        """The same layers cached in another KV dtype (for 'what if FP8' advice)."""
+        groups = tuple(replace(g, spec=replace(g.spec, dtype=dtype)) for g in self.kv_groups)
+        return CacheLayout(kv_groups=groups, state=self.state)
 
     def group(self, name: str) -> KVPoolGroup:
         for g in self.kv_groups:

@@ -153,9 +153,11 @@ def _cross_field_problems(a: ServerArgs) -> list[str]:
         if a.dp_size < 2:
             problems.append("--enable-dp-attention needs --dp-size of at least 2")
         elif a.tp_size % a.dp_size:
+            divisor = _largest_divisor_at_most(a.tp_size, a.dp_size)
+            fix = (f"try --dp-size {divisor}" if divisor >= 2 else
+                   f"try --tp-size {-(-a.tp_size // a.dp_size) * a.dp_size}, or drop --enable-dp-attention")
             problems.append(
-                f"--tp-size {a.tp_size} must be a multiple of --dp-size {a.dp_size} with --enable-dp-attention; "
-                f"try --dp-size {_largest_divisor_at_most(a.tp_size, a.dp_size)}"
+                f"--tp-size {a.tp_size} must be a multiple of --dp-size {a.dp_size} with --enable-dp-attention; {fix}"
             )
     algo = a.speculative_algorithm
     if algo in DRAFT_MODEL_ALGORITHMS and not a.speculative_draft_model:

@@ -110,11 +110,6 @@ def test_state_bytes_per_request(model: str, tp: int, ssm_dtype: torch.dtype, ex
     assert state_bytes(specs(model, parallel=ParallelState(tp_size=tp), ssm_dtype=ssm_dtype)) == expected
 
 
-@pytest.mark.xfail(
-    reason="bug: Mamba-2 groups that do not divide TP are replicated whole (8 per rank at TP16); "
-           "SGLang/vLLM extend them to tp groups and shard, so each rank keeps 1 group (the one its heads use)",
-    strict=True, raises=AssertionError,
-)
 def test_nemotron_h_tp16_keeps_one_mamba_group_per_rank() -> None:
     # TP16: 256 / 16 = 16 heads per rank, all inside one of the 8 groups (32 heads each), so
     # conv channels = 16 x 64 + 2 x 1 x 256 = 1,536; state 16 x 64 x 256 x 4

@@ -323,8 +323,14 @@ SUGGESTION = re.compile(
 
 
 def applied(args: dict[str, Any], suggestion: str) -> dict[str, Any]:
-    """The server args with one suggestion taken."""
-    flag, value = SUGGESTION.search(suggestion).groups()  # type: ignore[union-attr]
+    """The server args with one suggestion taken (every flag it names, e.g. '--a 1 with --b 2')."""
+    out = dict(args)
+    for match in SUGGESTION.finditer(suggestion):
+        out = _apply_one(out, *match.groups())
+    return out
+
+
+def _apply_one(args: dict[str, Any], flag: str, value: str) -> dict[str, Any]:
     key = flag.replace("-", "_")
     out = dict(args)
     if key == "mem_fraction_static":
@@ -421,11 +427,6 @@ def test_the_error_message_lists_the_suggestions() -> None:
     assert "available: 4.33 GiB" in text
 
 
-@pytest.mark.xfail(
-    reason="bug: KVCacheMemoryTooLargeError suggests 90% of the free bytes without planning with it; the "
-           "configurator passes it through unchecked, and here it cannot hold one 131,072-token request",
-    strict=True, raises=BudgetBelowOneRequestError,
-)
 def test_kv_cache_memory_too_large_suggests_a_value_that_works() -> None:
     args = {"kv_cache_memory": 20 * GiB}
     with pytest.raises(KVCacheMemoryTooLargeError) as info:
@@ -436,11 +437,6 @@ def test_kv_cache_memory_too_large_suggests_a_value_that_works() -> None:
             configure("Llama-3.1-8B-Instruct", **CARD_24, **applied(args, suggestion))
 
 
-@pytest.mark.xfail(
-    reason="bug: planning._check_state_fits suggests --max-mamba-cache-size budget // 2 // slot - 1 without "
-           "planning with it; here the KV half left cannot hold one 262,144-token request",
-    strict=True, raises=BudgetBelowOneRequestError,
-)
 def test_too_many_state_slots_suggests_a_count_that_works() -> None:
     card = dict(total=80 * GiB, free_before=80 * GiB, free_after=40 * GiB)
     args = {"kv_cache_memory": 10 * GiB, "max_mamba_cache_size": 1000}
@@ -478,11 +474,6 @@ def test_a_target_pays_for_its_draft_pool() -> None:
     assert plan.pool("draft_full").num_tokens == plan.max_total_num_tokens
 
 
-@pytest.mark.xfail(
-    reason="bug: the --kv-cache-dtype fp8_e4m3 suggestion plans the target in fp8 but keeps the draft's pool "
-           "in bf16 (configurator._suggestions reuses self.draft_layout), so its 'N tokens fit' is too low",
-    strict=True, raises=AssertionError,
-)
 def test_the_fp8_suggestion_counts_the_draft_in_fp8_too() -> None:
     # EAGLE adds 2 GiB to the reserve: 0.764 on this card, a 2.34 GiB budget; 24,576 tokens need 3.29 GiB
     with pytest.raises(BudgetBelowOneRequestError) as info:
@@ -493,11 +484,6 @@ def test_the_fp8_suggestion_counts_the_draft_in_fp8_too() -> None:
     assert f"({result.max_total_num_tokens} tokens fit)" in suggestion
 
 
-@pytest.mark.xfail(
-    reason="bug: when --max-total-tokens (not the budget) is below one request, the error still says 'the KV "
-           "budget holds N tokens' (needed 17 GiB < available 46.88 GiB) and never names --max-total-tokens",
-    strict=True, raises=AssertionError,
-)
 def test_a_token_cap_below_one_request_names_the_cap() -> None:
     # 60 GiB free of 80 at 0.836: a 46.88 GiB budget holds ~380k Llama tokens; the cap allows 4,096
     with pytest.raises(BudgetBelowOneRequestError, match="--max-total-tokens 4096") as info:

@@ -135,17 +135,14 @@ def test_consistent_combinations_are_accepted(data: dict[str, Any]) -> None:
         assert getattr(args, key) == value
 
 
-@pytest.mark.xfail(
-    reason="bug: for a prime --tp-size the dp-size hint is 1 (largest divisor <= dp), which the "
-           "--enable-dp-attention rule itself refuses (needs >= 2)",
-    strict=True, raises=ConfigError,
-)
 @pytest.mark.parametrize(("tp", "dp"), [(3, 2), (5, 4), (7, 3)])
 def test_the_suggested_dp_size_is_itself_accepted(tp: int, dp: int) -> None:
     with pytest.raises(ConfigError) as info:
         ServerArgs.from_mapping({"enable_dp_attention": True, "tp_size": tp, "dp_size": dp})
-    suggested = int(re.search(r"try --dp-size (\d+)", str(info.value)).group(1))  # type: ignore[union-attr]
-    ServerArgs.from_mapping({"enable_dp_attention": True, "tp_size": tp, "dp_size": suggested})
+    # a prime tp has no divisor >= 2 below dp: the fix is the next tp that dp divides
+    suggested = int(re.search(r"try --tp-size (\d+)", str(info.value)).group(1))  # type: ignore[union-attr]
+    assert suggested == -(-tp // dp) * dp
+    ServerArgs.from_mapping({"enable_dp_attention": True, "tp_size": suggested, "dp_size": dp})
 
 
 # ---- files ------------------------------------------------------------------------------
