@@ -1,0 +1,69 @@
+"""FreeGroup: frees collected between free_group_begin() and free_group_end(), released together.
+
+The scheduler frees many finished requests in one step; one release of the
+concatenation is cheaper than many. The group is part of an allocator's backup:
+restoring a state taken inside a group reopens it with the frees pending then, and
+restoring one taken outside closes it, so a restore never frees anything twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class FreeGroupState:
+    """An opaque backup: the pending list then (None: no group open) and its length."""
+
+    pending: list[torch.Tensor] | None
+    count: int
+
+
+class FreeGroup:
+    """At most one open group; nesting is an error because SGLang's nesting silently drops frees."""
+
+    def __init__(self) -> None:
+        self._pending: list[torch.Tensor] | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._pending is not None
+
+    def begin(self) -> None:
+        if self._pending is not None:
+            raise ValueError(
+                f"free_group_begin() while a free group is open ({len(self._pending)} frees pending); "
+                "call free_group_end() first"
+            )
+        self._pending = []
+
+    def defer(self, indices: torch.Tensor) -> bool:
+        """Keep indices for the group's end and say True, or say False when no group is open."""
+        if self._pending is None:
+            return False
+        self._pending.append(indices)
+        return True
+
+    def end(self) -> torch.Tensor | None:
+        """Close the group; the indices to release now (None when it collected nothing)."""
+        if self._pending is None:
+            raise ValueError("free_group_end() without an open free group (call free_group_begin() first)")
+        pending, self._pending = self._pending, None  # the old list stays intact for any backup that holds it
+        if not pending:
+            return None
+        return pending[0] if len(pending) == 1 else torch.cat(pending)
+
+    def close(self) -> None:
+        """Drop the group and whatever it collected (clear() does this)."""
+        self._pending = None
+
+    def mark(self) -> FreeGroupState:
+        return FreeGroupState(pending=self._pending, count=0 if self._pending is None else len(self._pending))
+
+    def restore(self, state: FreeGroupState) -> None:
+        """Back to the group as it was at mark(); costs the frees collected since."""
+        if state.pending is not None:
+            del state.pending[state.count:]
+        self._pending = state.pending

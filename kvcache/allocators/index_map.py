@@ -1,0 +1,92 @@
+"""FullToSWAMap: the int64 table from full-pool token index to SWA-pool token index (0 = unmapped).
+
+Between a backup and its restore, every write first journals the old values of the
+rows it touches (O(n) per write), and restore replays the journal backwards: its cost
+is what changed since the backup. If the journal grows past the table's length (a
+backup left live a long time), it is folded once into a snapshot of the table as it
+was at the backup (O(table), paid for by at least as many journaled writes) and
+writes stop journaling; restore then copies the snapshot.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from kvcache import device_buffers
+
+_serials = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexMapState:
+    """An opaque backup: which map, which backup generation."""
+
+    owner: int
+    generation: int
+
+
+class FullToSWAMap:
+    """One row per full-pool row (tokens plus the padding page); rows of free tokens read 0."""
+
+    def __init__(self, *, rows: int, device: torch.device) -> None:
+        self._table = device_buffers.allocate_zeros((rows,), torch.int64, device)
+        self._serial = next(_serials)
+        self._generation = 0
+        self._journal: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._journaled = 0
+        self._snapshot: torch.Tensor | None = None
+
+    @property
+    def table(self) -> torch.Tensor:
+        return self._table
+
+    @property
+    def nbytes(self) -> int:
+        return device_buffers.tensor_bytes([self._table])
+
+    def lookup(self, full_indices: torch.Tensor) -> torch.Tensor:
+        return self._table[full_indices]
+
+    def write(self, full_indices: torch.Tensor, values: torch.Tensor | int) -> None:
+        """table[full_indices] = values, journaled while a backup is live."""
+        if self._journal is not None and self._snapshot is None:
+            self._journal.append((full_indices.clone(), self._table[full_indices]))
+            self._journaled += full_indices.numel()
+            if self._journaled > self._table.numel():
+                self._fold_journal()
+        self._table[full_indices] = values
+
+    def _fold_journal(self) -> None:
+        assert self._journal is not None
+        snapshot = self._table.clone()
+        for rows, old in reversed(self._journal):
+            snapshot[rows] = old
+        self._snapshot, self._journal, self._journaled = snapshot, [], 0
+
+    def mark(self) -> IndexMapState:
+        """O(1): start journaling; voids any earlier backup."""
+        self._generation += 1
+        self._journal, self._journaled, self._snapshot = [], 0, None
+        return IndexMapState(owner=self._serial, generation=self._generation)
+
+    def restore(self, state: IndexMapState) -> None:
+        if state.owner != self._serial or state.generation != self._generation or self._journal is None:
+            raise ValueError(
+                f"index map state (backup #{state.generation}) is not the latest backup "
+                f"(latest is #{self._generation})"
+            )
+        if self._snapshot is not None:
+            self._table.copy_(self._snapshot)
+        else:
+            for rows, old in reversed(self._journal):
+                self._table[rows] = old
+        self._journal, self._journaled, self._snapshot = [], 0, None
+
+    def reset(self) -> None:
+        """All rows unmapped; any backup becomes void."""
+        self._table.zero_()
+        self._generation += 1
+        self._journal, self._journaled, self._snapshot = None, 0, None

@@ -1,0 +1,287 @@
+"""TokenToKVPoolAllocator: indices 1..size, free groups, clear, backup/restore, misuse, devices."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvcache.allocators import TokenToKVPoolAllocator, allocator_index_bytes
+
+
+def make(size: int = 8, check_frees: bool = True) -> TokenToKVPoolAllocator:
+    return TokenToKVPoolAllocator(size=size, device=torch.device("cpu"), check_frees=check_frees)
+
+
+def held_after_drain(a: TokenToKVPoolAllocator) -> set[int]:
+    """Allocate everything free and return it (the allocator's free set, seen from outside)."""
+    out = a.alloc(a.available_size())
+    assert out is not None
+    return set(out.tolist())
+
+
+def test_fresh_allocator_hands_out_1_to_size_and_never_0() -> None:
+    a = make(8)
+    out = a.alloc(8)
+    assert out is not None and out.dtype == torch.int64 and out.device.type == "cpu"
+    assert out.tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert a.available_size() == 0
+    assert a.alloc(1) is None
+
+
+def test_alloc_beyond_available_returns_none_and_changes_nothing() -> None:
+    a = make(8)
+    first = a.alloc(5)
+    assert a.alloc(4) is None
+    assert a.available_size() == 3
+    assert held_after_drain(a) == {6, 7, 8}
+    assert first is not None
+
+
+def test_alloc_zero_is_an_empty_tensor() -> None:
+    out = make(4).alloc(0)
+    assert out is not None and out.numel() == 0 and out.dtype == torch.int64
+
+
+def test_freed_indices_come_back_and_are_reused_first() -> None:
+    a = make(8)
+    out = a.alloc(6)
+    assert out is not None
+    a.free(out[1:3])
+    assert a.available_size() == 4
+    again = a.alloc(2)
+    assert again is not None and sorted(again.tolist()) == [2, 3]
+
+
+def test_free_of_an_empty_tensor_is_a_no_op() -> None:
+    a = make(4)
+    a.free(torch.empty(0, dtype=torch.int64))
+    assert a.available_size() == 4
+
+
+def test_free_accepts_int32_and_two_dimensional_indices() -> None:
+    a = make(8)
+    out = a.alloc(4)
+    assert out is not None
+    a.free(out.to(torch.int32).reshape(2, 2))
+    assert a.available_size() == 8
+
+
+def test_alloc_result_is_not_overwritten_by_later_frees() -> None:
+    a = make(8)
+    x = a.alloc(3)
+    y = a.alloc(3)
+    assert x is not None and y is not None
+    snapshot = x.clone()
+    a.free(y)
+    a.free(torch.tensor([1]))
+    assert torch.equal(x, snapshot)
+
+
+def test_free_group_defers_release_until_end() -> None:
+    a = make(8)
+    out = a.alloc(6)
+    assert out is not None
+    a.free_group_begin()
+    a.free(out[:2])
+    a.free(out[2:4])
+    assert a.available_size() == 2
+    a.free_group_end()
+    assert a.available_size() == 6
+
+
+def test_free_group_nesting_and_unmatched_end_are_errors() -> None:
+    a = make(4)
+    with pytest.raises(ValueError, match="free_group_end"):
+        a.free_group_end()
+    a.free_group_begin()
+    a.free(torch.tensor([1]))
+    with pytest.raises(ValueError, match="1 frees pending"):
+        a.free_group_begin()
+
+
+def test_clear_frees_everything_and_closes_the_group() -> None:
+    a = make(8)
+    out = a.alloc(7)
+    assert out is not None
+    a.free_group_begin()
+    a.free(out[:3])
+    a.clear()
+    assert a.available_size() == 8
+    a.free_group_begin()  # the old group is gone, so this is not nesting
+    a.free_group_end()
+    assert held_after_drain(a) == set(range(1, 9))
+
+
+def test_restore_undoes_allocs_and_frees_since_backup() -> None:
+    a = make(10)
+    held = a.alloc(4)
+    assert held is not None
+    state = a.backup_state()
+    a.alloc(3)
+    a.free(held[:2])
+    a.alloc(5)
+    a.restore_state(state)
+    assert a.available_size() == 6
+    assert held_after_drain(a) == set(range(5, 11))
+
+
+def test_restore_can_repeat_and_state_is_frozen() -> None:
+    a = make(6)
+    state = a.backup_state()
+    with pytest.raises(AttributeError):
+        state.free_list = None  # type: ignore[misc]
+    for _ in range(3):
+        assert a.alloc(4) is not None
+        a.restore_state(state)
+        assert a.available_size() == 6
+
+
+def test_restore_keeps_double_free_checks_consistent() -> None:
+    a = make(6)
+    out = a.alloc(2)
+    assert out is not None
+    state = a.backup_state()
+    a.free(out)
+    late = a.alloc(5)
+    assert late is not None
+    a.restore_state(state)
+    a.free(out)  # held again after restore, so this is not a double free
+    with pytest.raises(ValueError, match="already free"):
+        a.free(out[:1])
+
+
+def test_restore_inside_a_free_group_brings_back_the_pending_frees() -> None:
+    a = make(8)
+    out = a.alloc(6)
+    assert out is not None
+    a.free_group_begin()
+    a.free(out[:2])
+    state = a.backup_state()
+    a.free(out[2:4])
+    a.free_group_end()
+    a.restore_state(state)
+    assert a.available_size() == 2
+    a.free_group_end()  # the group is open again, holding the first two
+    assert a.available_size() == 4
+
+
+def test_restore_outside_a_group_closes_one_opened_later() -> None:
+    a = make(4)
+    out = a.alloc(2)
+    assert out is not None
+    state = a.backup_state()
+    a.free_group_begin()
+    a.free(out)
+    a.restore_state(state)
+    with pytest.raises(ValueError, match="without an open free group"):
+        a.free_group_end()
+    assert a.available_size() == 2
+
+
+def test_only_the_latest_backup_restores() -> None:
+    a = make(4)
+    old = a.backup_state()
+    a.backup_state()
+    with pytest.raises(ValueError, match="not the latest backup"):
+        a.restore_state(old)
+    latest = a.backup_state()
+    a.clear()
+    with pytest.raises(ValueError, match="clear"):
+        a.restore_state(latest)
+
+
+def test_state_of_another_allocator_is_rejected() -> None:
+    a, b = make(4), make(4)
+    b.backup_state()
+    with pytest.raises(ValueError, match="not the latest backup"):
+        b.restore_state(a.backup_state())
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ([0], "token index 0: it is the padding"),
+        ([9], "token index 9: out of range 1..8"),
+        ([-2], "token index -2: out of range 1..8"),
+        ([3, 3], "token index 3 is freed twice"),
+        ([7], "double free: token index 7 is already free"),
+    ],
+)
+def test_checked_free_rejects_bad_indices_and_changes_nothing(bad: list[int], message: str) -> None:
+    a = make(8)
+    a.alloc(4)
+    with pytest.raises(ValueError, match=message):
+        a.free(torch.tensor(bad))
+    assert a.available_size() == 4
+
+
+def test_checked_free_catches_duplicates_across_one_free_group() -> None:
+    a = make(8)
+    out = a.alloc(4)
+    assert out is not None
+    a.free_group_begin()
+    a.free(out[:2])
+    a.free(out[1:3])
+    with pytest.raises(ValueError, match="token index 2 is freed twice"):
+        a.free_group_end()
+
+
+def test_unchecked_free_still_refuses_to_overflow_the_free_list() -> None:
+    a = make(4, check_frees=False)
+    a.alloc(1)
+    with pytest.raises(ValueError, match=r"freeing 2 ids \(token index\) but only 1 are allocated"):
+        a.free(torch.tensor([1, 2]))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"size": 0}, "positive number of tokens, got 0"), ({"size": -5}, "got -5")],
+)
+def test_bad_sizes_are_rejected(kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TokenToKVPoolAllocator(device="cpu", **kwargs)
+
+
+def test_bad_alloc_and_free_arguments_are_rejected() -> None:
+    a = make(4)
+    with pytest.raises(ValueError, match="need_size must be >= 0, got -1"):
+        a.alloc(-1)
+    with pytest.raises(ValueError, match="integer tensor, got dtype torch.float32"):
+        a.free(torch.tensor([1.0]))
+
+
+def test_constructor_is_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        TokenToKVPoolAllocator(8, "cpu")  # type: ignore[misc]
+
+
+def test_properties_and_nbytes_match_the_planner() -> None:
+    a = TokenToKVPoolAllocator(size=100, device="cpu")
+    assert (a.size, a.page_size, a.device) == (100, 1, torch.device("cpu"))
+    assert a.nbytes == allocator_index_bytes(100, 1) == 1024  # 100 x int64 = 800 B, in two 512 B blocks
+    assert make(100).nbytes == allocator_index_bytes(100, 1, check_frees=True)
+
+
+def test_meta_allocator_constructs_but_holds_no_indices() -> None:
+    a = TokenToKVPoolAllocator(size=1 << 20, device="meta")
+    assert a.available_size() == 1 << 20 and a.device.type == "meta"
+    assert a.nbytes == allocator_index_bytes(1 << 20, 1)
+    a.restore_state(a.backup_state())
+    a.free(torch.empty(0, dtype=torch.int64))
+    with pytest.raises(ValueError, match="meta-device allocator.*no real"):
+        a.alloc(4)
+    with pytest.raises(ValueError, match="meta-device allocator"):
+        a.free(torch.tensor([1]))
+    with pytest.raises(ValueError, match="check_frees=True needs real tensors"):
+        TokenToKVPoolAllocator(size=8, device="meta", check_frees=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_allocator_keeps_indices_on_the_device() -> None:
+    a = TokenToKVPoolAllocator(size=64, device="cuda", check_frees=True)
+    out = a.alloc(8)
+    assert out is not None and out.device.type == "cuda" and out.dtype == torch.int64
+    state = a.backup_state()
+    a.free(out)
+    a.restore_state(state)
+    assert a.available_size() == 56
