@@ -1,9 +1,11 @@
 """The one place the engine gets device memory from, and how its bytes are counted.
 
-Every buffer is allocated at `allocation_size(nbytes)`: rounded the way PyTorch's
-CUDA caching allocator counts a fresh block (512-byte multiples; 2 MiB multiples
-from 10 MiB up, where it would otherwise keep an unsplit segment tail), so the
-planned bytes equal torch.cuda.memory_allocated's growth exactly. The tensor is a
+Every buffer is allocated at `allocation_size(nbytes)`: up to 1 MiB in 512-byte
+blocks (PyTorch's CUDA caching allocator's small pool), above that in 2 MiB multiples.
+The allocator hands a large block out whole, unsplit, when what would be left over is
+1 MiB or less; with every large buffer a 2 MiB multiple, the leftover is 0 or at least
+2 MiB, so the planned bytes equal torch.cuda.memory_allocated's growth exactly
+(measured on an H200: benchmarks/RESULTS.md). The tensor is a
 view of the first nbytes. Tests make the N-th allocation fail through this module.
 """
 
@@ -20,7 +22,7 @@ from kvcache.byte_units import MiB
 
 BLOCK_ROUND = 512
 LARGE_ROUND = 2 * MiB
-LARGE_FROM = 10 * MiB
+SMALL_UP_TO = 1 * MiB
 HOST_MAP_THRESHOLD = 1 * MiB
 
 
@@ -29,7 +31,7 @@ def allocation_size(nbytes: int) -> int:
     if nbytes <= 0:
         return 0
     rounded = -(-nbytes // BLOCK_ROUND) * BLOCK_ROUND
-    return -(-rounded // LARGE_ROUND) * LARGE_ROUND if rounded >= LARGE_FROM else rounded
+    return -(-rounded // LARGE_ROUND) * LARGE_ROUND if rounded > SMALL_UP_TO else rounded
 
 
 def allocate_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

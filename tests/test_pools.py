@@ -101,10 +101,11 @@ def test_mla_pool_latent_layout() -> None:
 
 @pytest.mark.parametrize(
     ("nbytes", "allocated"),
-    [(1, 512), (512, 512), (513, 1024), (10 * 2**20 - 1, 10 * 2**20), (10 * 2**20 + 1, 12 * 2**20), (0, 0)],
+    [(1, 512), (512, 512), (513, 1024), (2**20, 2**20), (2**20 + 1, 2 * 2**20), (9 * 2**20, 10 * 2**20),
+     (10 * 2**20 + 1, 12 * 2**20), (0, 0)],
 )
 def test_allocation_size_follows_the_cuda_caching_allocator(nbytes: int, allocated: int) -> None:
-    # 512-byte blocks; from 10 MiB a buffer is its own segment, rounded to 2 MiB
+    # 512-byte blocks up to 1 MiB (the small pool); above it 2 MiB multiples, so no unsplit tail is counted
     assert allocation_size(nbytes) == allocated
 
 
