@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
+
+# torch warns at import when NumPy is absent; this engine never hands tensors to NumPy.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 from typing import Any, Callable, Sequence
 
 import msgspec
