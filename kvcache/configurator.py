@@ -148,7 +148,7 @@ class KVCacheConfigurator:
 
         def budget_for(f: float) -> int:
             return compute_budget(total_bytes=total, free_before_load=free_before, free_after_load=free_after,
-                                  mem_fraction_static=f, kv_cache_memory=None).budget_bytes if f else 0
+                                  mem_fraction_static=f, kv_cache_memory=None).budget_bytes
 
         try:
             budget = compute_budget(

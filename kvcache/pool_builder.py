@@ -35,13 +35,8 @@ class WorkerPools:
         if self.req_to_token_pool is not None:
             total += self.req_to_token_pool.nbytes
         if self.allocator is not None:
-            total += allocator_nbytes(self.allocator)
+            total += int(self.allocator.nbytes)
         return total
-
-
-def allocator_nbytes(allocator: Any) -> int:
-    """Device bytes an allocator holds (its free list and index maps)."""
-    return int(allocator.nbytes)
 
 
 def _build_kv_group(group: KVPoolGroup, plan: MemoryPoolConfig, device: torch.device) -> MHATokenToKVPool | MLATokenToKVPool:

@@ -1,0 +1,44 @@
+"""kvcache.testing: the fakes behave like what they stand for, and the pytest plugin's fixtures work."""
+
+from __future__ import annotations
+
+import torch
+
+from kvcache.allocators import TokenToKVPoolAllocator
+from kvcache.byte_units import GiB
+from kvcache.memory_probe import FixedMemoryProbe, MemoryProbe
+from kvcache.model_config import ModelConfig
+from kvcache.testing import RecordingAllocator, fixed_card_probe, tiny_model_config
+
+
+def test_recording_allocator_records_and_delegates() -> None:
+    inner = TokenToKVPoolAllocator(size=8, device=torch.device("cpu"))
+    rec = RecordingAllocator(inner)
+    idx = rec.alloc(3)
+    assert idx is not None and rec.available_size() == 5
+    rec.free_group_begin()
+    rec.free(idx)
+    rec.free_group_end()
+    assert rec.available_size() == 8
+    assert [name for name, _ in rec.calls] == [
+        "alloc", "available_size", "free_group_begin", "free", "free_group_end", "available_size"]
+    assert rec.calls[0] == ("alloc", 3) and rec.calls[3] == ("free", 3)
+    assert (rec.size, rec.page_size, rec.nbytes) == (8, 1, inner.nbytes)
+
+
+def test_fixed_probe_debits_noted_allocations() -> None:
+    probe = fixed_card_probe(2, 1)
+    assert isinstance(probe, MemoryProbe)
+    assert (probe.total_bytes(), probe.free_bytes()) == (2 * GiB, GiB)
+    probe.note_allocation(GiB // 4)
+    assert probe.free_bytes() == GiB - GiB // 4
+
+
+def test_tiny_model_takes_overrides() -> None:
+    model = tiny_model_config(num_hidden_layers=3)
+    assert model.num_hidden_layers == 3 and model.layer_kinds == ("full_attention",) * 3
+
+
+def test_plugin_fixtures(tiny_model: ModelConfig, one_gib_card: FixedMemoryProbe) -> None:
+    assert tiny_model.name == "tiny-llama" and tiny_model.num_key_value_heads == 2
+    assert one_gib_card.total_bytes() == one_gib_card.free_bytes() == GiB
