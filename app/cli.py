@@ -11,18 +11,18 @@ import warnings
 
 # torch warns at import when NumPy is absent; this engine never hands tensors to NumPy.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import msgspec
 
 from containers import EngineContainer
 from kvcache.byte_units import parse_bytes
 from kvcache.cards import KNOWN_CARDS, SimulatedCard, card_named, card_of_size
-from kvcache.errors import ConfigError, DoesNotFitError, PoolBuildError
+from app.failures import UsageError, failure_of
 from kvcache.presets import DEFAULT_PRESET, load_model_config, preset_names
 from kvcache.server_args import ServerArgs, read_settings_file
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 0, 2, 3
+EXIT_OK = 0
 COMMANDS = frozenset({"bootstrap", "plan", "presets", "-h", "--help"})
 
 
@@ -80,8 +80,15 @@ def _add_common(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, type=kind, default=None, help=text)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting: main() reports it in one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvcache", description="How much KV cache fits, and the pools that hold it.")
+    parser = _Parser(prog="kvcache", description="How much KV cache fits, and the pools that hold it.")
     sub = parser.add_subparsers(dest="command")
     _add_common(sub.add_parser("bootstrap", help="load dummy weights on this machine, size and build the KV cache (default)"))
     plan = sub.add_parser("plan", help="a dry run for a card you do not have (meta device, allocates nothing)")
@@ -134,15 +141,20 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; every failure is one line on stderr (and a JSON error object with --json)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in COMMANDS:  # no subcommand: bootstrap
         args.insert(0, "bootstrap")
-    ns = build_parser().parse_args(args)
     try:
-        return run(ns)
-    except ConfigError as exc:
-        print(f"kvcache: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (DoesNotFitError, PoolBuildError) as exc:
-        print(f"kvcache: does not fit: {exc}", file=sys.stderr)
-        return EXIT_DOES_NOT_FIT
+        return run(build_parser().parse_args(args))
+    except SystemExit as done:  # --help
+        return done.code if isinstance(done.code, int) else EXIT_OK
+    except KeyboardInterrupt:
+        print("kvcache: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one place every failure becomes one line
+        failure = failure_of(exc)
+        if "--json" in args:
+            print(failure.json())
+        print(failure.line(), file=sys.stderr)
+        return failure.exit_code

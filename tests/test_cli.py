@@ -1,4 +1,4 @@
-"""The command line end to end: subprocesses for the real thing, main() in-process for the many error cases."""
+"""The command line: one subprocess smoke test for the real thing, every other case in-process through main()."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
+import torch
+
+import app.cli as cli
 
 from app.cli import main
 from kvcache.byte_units import GiB
@@ -40,21 +44,20 @@ def test_bootstrap_is_the_default_and_prints_a_report() -> None:
         ("gpt-oss-20b", ["--gpu", "A100-40GB"], 24_576),
     ],
 )
-def test_plan_json_for_cards_and_families(model: str, card: list[str], bytes_per_token: int) -> None:
-    done = run_cli("plan", "--model", model, *card, "--json")
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+def test_plan_json_for_cards_and_families(model: str, card: list[str], bytes_per_token: int,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", model, *card, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
     assert REQUIRED_KEYS <= report.keys()
     assert report["device"] == "meta" and report["bytes_per_token"] == bytes_per_token
     assert sum(report["buffers"].values()) == report["planned_bytes"] == report["allocated_bytes"]
     assert report["planned_bytes"] <= report["budget_bytes"]
 
 
-def test_plan_reports_both_speculative_workers() -> None:
-    done = run_cli("plan", "--model", "Llama-3.1-8B-Instruct", "--speculative-algorithm", "EAGLE3",
-                   "--speculative-draft-model", "EAGLE3-LLaMA3.1-Instruct-8B", "--gpu-memory", "80GiB", "--json")
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+def test_plan_reports_both_speculative_workers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "Llama-3.1-8B-Instruct", "--speculative-algorithm", "EAGLE3",
+                 "--speculative-draft-model", "EAGLE3-LLaMA3.1-Instruct-8B", "--gpu-memory", "80GiB", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
     assert report["bytes_per_token"] == 131_072 + 4_096
     assert report["draft"]["pools"] == ["draft_full"]
     assert report["buffers"]["kv_draft_full"] == report["draft"]["allocated_bytes"]
@@ -74,12 +77,11 @@ def test_presets_lists_the_shipped_configs(capsys: pytest.CaptureFixture[str]) -
     assert "SmolLM2-135M" in out and "Qwen3-Next-80B-A3B-Thinking" in out
 
 
-def test_bad_input_exits_2_in_one_line_without_a_traceback() -> None:
-    done = run_cli("plan", "--model", "no-such-model", "--gpu-memory", "80GiB")
-    assert done.returncode == 2
-    assert "unknown model 'no-such-model'" in done.stderr and "Traceback" not in done.stderr
-    ours = [line for line in done.stderr.splitlines() if line.startswith("kvcache:")]
-    assert len(ours) == 1 and ours[0].startswith("kvcache: error: unknown model")
+def test_bad_input_exits_2_in_one_line_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "no-such-model", "--gpu-memory", "80GiB"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("kvcache: error: unknown model 'no-such-model'")
 
 
 @pytest.mark.parametrize(
@@ -109,9 +111,67 @@ def test_malformed_config_json_exits_2(tmp_path: Path, capsys: pytest.CaptureFix
     assert "architecture 'FancyNewForCausalLM' is not supported" in capsys.readouterr().err
 
 
-def test_an_unusable_flag_value_is_refused_by_argparse() -> None:
-    done = run_cli("plan", "--gpu-memory", "80GiB", "--kv-cache-memory", "lots")
-    assert done.returncode == 2 and "cannot read 'lots' as a size" in done.stderr
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "--gpu-memory", "80GiB", "--kv-cache-memory", "lots"], "cannot read 'lots' as a size"),
+        (["plan", "--gpu-memory", "80GiB", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["plan"], "one of the arguments --gpu-memory --gpu is required"),
+        (["plan", "--gpu-memory", "80GiB", "--page-size"], "argument --page-size: expected one argument"),
+    ],
+)
+def test_argparse_errors_are_one_line_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kvcache: error: ") and message in err
+    assert "usage:" not in err
+
+
+def test_help_exits_0_and_is_not_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--gpu-memory" in out and "--mem-fraction-static" in out
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "kind", "text"),
+    [
+        (ZeroDivisionError("division by zero"), 1, "internal_error", "ZeroDivisionError: division by zero (a bug in kvcache"),
+        (KeyError("num_layers"), 1, "internal_error", "KeyError: 'num_layers' (a bug"),
+        (msgspec.ValidationError("Expected `int`, got `str` - at `$.x`"), 2, "bad_input", "Expected `int`, got `str`"),
+        (torch.cuda.OutOfMemoryError("CUDA out of memory.\nTried to allocate 2 GiB"), 3, "does_not_fit",
+         "out of memory: CUDA out of memory.; Tried to allocate 2 GiB"),
+    ],
+)
+def test_any_exception_is_one_line_with_its_type(exc: BaseException, code: int, kind: str, text: str,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    def explode(model: str) -> None:
+        raise exc
+
+    monkeypatch.setattr(cli, "load_model_config", explode)
+    assert main(["plan", "--gpu-memory", "80GiB"]) == code
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and text in captured.err and "Traceback" not in captured.err
+    assert main(["plan", "--gpu-memory", "80GiB", "--json"]) == code
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert (error["kind"], error["exit_code"]) == (kind, code) and text in error["message"]
+
+
+def test_json_failure_is_an_error_object_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "24GiB", "--mem-fraction-static", "0.9", "--json"]
+    assert main(argv) == 3
+    captured = capsys.readouterr()
+    error = json.loads(captured.out)["error"]
+    assert error["kind"] == "does_not_fit" and error["exit_code"] == 3
+    assert error["needed_bytes"] > error["available_bytes"] > 0
+    assert error["suggestions"] and all(s.startswith("--") for s in error["suggestions"])
+    assert captured.err.count("\n") == 1 and "what would work: --" in captured.err
+    assert main(["plan", "--gpu-memory", "80GiB", "--page-size", "x", "--json"]) == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error == {"kind": "bad_input", "exit_code": 2, "suggestions": [], "needed_bytes": None,
+                     "available_bytes": None, "message": error["message"]}
+    assert "--page-size" in error["message"]
 
 
 @pytest.mark.parametrize(
@@ -128,15 +188,15 @@ def test_an_unusable_flag_value_is_refused_by_argparse() -> None:
 def test_does_not_fit_exits_3_with_values_that_work(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 3
     err = capsys.readouterr().err
-    assert message in err and "needed:" in err and "available:" in err
+    assert message in err and "needed " in err and "available " in err and err.count("\n") == 1
 
 
 def test_every_suggested_value_really_fits(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "24GiB", "--mem-fraction-static", "0.9"]
-    assert main(base) == 3
-    err = capsys.readouterr().err
-    fixes = [line.strip()[2:].split(" (")[0].split() for line in err.splitlines() if line.strip().startswith("- --")]
-    assert fixes, err
+    assert main(base + ["--json"]) == 3
+    suggestions = json.loads(capsys.readouterr().out)["error"]["suggestions"]
+    fixes = [s.split(" (")[0].split() for s in suggestions]
+    assert fixes, suggestions
     for flag, value in fixes:
         argv = [a for a in base]
         if flag == "--mem-fraction-static":
