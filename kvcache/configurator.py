@@ -29,6 +29,7 @@ from kvcache.pool_builder import KVPool, WorkerPools, build_worker_pools
 from kvcache.pool_config import MemoryPoolConfig
 from kvcache.pool_layout import CacheLayout, worker_cache_layout
 from kvcache.pools import RecurrentStatePool, ReqToTokenPool
+from kvcache.runtime.eligibility import PostCaptureEligibility, post_capture_eligibility, post_capture_reserve_mib
 from kvcache.server_args import ServerArgs
 
 RADIX_STATE_SLOTS_PER_REQUEST = 3
@@ -108,6 +109,8 @@ class KVCacheConfigurator:
         if a.mem_fraction_static is not None:
             return a.mem_fraction_static
         total = self.memory_probe.total_bytes()
+        if self.post_capture_resize().active:  # the resize trims the pools after capture (kvcache.runtime)
+            return derive_mem_fraction_static(total, post_capture_reserve_mib(tp_size=a.tp_size, pp_size=a.pp_size))
         graphs = 0 if self.device.type == "cpu" else (
             a.cuda_graph_max_bs if a.cuda_graph_max_bs is not None else default_cuda_graph_max_bs(total, a.tp_size))
         reserve = runtime_reserve_mib(
@@ -117,6 +120,13 @@ class KVCacheConfigurator:
             dp_attention_size=a.attention_dp_size, speculative_algorithm=a.speculative_algorithm,
         )
         return derive_mem_fraction_static(total, reserve)
+
+    def post_capture_resize(self) -> PostCaptureEligibility:
+        """Whether this worker's pools are resized after CUDA-graph capture, and why (not)."""
+        return post_capture_eligibility(
+            server_args=self.server_args, device_type=self.device.type, is_draft_worker=self.shared is not None,
+            layout=self.layout(), kv_cache_dtype=self.kv_cache_dtype,
+        )
 
     def plan_request(self, layout: CacheLayout, budget: MemoryBudget, draft_layout: CacheLayout | None = None) -> PlanRequest:
         """The planner's input for this layout and budget (and the draft's pools, if any)."""

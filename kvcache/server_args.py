@@ -47,6 +47,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # runtime reserve inputs (they set the derived mem_fraction_static)
     chunked_prefill_size: PositiveInt | None = None
     cuda_graph_max_bs: NonNegativeInt | None = None
+    # size the KV pools again after CUDA-graph capture (kvcache.runtime; CUDA target workers only)
+    enable_post_capture_kv_resize: bool = False
     # placement
     device: Literal["auto", "cuda", "cpu", "meta"] = "auto"
     tp_size: PositiveInt = 1

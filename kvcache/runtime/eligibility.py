@@ -1,0 +1,70 @@
+"""Whether a worker may size its KV pools after CUDA-graph capture: a typed rule, no environment variable.
+
+The rule follows SGLang 0.5.23 (`post_capture_kv_sizing_planned` and the runner's
+`is_post_capture_kv_active`), narrowed to what this engine can resize: one target
+worker on CUDA, pools that hold every token (full attention or MLA), no draft pools
+built by another worker, no per-request state pools, no MLA latents in FP4.
+When it holds, the plan may start from a higher `mem_fraction_static` (the graph and
+activation reserve is left out, see `post_capture_reserve_mib`), because the resize
+trims the pools back to the measured free memory after capture.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import msgspec
+
+from kvcache.dtypes import KVCacheDtype
+from kvcache.pool_layout import CacheLayout
+from kvcache.server_args import ServerArgs
+
+POST_CAPTURE_FLOOR_MIB = 1536  # SGLang 0.5.23's reserve when post-capture sizing is planned
+
+
+class PostCaptureEligibility(msgspec.Struct, frozen=True, kw_only=True):
+    """The rule's answer, with the reason an operator reads when it is off."""
+
+    active: bool
+    reason: str
+
+
+def post_capture_eligibility(
+    *, server_args: ServerArgs, device_type: str, is_draft_worker: bool, layout: CacheLayout,
+    kv_cache_dtype: KVCacheDtype,
+) -> PostCaptureEligibility:
+    """Whether the post-capture resize runs for this worker, and why (not)."""
+    a = server_args
+    kinds = {g.spec.pool_kind for g in layout.kv_groups}
+    blockers = (
+        (not a.enable_post_capture_kv_resize, "off (turn it on with --enable-post-capture-kv-resize)"),
+        (device_type != "cuda", f"needs a CUDA device for its virtual-memory pools, not {device_type}"),
+        (is_draft_worker, "a draft worker's pools follow the target's token indices"),
+        (a.kv_cache_memory is not None, "--kv-cache-memory fixes the KV budget"),
+        (a.speculative, "draft pools are built by another worker; resize with --speculative-algorithm none"),
+        (layout.state is not None, "recurrent-state pools are sized per request, not per token"),
+        (any(g.paired_with_full for g in layout.kv_groups), "a paired sliding-window pool needs its SWA allocator resized"),
+        ("mla" in kinds and kv_cache_dtype.scale_group > 0, "MLA latents in FP4 (data plus scales) are not resized"),
+        (not layout.kv_groups, "no per-token KV pool to resize"),
+    )
+    for blocked, reason in blockers:
+        if blocked:
+            return PostCaptureEligibility(active=False, reason=reason)
+    return PostCaptureEligibility(active=True, reason="on: pools shrink to the memory free after CUDA-graph capture")
+
+
+def is_post_capture_kv_active(
+    *, server_args: ServerArgs, device_type: str, is_draft_worker: bool, layout: CacheLayout,
+    kv_cache_dtype: KVCacheDtype,
+) -> bool:
+    """True when this worker's pools are built resizable and shrunk after capture."""
+    return post_capture_eligibility(
+        server_args=server_args, device_type=device_type, is_draft_worker=is_draft_worker, layout=layout,
+        kv_cache_dtype=kv_cache_dtype,
+    ).active
+
+
+def post_capture_reserve_mib(*, tp_size: int, pp_size: int) -> Fraction:
+    """The reserve a derived mem_fraction_static keeps when the resize runs (SGLang 0.5.23):
+    1536 MiB plus tp * pp / 8 GiB, without the activation and graph terms or the 10 GiB floor."""
+    return Fraction(POST_CAPTURE_FLOOR_MIB) + Fraction(tp_size * pp_size, 8) * 1024

@@ -1,0 +1,122 @@
+"""The post-capture resize as pure functions: numbers measured after CUDA-graph capture in, a smaller plan out.
+
+Before capture the pools were built for the plan's budget. After capture the runner
+measures what is free; the pools may keep everything except the headroom that
+`mem_fraction_static` names (free_before_load * (1 - fraction), SGLang 0.5.23's
+rule; at least the eager activation reserve when decode batches can outgrow the
+largest captured graph). If free memory is below that headroom, the plan is redone
+by the same pure planner for the smaller budget; it never grows, so captured
+pointers (the pools' virtual addresses) stay valid and only each buffer's tail is
+released.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import msgspec
+
+from kvcache.byte_units import MiB, format_bytes
+from kvcache.errors import DoesNotFitError
+from kvcache.memory_budget import exact_fraction
+from kvcache.planning import KVPoolDemand, PlanRequest, plan_pool_sizes
+from kvcache.pool_config import MemoryPoolConfig
+
+
+class PostCaptureResizeError(DoesNotFitError):
+    """After capture, what is free (plus the pools) cannot keep the headroom and one request's KV."""
+
+
+class PostCaptureKVResize(msgspec.Struct, frozen=True, kw_only=True):
+    """The decision: the plan before and after, and the measurements it came from (bytes)."""
+
+    before: MemoryPoolConfig
+    after: MemoryPoolConfig
+    free_after_capture_bytes: int
+    headroom_bytes: int
+    mapping_slack_bytes: int
+
+    @property
+    def tokens_before(self) -> int:
+        return self.before.max_total_num_tokens
+
+    @property
+    def tokens_after(self) -> int:
+        return self.after.max_total_num_tokens
+
+    @property
+    def changed(self) -> bool:
+        return self.tokens_after != self.tokens_before
+
+    @property
+    def released_bytes(self) -> int:
+        """Planned bytes the resize gives back (KV tails and the allocator's shorter free list)."""
+        return self.before.total_bytes - self.after.total_bytes
+
+
+def post_capture_headroom_bytes(
+    *, plan: MemoryPoolConfig, pre_model_load_bytes: int, cuda_graph_max_bs: int, activation_reserve_mib: Fraction,
+) -> int:
+    """Bytes to leave free after the resize: what the plan's fraction kept back, and the eager
+    activation reserve too when max_running_requests exceeds the largest captured batch."""
+    fraction = plan.budget.mem_fraction_static
+    if fraction is None:
+        raise ValueError("a plan made from --kv-cache-memory has no fraction to keep headroom by; it is not resized")
+    headroom = round(pre_model_load_bytes * (1 - exact_fraction(fraction)))
+    if plan.max_running_requests > cuda_graph_max_bs:
+        headroom = max(headroom, int(activation_reserve_mib * MiB))
+    return headroom
+
+
+def resized_plan_request(plan: MemoryPoolConfig, budget_bytes: int) -> PlanRequest:
+    """The planner's input that produced `plan`, with a new budget and `plan`'s sizes as caps."""
+    demands = []
+    for p in plan.kv_pools:
+        if not p.holds_every_token:
+            raise ValueError(f"pool {p.name!r} holds a window of tokens; only pools that hold every token are resized")
+        demands.append(KVPoolDemand(name=p.name, kind=p.kind, num_layers=p.num_layers, bytes_per_token=p.bytes_per_token))
+    if plan.state_pool is not None:
+        raise ValueError("a plan with a recurrent-state pool is not resized")
+    budget = msgspec.structs.replace(plan.budget, budget_bytes=budget_bytes)
+    return PlanRequest(
+        budget=budget, page_size=plan.page_size, context_length=plan.context_length,
+        req_to_token_row_width=plan.req_to_token_row_width, kv_pools=tuple(demands),
+        max_total_tokens=plan.max_total_num_tokens, max_running_requests=plan.max_running_requests,
+    )
+
+
+def compute_post_capture_kv_resize(
+    *, plan: MemoryPoolConfig, free_after_capture_bytes: int, headroom_bytes: int, mapping_slack_bytes: int = 0,
+) -> PostCaptureKVResize:
+    """Shrink-only: the largest plan no bigger than `plan` that leaves `headroom_bytes` free.
+
+    `mapping_slack_bytes` is what releasing tails in whole device pages may keep beyond
+    the plan (one page per buffer at most); it comes out of the budget. The request
+    table keeps its rows, so a resize that would lower max_running_requests is refused.
+    """
+    spare = free_after_capture_bytes - headroom_bytes
+    if spare >= 0:
+        return PostCaptureKVResize(before=plan, after=plan, free_after_capture_bytes=free_after_capture_bytes,
+                                   headroom_bytes=headroom_bytes, mapping_slack_bytes=mapping_slack_bytes)
+    budget = plan.total_bytes + spare - mapping_slack_bytes
+    try:
+        after = plan_pool_sizes(resized_plan_request(plan, max(budget, 0)))
+    except DoesNotFitError as exc:
+        raise _cannot_resize(plan, free_after_capture_bytes, headroom_bytes, exc.needed_bytes) from None
+    if after.max_running_requests != plan.max_running_requests:
+        raise _cannot_resize(plan, free_after_capture_bytes, headroom_bytes,
+                             plan.max_running_requests * 2 * plan.bytes_per_token)
+    return PostCaptureKVResize(before=plan, after=after, free_after_capture_bytes=free_after_capture_bytes,
+                               headroom_bytes=headroom_bytes, mapping_slack_bytes=mapping_slack_bytes)
+
+
+def _cannot_resize(plan: MemoryPoolConfig, free: int, headroom: int, needed: int) -> PostCaptureResizeError:
+    return PostCaptureResizeError(
+        f"after CUDA-graph capture {format_bytes(free)} is free, {format_bytes(headroom - free)} short of the "
+        f"{format_bytes(headroom)} headroom; shrinking the {plan.max_total_num_tokens:,}-token pools cannot make "
+        f"room while keeping {plan.max_running_requests:,} running requests",
+        needed_bytes=needed, available_bytes=max(plan.total_bytes + free - headroom, 0),
+        suggestions=("a lower --cuda-graph-max-bs (captured graphs take less)",
+                     "a lower --max-running-requests",
+                     "--mem-fraction-static 0.05 lower (more headroom before capture)"),
+    )
