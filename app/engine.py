@@ -8,6 +8,9 @@ and the draft configures from the target's result.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+from kvcache.model_config import ModelConfig
 
 from app.model_runner import ModelRunner
 
@@ -30,3 +33,8 @@ class Engine:
     @property
     def workers(self) -> tuple[ModelRunner, ...]:
         return (self.target,) if self.draft is None else (self.target, self.draft)
+
+
+def draft_runner_for(draft_model_config: ModelConfig | None, make_runner: Callable[[], ModelRunner]) -> ModelRunner | None:
+    """The draft worker's runner when there is a draft model; it is not built otherwise."""
+    return None if draft_model_config is None else make_runner()

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dependency_injector import containers, providers
 
-from app.engine import Engine
+from app.engine import Engine, draft_runner_for
 from app.parallel_setup import parallel_state_resource
 from kvcache.configurator import SharedTargetCache
 from kvcache.devices import resolve_device
 from kvcache.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.memory_probe import probe_for_device
 from kvcache.model_config import ModelConfig
-from kvcache.pool_layout import DRAFT_POOL_PREFIX, worker_cache_layout
+from kvcache.pool_layout import DRAFT_POOL_PREFIX, draft_cache_layout
 from kvcache.presets import load_model_config
 from kvcache.server_args import ServerArgs
 
@@ -31,42 +31,36 @@ class EngineContainer(containers.DeclarativeContainer):
         probe_for_device, device, memory_limit=server_args.provided.memory_limit, card=card,
     )
     model_dtype = providers.Callable(resolve_model_dtype, server_args.provided.dtype, model_config.provided.checkpoint_dtype)
+    kv_cache_dtype = providers.Callable(resolve_kv_cache_dtype, server_args.provided.kv_cache_dtype, model_dtype)
 
+    # The one place the speculative algorithm is read: no draft, the target's own MTP layer, or a checkpoint.
+    draft_checkpoint = providers.Callable(load_model_config, server_args.provided.speculative_draft_model)
     draft_model_config = providers.Selector(
         server_args.provided.speculative_algorithm,
         none=providers.Object(None),
         NEXTN=providers.Callable(model_config.provided.nextn_draft.call()),
-        EAGLE=providers.Callable(load_model_config, server_args.provided.speculative_draft_model),
-        EAGLE3=providers.Callable(load_model_config, server_args.provided.speculative_draft_model),
-        STANDALONE=providers.Callable(load_model_config, server_args.provided.speculative_draft_model),
+        EAGLE=draft_checkpoint, EAGLE3=draft_checkpoint, STANDALONE=draft_checkpoint,
     )
-
-    kv_cache_dtype = providers.Callable(resolve_kv_cache_dtype, server_args.provided.kv_cache_dtype, model_dtype)
-    # The draft's pools as the target pays for them (declared here: target and draft refer to each other).
-    draft_cache_layout = providers.Callable(
-        worker_cache_layout,
-        model_config=draft_model_config, parallel_state=parallel_state, kv_cache_dtype=kv_cache_dtype,
-        model_dtype=model_dtype, mamba_ssm_dtype=server_args.provided.mamba_ssm_dtype,
-        layer_ids=providers.Callable(parallel_state.provided.layer_range.call(draft_model_config.provided.num_hidden_layers)),
-        prefix=DRAFT_POOL_PREFIX,
+    # The draft's pools as the target pays for them (None without a draft; declared here because
+    # target and draft refer to each other).
+    draft_layout = providers.Callable(
+        draft_cache_layout, draft_model_config,
+        parallel_state=parallel_state, kv_cache_dtype=kv_cache_dtype, model_dtype=model_dtype,
+        mamba_ssm_dtype=server_args.provided.mamba_ssm_dtype,
     )
 
     target = providers.Container(
         WorkerContainer,
         role=providers.Object("target"),
         server_args=server_args, model_config=model_config, parallel_state=parallel_state,
-        device=device, memory_probe=memory_probe, model_dtype=model_dtype,
-        draft_layout=providers.Selector(
-            server_args.provided.speculative_algorithm,
-            none=providers.Object(None), NEXTN=draft_cache_layout, EAGLE=draft_cache_layout,
-            EAGLE3=draft_cache_layout, STANDALONE=draft_cache_layout,
-        ),
+        device=device, memory_probe=memory_probe, model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype,
+        draft_layout=draft_layout,
     )
     draft = providers.Container(
         WorkerContainer,
         role=providers.Object("draft"),
         server_args=server_args, model_config=draft_model_config, parallel_state=parallel_state,
-        device=device, memory_probe=memory_probe, model_dtype=model_dtype,
+        device=device, memory_probe=memory_probe, model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype,
         pool_name_prefix=providers.Object(DRAFT_POOL_PREFIX),
         shared=providers.Factory(
             SharedTargetCache,
@@ -76,10 +70,5 @@ class EngineContainer(containers.DeclarativeContainer):
         ),
     )
 
-    draft_runner = providers.Selector(
-        server_args.provided.speculative_algorithm,
-        none=providers.Object(None),
-        NEXTN=draft.model_runner, EAGLE=draft.model_runner, EAGLE3=draft.model_runner,
-        STANDALONE=draft.model_runner,
-    )
+    draft_runner = providers.Callable(draft_runner_for, draft_model_config, draft.model_runner.provider)
     engine = providers.ThreadSafeSingleton(Engine, target=target.model_runner, draft=draft_runner)

@@ -6,43 +6,46 @@ import torch
 from dependency_injector import containers, providers
 
 from app.model_runner import ModelRunner
+from kvcache.allocator_factory import allocator_for_plan
 from kvcache.configurator import KVCacheConfigurator
-from kvcache.dtypes import resolve_kv_cache_dtype
+from kvcache.dtypes import KVCacheDtype
+from kvcache.memory_probe import MemoryProbe
 from kvcache.model_config import ModelConfig
 from kvcache.parallel import ParallelState
-from kvcache.pool_layout import worker_cache_layout
 from kvcache.server_args import ServerArgs
+from kvcache.sizing_settings import SizingSettings
 from kvcache.streams import forward_stream_for
 
 
 class WorkerContainer(containers.DeclarativeContainer):
-    """A target and a draft are two instances of this class, wired differently."""
+    """A target and a draft are two instances of this class, wired differently.
+
+    Override `allocator_factory`, `forward_stream` (or the engine's `memory_probe`) on an
+    instance and the configurator and runner use the replacement.
+    """
 
     role = providers.Object("target")
     server_args = providers.Dependency(instance_of=ServerArgs)
     model_config = providers.Dependency(instance_of=ModelConfig)
     parallel_state = providers.Dependency(instance_of=ParallelState)
     device = providers.Dependency(instance_of=torch.device)
-    memory_probe = providers.Dependency()
+    memory_probe = providers.Dependency(instance_of=MemoryProbe)
     model_dtype = providers.Dependency(instance_of=torch.dtype)
+    kv_cache_dtype = providers.Dependency(instance_of=KVCacheDtype)
     pool_name_prefix = providers.Object("")
     draft_layout = providers.Object(None)  # a target with a draft pays for the draft's pools
     shared = providers.Object(None)  # a draft gets the target's request table, allocator and plan
 
-    kv_cache_dtype = providers.Callable(resolve_kv_cache_dtype, server_args.provided.kv_cache_dtype, model_dtype)
+    settings = providers.Callable(SizingSettings.from_server_args, server_args)
     layer_range = providers.Callable(parallel_state.provided.layer_range.call(model_config.provided.num_hidden_layers))
-    cache_layout = providers.Callable(
-        worker_cache_layout,
-        model_config=model_config, parallel_state=parallel_state, kv_cache_dtype=kv_cache_dtype,
-        model_dtype=model_dtype, mamba_ssm_dtype=server_args.provided.mamba_ssm_dtype,
-        layer_ids=layer_range, prefix=pool_name_prefix,
-    )
     forward_stream = providers.ThreadSafeSingleton(forward_stream_for, device)
+    allocator_factory = providers.Callable(allocator_for_plan)  # called as (plan=..., device=...)
 
     configurator = providers.Factory(
         KVCacheConfigurator,
-        server_args=server_args, model_config=model_config, parallel_state=parallel_state,
+        settings=settings, model_config=model_config, parallel_state=parallel_state,
         model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype, device=device, memory_probe=memory_probe,
+        allocator_factory=allocator_factory.provider, forward_stream=forward_stream,
         layer_ids=layer_range, pool_name_prefix=pool_name_prefix, draft_layout=draft_layout, shared=shared,
     )
     model_runner = providers.ThreadSafeSingleton(

@@ -15,11 +15,12 @@ import msgspec
 import torch
 
 from kvcache.advice import suggest_fixes, suggest_kv_cache_memory
+from kvcache.allocators.protocol import AllocatorFactory, TokenAllocator
 from kvcache.dtypes import KV_CACHE_DTYPES, KVCacheDtype
 from kvcache.errors import ConfigError, DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
 from kvcache.memory_budget import (
     MemoryBudget, compute_budget, default_chunked_prefill_size, default_cuda_graph_max_bs,
-    derive_mem_fraction_static, exact_fraction, runtime_reserve_mib,
+    derive_mem_fraction_static, runtime_reserve_mib,
 )
 from kvcache.memory_probe import MemoryProbe
 from kvcache.model_config import ModelConfig
@@ -30,7 +31,8 @@ from kvcache.pool_config import MemoryPoolConfig
 from kvcache.pool_layout import CacheLayout, worker_cache_layout
 from kvcache.pools import RecurrentStatePool, ReqToTokenPool
 from kvcache.runtime.eligibility import PostCaptureEligibility, post_capture_eligibility, post_capture_reserve_mib
-from kvcache.server_args import ServerArgs
+from kvcache.sizing_settings import SizingSettings
+from kvcache.streams import ForwardStream
 
 RADIX_STATE_SLOTS_PER_REQUEST = 3
 
@@ -43,7 +45,7 @@ class KVCacheConfigResult(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     kv_cache_dtype: Any  # KVCacheDtype
     req_to_token_pool: ReqToTokenPool
     token_to_kv_pool: Any  # KVPool
-    token_to_kv_pool_allocator: Any
+    token_to_kv_pool_allocator: Any  # TokenAllocator
     state_pool: RecurrentStatePool | None
     allocated_bytes: int  # bytes this worker allocated (shared objects excluded)
 
@@ -61,21 +63,28 @@ class SharedTargetCache:
     """What a draft worker takes from its target: same token indices, same request rows."""
 
     req_to_token_pool: ReqToTokenPool
-    token_to_kv_pool_allocator: Any
+    token_to_kv_pool_allocator: TokenAllocator
     memory_pool_config: MemoryPoolConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KVCacheConfigurator:
-    """Sizes and builds one worker's KV cache. Typed fields only; one public method."""
+    """Sizes and builds one worker's KV cache. Typed fields only; one public method.
 
-    server_args: ServerArgs
+    Sizing knobs come from `settings` alone and parallel sizes from `parallel_state`
+    alone; the allocator comes from `allocator_factory`, and the pools are built on
+    `forward_stream`, so a container (or a test) decides each of them.
+    """
+
+    settings: SizingSettings
     model_config: ModelConfig
     parallel_state: ParallelState
     model_dtype: torch.dtype
     kv_cache_dtype: KVCacheDtype
     device: torch.device
     memory_probe: MemoryProbe
+    allocator_factory: AllocatorFactory
+    forward_stream: ForwardStream
     layer_ids: range | None = None
     pool_name_prefix: str = ""
     draft_layout: CacheLayout | None = None
@@ -89,7 +98,9 @@ class KVCacheConfigurator:
         if self.shared is not None:
             return self._configure_from_shared(layout, self.shared)
         plan = self._plan(layout, pre_model_load_memory)
-        pools = build_worker_pools(plan=plan, layout=layout, device=self.device)
+        with self.forward_stream:
+            pools = build_worker_pools(plan=plan, layout=layout, device=self.device, allocator_factory=self.allocator_factory)
+        self.forward_stream.synchronize()
         self.memory_probe.note_allocation(pools.nbytes)
         assert pools.req_to_token_pool is not None
         return self._result(plan, pools, pools.req_to_token_pool, pools.allocator)
@@ -100,58 +111,58 @@ class KVCacheConfigurator:
         return worker_cache_layout(
             model_config=self.model_config, parallel_state=self.parallel_state,
             kv_cache_dtype=kv_cache_dtype or self.kv_cache_dtype, model_dtype=self.model_dtype,
-            mamba_ssm_dtype=self.server_args.mamba_ssm_dtype, layer_ids=self.layer_ids, prefix=self.pool_name_prefix,
+            mamba_ssm_dtype=self.settings.mamba_ssm_dtype, layer_ids=self.layer_ids, prefix=self.pool_name_prefix,
         )
 
     def mem_fraction_static(self) -> float:
         """The user's value, or SGLang's rule for this card (see kvcache.memory_budget)."""
-        a = self.server_args
-        if a.mem_fraction_static is not None:
-            return a.mem_fraction_static
+        s, p = self.settings, self.parallel_state
+        if s.mem_fraction_static is not None:
+            return s.mem_fraction_static
         total = self.memory_probe.total_bytes()
         if self.post_capture_resize().active:  # the resize trims the pools after capture (kvcache.runtime)
-            return derive_mem_fraction_static(total, post_capture_reserve_mib(tp_size=a.tp_size, pp_size=a.pp_size))
+            return derive_mem_fraction_static(total, post_capture_reserve_mib(tp_size=p.tp_size, pp_size=p.pp_size))
         graphs = 0 if self.device.type == "cpu" else (
-            a.cuda_graph_max_bs if a.cuda_graph_max_bs is not None else default_cuda_graph_max_bs(total, a.tp_size))
+            s.cuda_graph_max_bs if s.cuda_graph_max_bs is not None else default_cuda_graph_max_bs(total, p.tp_size))
         reserve = runtime_reserve_mib(
             total_bytes=total,
-            chunked_prefill_size=a.chunked_prefill_size or default_chunked_prefill_size(total),
-            cuda_graph_max_bs=graphs, tp_size=a.tp_size, pp_size=a.pp_size,
-            dp_attention_size=a.attention_dp_size, speculative_algorithm=a.speculative_algorithm,
+            chunked_prefill_size=s.chunked_prefill_size or default_chunked_prefill_size(total),
+            cuda_graph_max_bs=graphs, tp_size=p.tp_size, pp_size=p.pp_size,
+            dp_attention_size=p.attention_dp_size, speculative_algorithm=s.speculative_algorithm,
         )
         return derive_mem_fraction_static(total, reserve)
 
     def post_capture_resize(self) -> PostCaptureEligibility:
         """Whether this worker's pools are resized after CUDA-graph capture, and why (not)."""
         return post_capture_eligibility(
-            server_args=self.server_args, device_type=self.device.type, is_draft_worker=self.shared is not None,
+            server_args=self.settings, device_type=self.device.type, is_draft_worker=self.shared is not None,
             layout=self.layout(), kv_cache_dtype=self.kv_cache_dtype,
         )
 
     def plan_request(self, layout: CacheLayout, budget: MemoryBudget, draft_layout: CacheLayout | None = None) -> PlanRequest:
         """The planner's input for this layout and budget (and the draft's pools, if any)."""
-        a = self.server_args
+        a = self.settings
         context = self.model_config.context_length(a.context_length, allow_long_context=a.allow_long_context)
-        extra = a.resolved_speculative_num_draft_tokens if a.speculative else 0
+        extra = a.speculative_num_draft_tokens
         draft = draft_layout or self.draft_layout
         groups = layout.kv_groups + (draft.kv_groups if draft else ())
         state = None
         if layout.state is not None:
             state = layout.state.demand(
                 slots_per_request=1 if a.disable_radix_cache else RADIX_STATE_SLOTS_PER_REQUEST,
-                memory_ratio=exact_fraction(a.mamba_full_memory_ratio), max_slots=a.max_mamba_cache_size,
+                memory_ratio=a.mamba_full_memory_ratio, max_slots=a.max_mamba_cache_size,
             )
         return PlanRequest(
             budget=budget, page_size=a.page_size, context_length=context,
             req_to_token_row_width=context + extra, kv_pools=tuple(g.demand() for g in groups),
-            swa_ratio=exact_fraction(a.swa_full_tokens_ratio), state=state,
+            swa_ratio=a.swa_full_tokens_ratio, state=state,
             max_total_tokens=a.max_total_tokens, max_running_requests=a.max_running_requests,
-            attention_dp_size=a.attention_dp_size,
+            attention_dp_size=self.parallel_state.attention_dp_size,
         )
 
     # ---- internals --------------------------------------------------------
     def _plan(self, layout: CacheLayout, free_before: int) -> MemoryPoolConfig:
-        a = self.server_args
+        a = self.settings
         free_after = self.memory_probe.free_bytes()
         total = self.memory_probe.total_bytes()
         fraction = None if a.kv_cache_memory is not None else self.mem_fraction_static()
@@ -191,7 +202,7 @@ class KVCacheConfigurator:
             fp8_dtype = KV_CACHE_DTYPES["fp8_e4m3"]
             fp8_draft = self.draft_layout.with_kv_dtype(fp8_dtype) if self.draft_layout else None
             fp8 = self.plan_request(self.layout(fp8_dtype), request.budget, fp8_draft)
-        limit = request.budget.free_after_load_bytes if self.server_args.kv_cache_memory is not None else None
+        limit = request.budget.free_after_load_bytes if self.settings.kv_cache_memory is not None else None
         return suggest_fixes(request, budget_for_fraction=budget_for, kv_cache_memory_limit=limit, fp8_request=fp8)
 
     def _configure_from_shared(self, layout: CacheLayout, shared: SharedTargetCache) -> KVCacheConfigResult:
@@ -211,14 +222,16 @@ class KVCacheConfigurator:
                 )
         if layout.state is not None:
             raise ConfigError("a draft worker with recurrent-state layers cannot share the target's request table")
-        pools = build_worker_pools(
-            plan=plan, layout=layout, device=self.device,
-            shared_req_to_token_pool=shared.req_to_token_pool, shared_allocator=shared.token_to_kv_pool_allocator,
-        )
+        with self.forward_stream:
+            pools = build_worker_pools(
+                plan=plan, layout=layout, device=self.device, allocator_factory=self.allocator_factory,
+                shared_req_to_token_pool=shared.req_to_token_pool, shared_allocator=shared.token_to_kv_pool_allocator,
+            )
+        self.forward_stream.synchronize()
         self.memory_probe.note_allocation(pools.nbytes)
         return self._result(plan, pools, shared.req_to_token_pool, shared.token_to_kv_pool_allocator)
 
-    def _result(self, plan: MemoryPoolConfig, pools: WorkerPools, req_pool: ReqToTokenPool, allocator: Any) -> KVCacheConfigResult:
+    def _result(self, plan: MemoryPoolConfig, pools: WorkerPools, req_pool: ReqToTokenPool, allocator: TokenAllocator) -> KVCacheConfigResult:
         return KVCacheConfigResult(
             memory_pool_config=plan, model_dtype=self.model_dtype, kv_cache_dtype=self.kv_cache_dtype,
             req_to_token_pool=req_pool, token_to_kv_pool=pools.token_to_kv_pool,

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from kvcache.allocators.protocol import AllocatorFactory, TokenAllocator
 from kvcache.byte_units import format_bytes
 from kvcache.errors import PoolBuildError
 from kvcache.layer_specs import FullAttentionSpec, MLASpec, SlidingWindowSpec
@@ -24,7 +25,7 @@ class WorkerPools:
     token_to_kv_pool: KVPool
     state_pool: RecurrentStatePool | None
     req_to_token_pool: ReqToTokenPool | None
-    allocator: Any | None
+    allocator: TokenAllocator | None
 
     @property
     def nbytes(self) -> int:
@@ -54,24 +55,9 @@ def _build_kv_group(group: KVPoolGroup, plan: MemoryPoolConfig, device: torch.de
     )
 
 
-def make_allocator(plan: MemoryPoolConfig, layout: CacheLayout, device: torch.device) -> Any:
-    """Token-level for page_size 1, paged above; SWA-paired when a sliding pool sits beside a full one."""
-    from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
-
-    swa = [g for g in layout.kv_groups if g.paired_with_full]
-    if swa:
-        return SWATokenToKVPoolAllocator(
-            full_size=plan.max_total_num_tokens, swa_size=plan.pool(swa[0].name).num_tokens,
-            page_size=plan.page_size, device=device,
-        )
-    if plan.page_size == 1:
-        return TokenToKVPoolAllocator(size=plan.max_total_num_tokens, device=device)
-    return PagedTokenToKVPoolAllocator(size=plan.max_total_num_tokens, page_size=plan.page_size, device=device)
-
-
 def build_worker_pools(
-    *, plan: MemoryPoolConfig, layout: CacheLayout, device: torch.device,
-    shared_req_to_token_pool: ReqToTokenPool | None = None, shared_allocator: Any | None = None,
+    *, plan: MemoryPoolConfig, layout: CacheLayout, device: torch.device, allocator_factory: AllocatorFactory,
+    shared_req_to_token_pool: ReqToTokenPool | None = None, shared_allocator: TokenAllocator | None = None,
 ) -> WorkerPools:
     """Allocate this worker's pools from the plan. A target builds the table and allocator;
     a draft is given the target's. On any failure, drop everything built and raise PoolBuildError."""
@@ -96,7 +82,7 @@ def build_worker_pools(
             built.append(state_pool)
         allocator = shared_allocator
         if allocator is None:
-            allocator = make_allocator(plan, layout, device)
+            allocator = allocator_factory(plan=plan, device=device)
             built.append(allocator)
         token_pool = _attention_pool(layout, kv_pools, allocator)
     except (torch.OutOfMemoryError, RuntimeError, MemoryError) as exc:

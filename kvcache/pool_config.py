@@ -93,10 +93,15 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
         raise KeyError(f"no KV pool named {name!r}; pools: {[p.name for p in self.kv_pools]}")
 
     @property
+    def paired_window_pool(self) -> KVPoolPlan | None:
+        """The sliding-window pool sized by swa_full_tokens_ratio beside a full pool, if any."""
+        return next((p for p in self.kv_pools if not p.holds_every_token), None)
+
+    @property
     def allocator_index_bytes(self) -> int:
         """The allocator's free lists (and the SWA index map when a window pool is paired)."""
-        paired = [p for p in self.kv_pools if not p.holds_every_token]
-        return allocator_index_bytes(self.max_total_num_tokens, self.page_size, paired[0].num_tokens if paired else None)
+        window = self.paired_window_pool
+        return allocator_index_bytes(self.max_total_num_tokens, self.page_size, window.num_tokens if window else None)
 
     @property
     def buffers(self) -> dict[str, int]:

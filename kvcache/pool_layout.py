@@ -126,3 +126,16 @@ def worker_cache_layout(
         ssm_dtype=SSM_DTYPES[mamba_ssm_dtype], layer_ids=layer_ids,
     )
     return CacheLayout.from_placements(placements, prefix=prefix)
+
+
+def draft_cache_layout(
+    draft_model_config: ModelConfig | None, *, parallel_state: ParallelState, kv_cache_dtype: KVCacheDtype,
+    model_dtype: torch.dtype, mamba_ssm_dtype: str = "float32",
+) -> CacheLayout | None:
+    """The draft worker's pools, named with DRAFT_POOL_PREFIX, as its target pays for them; None without a draft."""
+    if draft_model_config is None:
+        return None
+    return worker_cache_layout(
+        model_config=draft_model_config, parallel_state=parallel_state, kv_cache_dtype=kv_cache_dtype,
+        model_dtype=model_dtype, mamba_ssm_dtype=mamba_ssm_dtype, prefix=DRAFT_POOL_PREFIX,
+    )

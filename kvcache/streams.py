@@ -8,9 +8,24 @@ works on cpu and meta, where work is synchronous.
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+
+@runtime_checkable
+class ForwardStream(Protocol):
+    """What the engine asks of a stream: enter it to queue work on it, and wait for that work."""
+
+    def synchronize(self) -> None: ...
+
+    def wait_stream(self, stream: Any) -> None: ...
+
+    def query(self) -> bool: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Any: ...
 
 
 class HostStream:
@@ -35,7 +50,7 @@ class HostStream:
         return None
 
 
-def forward_stream_for(device: torch.device) -> Any:
+def forward_stream_for(device: torch.device) -> ForwardStream:
     """torch.cuda.Stream on CUDA; a HostStream on cpu and meta."""
     if device.type == "cuda":
         return torch.cuda.Stream(device=device)

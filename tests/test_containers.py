@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from dependency_injector import errors, providers
@@ -12,7 +14,8 @@ from kvcache.configurator import KVCacheConfigurator
 from kvcache.memory_probe import FixedMemoryProbe, HostMemoryProbe, MemoryProbe
 from kvcache.presets import load_model_config
 from kvcache.server_args import ServerArgs
-from kvcache.testing import tiny_model_config
+from kvcache.parallel import ParallelState
+from kvcache.testing import RecordingAllocator, RecordingStream, tiny_model_config
 
 
 def test_check_dependencies_passes_for_a_wired_engine(make_engine) -> None:
@@ -67,8 +70,7 @@ def test_the_configurator_provider_can_be_swapped(make_engine) -> None:
     engine = make_engine(kv_cache_memory=64 * MiB)
     engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
     real = engine.target.configurator()
-    capped = KVCacheConfigurator(**{f: getattr(real, f) for f in KVCacheConfigurator.__slots__
-                                    if f != "server_args"}, server_args=real.server_args.replace(max_total_tokens=1000))
+    capped = dataclasses.replace(real, settings=real.settings.replace(max_total_tokens=1000))
     engine.target.configurator.override(providers.Object(capped))
     runner = engine.engine().target
     runner.initialize()
@@ -117,3 +119,54 @@ def test_draft_config_comes_from_the_algorithm() -> None:
     draft = engine.draft_model_config()
     assert draft.num_hidden_layers == 1 and draft.layer_kinds == ("mla",) and draft.nextn_of_target
     engine.shutdown_resources()
+
+
+def test_an_allocator_factory_overridden_on_the_instance_is_used(make_engine) -> None:
+    engine = make_engine(kv_cache_memory=16 * MiB, page_size=4)
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
+    engine.target.allocator_factory.override(providers.Callable(RecordingAllocator.from_plan))
+    runner = engine.engine().target
+    runner.initialize()
+    allocator = runner.token_to_kv_pool_allocator
+    assert isinstance(allocator, RecordingAllocator)
+    assert allocator.size == runner.max_total_num_tokens and allocator.page_size == 4
+    assert allocator.alloc(8).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]  # pages 1 and 2; page 0 is padding
+    assert allocator.calls == [("alloc", 8)]
+    assert not WorkerContainer.allocator_factory.overridden
+
+
+def test_a_forward_stream_overridden_on_the_instance_builds_the_pools(make_engine) -> None:
+    engine = make_engine(kv_cache_memory=16 * MiB)
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
+    stream = RecordingStream(torch.device("cpu"))
+    engine.target.forward_stream.override(stream)
+    runner = engine.engine().target
+    runner.initialize()
+    assert runner.forward_stream is stream
+    assert engine.target.configurator().forward_stream is stream
+    assert stream.entered == 1 and stream.synchronized == 1  # the build was queued on it and waited for
+
+
+def test_the_probe_must_be_a_memory_probe(make_engine) -> None:
+    engine = make_engine()
+    engine.memory_probe.override("80GiB")
+    with pytest.raises(errors.Error, match="MemoryProbe"):
+        engine.target.configurator()
+
+
+def test_overriding_the_parallel_state_changes_specs_and_reserve_together(make_engine) -> None:
+    """On a 40 GiB card with chunked prefill 4096 (no CUDA graphs on the CPU), SGLang's reserve is
+    512 + 1.5 * 4096 + tp / 8 * 1024 MiB: 6,784 MiB at TP 1 -> 0.834, 6,912 MiB at TP 2 -> 0.831."""
+    card = FixedMemoryProbe(total_bytes=40 * GiB)
+    plain = make_engine(chunked_prefill_size=4096)
+    plain.memory_probe.override(card)
+    assert plain.target.configurator().mem_fraction_static() == 0.834
+    two = make_engine(chunked_prefill_size=4096)  # its ServerArgs still say --tp-size 1
+    two.memory_probe.override(card)
+    two.parallel_state.override(providers.Object(ParallelState(tp_size=2)))
+    configurator = two.target.configurator()
+    assert configurator.mem_fraction_static() == 0.831
+    assert configurator.layout().kv_groups[0].bytes_per_token == 2 * 1 * (16 + 16) * 2  # one KV head a rank
+    by_flag = make_engine(chunked_prefill_size=4096, tp_size=2)
+    by_flag.memory_probe.override(card)
+    assert by_flag.target.configurator().mem_fraction_static() == 0.831

@@ -34,6 +34,9 @@ from kvcache.pool_config import MemoryPoolConfig
 from kvcache.pool_layout import DRAFT_POOL_PREFIX, worker_cache_layout
 from kvcache.presets import load_model_config
 from kvcache.server_args import ServerArgs
+from kvcache.sizing_settings import SizingSettings
+from kvcache.streams import HostStream
+from kvcache.allocator_factory import allocator_for_plan
 from kvcache.testing import FixedMemoryProbe
 
 META = torch.device("meta")
@@ -63,9 +66,10 @@ def configurator(model: str, *, total: int = 80 * GiB, free_after: int | None = 
     parallel = ParallelState(tp_size=server_args.tp_size, pp_size=server_args.pp_size,
                              attention_dp_size=server_args.attention_dp_size)
     return KVCacheConfigurator(
-        server_args=server_args, model_config=model_config, parallel_state=parallel, model_dtype=model_dtype,
+        settings=SizingSettings.from_server_args(server_args), model_config=model_config, parallel_state=parallel, model_dtype=model_dtype,
         kv_cache_dtype=resolve_kv_cache_dtype(server_args.kv_cache_dtype, model_dtype), device=META,
         memory_probe=FixedMemoryProbe(total_bytes=total, free_bytes=free_after),
+        allocator_factory=allocator_for_plan, forward_stream=HostStream(META),
         layer_ids=parallel.layer_range(model_config.num_hidden_layers),
     )
 

@@ -35,6 +35,9 @@ from kvcache.planning import (
 from kvcache.pool_config import REQ_TO_TOKEN_ELEMENT_BYTES, MemoryPoolConfig
 from kvcache.presets import load_model_config
 from kvcache.server_args import ServerArgs
+from kvcache.sizing_settings import SizingSettings
+from kvcache.streams import HostStream
+from kvcache.allocator_factory import allocator_for_plan
 from kvcache.testing import FixedMemoryProbe
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -166,9 +169,10 @@ def preset_requests(draw: st.DrawFn) -> PlanRequest:
     model_dtype = resolve_model_dtype("auto", model.checkpoint_dtype)
     parallel = ParallelState(tp_size=server_args.tp_size)
     c = KVCacheConfigurator(
-        server_args=server_args, model_config=model, parallel_state=parallel, model_dtype=model_dtype,
+        settings=SizingSettings.from_server_args(server_args), model_config=model, parallel_state=parallel, model_dtype=model_dtype,
         kv_cache_dtype=resolve_kv_cache_dtype(server_args.kv_cache_dtype, model_dtype), device=torch.device("meta"),
-        memory_probe=FixedMemoryProbe(total_bytes=1 << 50), layer_ids=parallel.layer_range(model.num_hidden_layers),
+        memory_probe=FixedMemoryProbe(total_bytes=1 << 50), allocator_factory=allocator_for_plan,
+        forward_stream=HostStream(torch.device("meta")), layer_ids=parallel.layer_range(model.num_hidden_layers),
     )
     return c.plan_request(c.layout(), memory_budget(draw(PRESET_BUDGETS)))
 

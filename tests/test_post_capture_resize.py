@@ -26,6 +26,9 @@ from kvcache.runtime import (
 )
 from kvcache.runtime.resize import PostCaptureResizeError
 from kvcache.server_args import ServerArgs
+from kvcache.sizing_settings import SizingSettings
+from kvcache.streams import HostStream
+from kvcache.allocator_factory import allocator_for_plan
 from kvcache.testing import FixedMemoryProbe, tiny_model_config
 
 H200_BYTES = 150_109_880_320  # cudaMemGetInfo's total on an H200 (kvcache/cards.py)
@@ -78,9 +81,10 @@ def _configurator(**args) -> KVCacheConfigurator:  # type: ignore[no-untyped-def
     model = load_model_config("Llama-3.1-8B-Instruct")
     dtype = resolve_model_dtype("auto", model.checkpoint_dtype)
     return KVCacheConfigurator(
-        server_args=ServerArgs.from_mapping(args), model_config=model, parallel_state=ParallelState(),
-        model_dtype=dtype, kv_cache_dtype=resolve_kv_cache_dtype("auto", dtype), device=torch.device("cuda"),
-        memory_probe=FixedMemoryProbe(total_bytes=H200_BYTES),
+        settings=SizingSettings.from_server_args(ServerArgs.from_mapping(args)), model_config=model,
+        parallel_state=ParallelState(), model_dtype=dtype, kv_cache_dtype=resolve_kv_cache_dtype("auto", dtype),
+        device=torch.device("cuda"), memory_probe=FixedMemoryProbe(total_bytes=H200_BYTES),
+        allocator_factory=allocator_for_plan, forward_stream=HostStream(torch.device("cuda")),
     )
 
 

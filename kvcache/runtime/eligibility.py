@@ -18,6 +18,7 @@ import msgspec
 from kvcache.dtypes import KVCacheDtype
 from kvcache.pool_layout import CacheLayout
 from kvcache.server_args import ServerArgs
+from kvcache.sizing_settings import SizingSettings
 
 POST_CAPTURE_FLOOR_MIB = 1536  # SGLang 0.5.23's reserve when post-capture sizing is planned
 
@@ -30,7 +31,7 @@ class PostCaptureEligibility(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def post_capture_eligibility(
-    *, server_args: ServerArgs, device_type: str, is_draft_worker: bool, layout: CacheLayout,
+    *, server_args: ServerArgs | SizingSettings, device_type: str, is_draft_worker: bool, layout: CacheLayout,
     kv_cache_dtype: KVCacheDtype,
 ) -> PostCaptureEligibility:
     """Whether the post-capture resize runs for this worker, and why (not)."""

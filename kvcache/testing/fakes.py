@@ -6,9 +6,12 @@ from typing import Any
 
 import torch
 
+from kvcache.allocator_factory import allocator_for_plan
 from kvcache.byte_units import GiB
 from kvcache.memory_probe import FixedMemoryProbe
 from kvcache.model_config import ModelConfig
+from kvcache.pool_config import MemoryPoolConfig
+from kvcache.streams import HostStream
 
 # A two-layer Llama-shaped model: 2 KV heads of 16, so 2 * 2 * (16 + 16) * 2 = 256 bytes/token in bf16.
 TINY_MODEL_HF_CONFIG: dict[str, Any] = {
@@ -37,11 +40,21 @@ def fixed_card_probe(total_gib: int = 1, free_gib: int | None = None) -> FixedMe
 
 
 class RecordingAllocator:
-    """Wraps a real allocator and records every call (name, first argument), nothing more."""
+    """Wraps a real allocator and records every call (name, first argument), nothing more.
+
+    `RecordingAllocator.from_plan` is an AllocatorFactory: override a worker container's
+    `allocator_factory` with `providers.Callable(RecordingAllocator.from_plan)` to record
+    what an engine's scheduler does.
+    """
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
         self.calls: list[tuple[str, Any]] = []
+
+    @classmethod
+    def from_plan(cls, *, plan: MemoryPoolConfig, device: torch.device) -> "RecordingAllocator":
+        """The allocator the plan calls for (kvcache.allocator_factory), wrapped."""
+        return cls(allocator_for_plan(plan=plan, device=device))
 
     def _record(self, name: str, arg: Any = None) -> None:
         self.calls.append((name, arg))
@@ -93,3 +106,24 @@ class RecordingAllocator:
     @property
     def nbytes(self) -> int:
         return self._inner.nbytes
+
+    @property
+    def full_to_swa_index_mapping(self) -> torch.Tensor:
+        """The SWA allocator's map (AttributeError for allocators without a window pool)."""
+        return self._inner.full_to_swa_index_mapping
+
+
+class RecordingStream(HostStream):
+    """A host stream that counts how often work was queued on it and waited for."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self.entered = 0
+        self.synchronized = 0
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
+
+    def __enter__(self) -> "RecordingStream":
+        self.entered += 1
+        return self

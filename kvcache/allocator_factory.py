@@ -1,0 +1,26 @@
+"""allocator_for_plan: the one rule that picks a plan's token allocator (an AllocatorFactory).
+
+SWA-paired when a sliding-window pool sits beside a full pool (the plan lists it as a
+pool that does not hold every token); otherwise token-level at page_size 1 and paged
+above, as SGLang 0.5.23 chooses. Sizes come from the plan alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvcache.allocators.protocol import TokenAllocator
+from kvcache.pool_config import MemoryPoolConfig
+
+
+def allocator_for_plan(*, plan: MemoryPoolConfig, device: torch.device) -> TokenAllocator:
+    """The allocator over the plan's token rows: SWA-paired, token-level or paged."""
+    window = plan.paired_window_pool
+    if window is not None:
+        return SWATokenToKVPoolAllocator(
+            full_size=plan.max_total_num_tokens, swa_size=window.num_tokens, page_size=plan.page_size, device=device,
+        )
+    if plan.page_size == 1:
+        return TokenToKVPoolAllocator(size=plan.max_total_num_tokens, device=device)
+    return PagedTokenToKVPoolAllocator(size=plan.max_total_num_tokens, page_size=plan.page_size, device=device)

@@ -1,0 +1,41 @@
+"""TokenAllocator: what the configurator and the pool builder need of any KV token allocator.
+
+Token, paged and SWA allocators all satisfy it (as does kvcache.testing.RecordingAllocator);
+an `AllocatorFactory` builds one from the plan, so a container can provide the factory
+and a test can swap it. Index operations (alloc, free, backup) are the scheduler's
+business and are not part of this protocol.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:
+    from kvcache.pool_config import MemoryPoolConfig
+
+
+@runtime_checkable
+class TokenAllocator(Protocol):
+    """Hands out KV token indices 1..size in pages of page_size; nbytes are its own index buffers."""
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def available_size(self) -> int: ...
+
+
+class AllocatorFactory(Protocol):
+    """Builds the allocator a plan calls for (its rows and sizes come from the plan alone)."""
+
+    def __call__(self, *, plan: "MemoryPoolConfig", device: torch.device) -> TokenAllocator: ...

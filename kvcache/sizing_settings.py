@@ -1,0 +1,60 @@
+"""SizingSettings: the knobs that size one worker's KV cache, and nothing else.
+
+Read once from ServerArgs. Parallel sizes (TP, PP, attention DP) are deliberately not
+here: the configurator reads them only from ParallelState, so overriding the parallel
+state changes the layer specs, the runtime reserve and the request cap together.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import msgspec
+
+from kvcache.memory_budget import exact_fraction
+from kvcache.server_args import ServerArgs
+
+
+class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Budget, token and request knobs, with ratios as the exact fractions they were written as."""
+
+    page_size: int = 1
+    context_length: int | None = None
+    allow_long_context: bool = False
+    max_total_tokens: int | None = None
+    max_running_requests: int | None = None
+    mem_fraction_static: float | None = None
+    kv_cache_memory: int | None = None
+    chunked_prefill_size: int | None = None
+    cuda_graph_max_bs: int | None = None
+    disable_radix_cache: bool = False
+    swa_full_tokens_ratio: Fraction = Fraction(4, 5)
+    mamba_full_memory_ratio: Fraction = Fraction(9, 10)
+    mamba_ssm_dtype: str = "float32"
+    max_mamba_cache_size: int | None = None
+    speculative_algorithm: str = "none"
+    speculative_num_draft_tokens: int = 0  # extra request-table columns a verify step writes
+    enable_post_capture_kv_resize: bool = False
+
+    @classmethod
+    def from_server_args(cls, a: ServerArgs) -> "SizingSettings":
+        return cls(
+            page_size=a.page_size, context_length=a.context_length, allow_long_context=a.allow_long_context,
+            max_total_tokens=a.max_total_tokens, max_running_requests=a.max_running_requests,
+            mem_fraction_static=a.mem_fraction_static, kv_cache_memory=a.kv_cache_memory,
+            chunked_prefill_size=a.chunked_prefill_size, cuda_graph_max_bs=a.cuda_graph_max_bs,
+            disable_radix_cache=a.disable_radix_cache,
+            swa_full_tokens_ratio=exact_fraction(a.swa_full_tokens_ratio),
+            mamba_full_memory_ratio=exact_fraction(a.mamba_full_memory_ratio),
+            mamba_ssm_dtype=a.mamba_ssm_dtype, max_mamba_cache_size=a.max_mamba_cache_size,
+            speculative_algorithm=a.speculative_algorithm,
+            speculative_num_draft_tokens=a.resolved_speculative_num_draft_tokens if a.speculative else 0,
+            enable_post_capture_kv_resize=a.enable_post_capture_kv_resize,
+        )
+
+    @property
+    def speculative(self) -> bool:
+        return self.speculative_algorithm != "none"
+
+    def replace(self, **changes: object) -> "SizingSettings":
+        return msgspec.structs.replace(self, **changes)
