@@ -1,6 +1,11 @@
 """Byte counts: parse '80GiB'-style sizes into ints and format ints for people.
 
 Bytes are integers everywhere; GiB appear only in what is printed.
+
+Sizes are binary: K, M, G, T, P with or without 'B' or 'iB' mean powers of 1024, so
+'80GB', '80G' and '80GiB' are all 80 * 2**30 bytes. That is what an operator means:
+an "80GB" H100 has 80 GiB of HBM (nvidia-smi shows 81559 MiB after the driver's
+share), nvidia-smi counts in MiB, and SGLang's "GB" figures divide by 1 << 30.
 """
 
 from __future__ import annotations
@@ -10,30 +15,30 @@ import re
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
+TiB = 1 << 40
+PiB = 1 << 50
 
-_UNITS: dict[str, int] = {
-    "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "kib": KiB,
-    "m": 10**6, "mb": 10**6, "mib": MiB,
-    "g": 10**9, "gb": 10**9, "gib": GiB,
-    "t": 10**12, "tb": 10**12, "tib": 1 << 40,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+SIZE_UNITS_HELP = "a SIZE is 80GB, 80GiB or 80G (each 80 * 2^30 bytes, as nvidia-smi and SGLang count), 512MiB, or bytes"
+
+_SCALE = {"": 1, "k": KiB, "m": MiB, "g": GiB, "t": TiB, "p": PiB}
+_SIZE = re.compile(r"(\d+)(?:\.(\d+))?\s*([kmgtp]?)(i?b)?", re.IGNORECASE)
 
 
 def parse_bytes(text: str) -> int:
-    """'80GiB' -> 85899345920; '1.5GB' -> 1500000000; '4096' -> 4096. Raises ValueError."""
-    match = _SIZE.match(text)
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNITS:
+    """'80GiB', '80GB', '80G' -> 85899345920; '1.5GiB' -> 1610612736; '4096' -> 4096. Raises ValueError."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None or (match.group(4) and match.group(4).lower() == "ib" and not match.group(3)):
         raise ValueError(
-            f"cannot read {text!r} as a size: use a number with an optional unit, "
-            "e.g. 80GiB, 40GB, 512MiB or 1073741824"
+            f"cannot read {text!r} as a size: use a whole number with an optional unit, "
+            "e.g. 80GiB, 80GB or 80G (all mean 80 * 2^30 bytes), 512MiB, or 1073741824 bytes"
         )
-    number = match.group(1)
-    whole, _, frac = number.partition(".")
-    scale = _UNITS[unit]
-    return int(whole) * scale + (int(frac) * scale) // (10 ** len(frac)) if frac else int(whole) * scale
+    whole, frac, unit = match.group(1), match.group(2) or "", match.group(3).lower()
+    scale = _SCALE[unit]
+    numerator = int(whole + frac) * scale
+    denominator = 10 ** len(frac)
+    if numerator % denominator:
+        raise ValueError(f"{text!r} is not a whole number of bytes; give it in a smaller unit")
+    return numerator // denominator
 
 
 def format_bytes(n: int) -> str:

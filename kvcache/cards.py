@@ -54,7 +54,11 @@ def card_named(name: str) -> SimulatedCard:
 
 
 def card_of_size(text: str) -> SimulatedCard:
-    total = parse_bytes(text)
+    """A card of the capacity the user typed ('80GB', '80GiB' and '80G' are all 80 GiB: see byte_units)."""
+    try:
+        total = parse_bytes(text)
+    except ValueError as exc:
+        raise ConfigError(f"--gpu-memory: {exc}") from None
     if total < GiB // 4:
         raise ConfigError(f"--gpu-memory {text} is smaller than any card (256 MiB); give e.g. 80GiB")
     return SimulatedCard(name=f"{text} card", total_bytes=total)

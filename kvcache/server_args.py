@@ -20,6 +20,8 @@ from kvcache.errors import ConfigError
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 Fraction01 = Annotated[float, msgspec.Meta(gt=0, lt=1)]
+# A count of bytes; the CLI reads it as a size ("80GiB") because of the "unit" mark.
+ByteCount = Annotated[int, msgspec.Meta(ge=1, extra={"unit": "bytes"})]
 
 KVCacheDtypeName = Literal["auto", "bfloat16", "float16", "float32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"]
 ModelDtypeName = Literal["auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32"]
@@ -28,46 +30,62 @@ SpeculativeAlgorithm = Literal["none", "EAGLE", "EAGLE3", "STANDALONE", "NEXTN"]
 DRAFT_MODEL_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
 
 
+def _doc(text: str) -> msgspec.Meta:
+    return msgspec.Meta(description=text)
+
+
 class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The engine's sizing knobs. None means 'derive it', as SGLang does."""
+    """The engine's sizing knobs. None means 'derive it', as SGLang does.
+
+    Each field's description is its --flag's help: the CLI is generated from this class.
+    """
 
     # memory budget
-    mem_fraction_static: Fraction01 | None = None
-    kv_cache_memory: PositiveInt | None = None
-    memory_limit: PositiveInt | None = None
+    mem_fraction_static: Annotated[Fraction01, _doc(
+        "share of the card for weights + KV cache; derived from the card's size (SGLang's rule) when not given")] | None = None
+    kv_cache_memory: Annotated[ByteCount, _doc(
+        "absolute KV budget instead of --mem-fraction-static (checked against what is free)")] | None = None
+    memory_limit: Annotated[ByteCount, _doc(
+        "the host memory a CPU engine may use (default 8GiB; at most the host's memory)")] | None = None
     # capacity limits
-    max_total_tokens: PositiveInt | None = None
-    max_running_requests: PositiveInt | None = None
-    context_length: PositiveInt | None = None
-    allow_long_context: bool = False
-    page_size: PositiveInt = 1
+    max_total_tokens: Annotated[PositiveInt, _doc("cap on KV tokens")] | None = None
+    max_running_requests: Annotated[PositiveInt, _doc("cap on concurrent requests")] | None = None
+    context_length: Annotated[PositiveInt, _doc("context length (at most the model's)")] | None = None
+    allow_long_context: Annotated[bool, _doc("allow --context-length above the model's max_position_embeddings")] = False
+    page_size: Annotated[PositiveInt, _doc("tokens per KV page")] = 1
     # formats
-    dtype: ModelDtypeName = "auto"
-    kv_cache_dtype: KVCacheDtypeName = "auto"
+    dtype: Annotated[ModelDtypeName, _doc("model dtype; auto takes the checkpoint's torch_dtype")] = "auto"
+    kv_cache_dtype: Annotated[KVCacheDtypeName, _doc("KV cache dtype; auto is the model dtype")] = "auto"
     # runtime reserve inputs (they set the derived mem_fraction_static)
-    chunked_prefill_size: PositiveInt | None = None
-    cuda_graph_max_bs: NonNegativeInt | None = None
-    # size the KV pools again after CUDA-graph capture (kvcache.runtime; CUDA target workers only)
-    enable_post_capture_kv_resize: bool = False
+    chunked_prefill_size: Annotated[PositiveInt, _doc(
+        "prefill chunk in tokens (sets the activation reserve); default by card size")] | None = None
+    cuda_graph_max_bs: Annotated[NonNegativeInt, _doc(
+        "largest decode CUDA-graph batch (sets the graph reserve); default by card size and TP")] | None = None
+    enable_post_capture_kv_resize: Annotated[bool, _doc(
+        "size the KV pools again after CUDA-graph capture (CUDA target workers only)")] = False
     # placement
-    device: Literal["auto", "cuda", "cpu", "meta"] = "auto"
-    tp_size: PositiveInt = 1
-    pp_size: PositiveInt = 1
-    dp_size: PositiveInt = 1
-    enable_dp_attention: bool = False
-    load_format: Literal["dummy"] = "dummy"
-    disable_radix_cache: bool = False
+    device: Annotated[Literal["auto", "cuda", "cpu", "meta"], _doc(
+        "where the engine runs; auto is CUDA when present (plan always uses meta)")] = "auto"
+    tp_size: Annotated[PositiveInt, _doc("tensor-parallel size")] = 1
+    pp_size: Annotated[PositiveInt, _doc("pipeline-parallel size")] = 1
+    dp_size: Annotated[PositiveInt, _doc("data-parallel size (attention DP with --enable-dp-attention)")] = 1
+    enable_dp_attention: Annotated[bool, _doc("data-parallel attention over --dp-size groups")] = False
+    load_format: Annotated[Literal["dummy"], _doc("weights are random tensors of the real size")] = "dummy"
+    disable_radix_cache: Annotated[bool, _doc(
+        "no prefix cache (hybrid models then keep one state slot per request)")] = False
     # hybrid models
-    swa_full_tokens_ratio: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8
-    mamba_full_memory_ratio: Annotated[float, msgspec.Meta(gt=0)] = 0.9
-    mamba_ssm_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    max_mamba_cache_size: PositiveInt | None = None
+    swa_full_tokens_ratio: Annotated[float, msgspec.Meta(gt=0, le=1), _doc(
+        "sliding-window pool size as a fraction of the full pool")] = 0.8
+    mamba_full_memory_ratio: Annotated[float, msgspec.Meta(gt=0), _doc(
+        "state : KV share of the budget for Mamba / linear-attention hybrids")] = 0.9
+    mamba_ssm_dtype: Annotated[Literal["float32", "bfloat16", "float16"], _doc("SSM state dtype")] = "float32"
+    max_mamba_cache_size: Annotated[PositiveInt, _doc("state slots to keep (instead of the ratio)")] | None = None
     # speculative decoding
-    speculative_algorithm: SpeculativeAlgorithm = "none"
-    speculative_draft_model: str | None = None
-    speculative_num_steps: PositiveInt | None = None
-    speculative_eagle_topk: PositiveInt | None = None
-    speculative_num_draft_tokens: PositiveInt | None = None
+    speculative_algorithm: Annotated[SpeculativeAlgorithm, _doc("speculative decoding")] = "none"
+    speculative_draft_model: Annotated[str, _doc("draft model: a preset name, a model directory or a config.json")] | None = None
+    speculative_num_steps: Annotated[PositiveInt, _doc("draft steps per verify")] | None = None
+    speculative_eagle_topk: Annotated[PositiveInt, _doc("draft branches per step")] | None = None
+    speculative_num_draft_tokens: Annotated[PositiveInt, _doc("tokens verified per step")] | None = None
 
     def __post_init__(self) -> None:
         for problem in _cross_field_problems(self):

@@ -1,0 +1,106 @@
+"""The CLI's flags come from ServerArgs: names, bounds, choices and help; sizes read as users type them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import app.cli as cli
+from app.cli import build_parser, main
+from app.server_args_flags import server_args_fields
+from kvcache.byte_units import GiB, MiB, parse_bytes
+from kvcache.server_args import ServerArgs
+
+
+def test_every_server_args_field_has_its_flag_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    fields = {f.name for f in msgspec.structs.fields(ServerArgs)}
+    assert {f.field for f in server_args_fields()} == fields
+    assert all(f.description for f in server_args_fields()), "each ServerArgs field needs msgspec.Meta(description=...)"
+    assert main(["plan", "--help"]) == 0
+    help_text = capsys.readouterr().out
+    for name in fields:
+        assert "--" + name.replace("_", "-") in help_text
+    assert "cap on KV tokens" in help_text and "80 * 2^30 bytes" in help_text
+
+
+def test_flags_decode_to_the_server_args_a_config_file_would_give(tmp_path: Path) -> None:
+    argv = ["plan", "--gpu", "H200", "--page-size", "16", "--kv-cache-memory", "20GB", "--memory-limit", "512MiB",
+            "--swa-full-tokens-ratio", "0.5", "--kv-cache-dtype", "fp8_e4m3", "--disable-radix-cache",
+            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model", "x", "--tp-size", "2"]
+    from_flags = cli.server_args_from(build_parser().parse_args(argv))
+    cfg = tmp_path / "args.json"
+    cfg.write_text(json.dumps({"page-size": 16, "kv_cache_memory": 20 * GiB, "memory_limit": 512 * MiB,
+                               "swa_full_tokens_ratio": 0.5, "kv_cache_dtype": "fp8_e4m3", "disable_radix_cache": True,
+                               "speculative_algorithm": "EAGLE3", "speculative_draft_model": "x", "tp_size": 2}))
+    assert from_flags == ServerArgs.from_file(cfg)
+    assert cli.server_args_from(build_parser().parse_args(["plan", "--gpu", "H200"])) == ServerArgs()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("80GB", 80 * GiB), ("80GiB", 80 * GiB), ("80G", 80 * GiB), ("80gb", 80 * GiB), ("80 GiB", 80 * GiB),
+     ("141GB", 141 * GiB), ("1.5GiB", 3 * GiB // 2), ("0.5TB", 512 * GiB), ("512MiB", 512 * MiB), ("512M", 512 * MiB),
+     ("4096", 4096), ("4096B", 4096), ("1K", 1024)],
+)
+def test_sizes_read_as_users_type_them(text: str, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GB", "80GBs", "eighty", "-80GB", "8e10", "80 G B", "0x50", "1,000", "80iB",
+                                  "1.5", "inf", "nan", "80XB"])
+def test_anything_else_is_not_a_size(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_bytes(text)
+
+
+@pytest.mark.parametrize("card", ["80GB", "80GiB", "80G"])
+def test_gpu_memory_spellings_plan_the_same_card(card: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--gpu-memory", card, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["total_memory_bytes"] == 80 * GiB
+
+
+@pytest.mark.parametrize("card", ["80GBs", "80 gigs", "-1GB", "eighty", "80", "1e11"])
+def test_gpu_memory_refuses_anything_else_with_exit_2(card: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", f"--gpu-memory={card}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kvcache: error: --gpu-memory")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--page-size", "0", "expected an integer >= 1, got '0'"),
+        ("--page-size", "1.5", "expected an integer, got '1.5'"),
+        ("--cuda-graph-max-bs", "-1", "expected an integer >= 0"),
+        ("--mem-fraction-static", "1", "expected a number > 0 and < 1, got '1'"),
+        ("--mem-fraction-static", "inf", "expected a finite number"),
+        ("--swa-full-tokens-ratio", "0", "expected a number > 0 and <= 1"),
+        ("--kv-cache-memory", "0GB", "expected a size >= 1"),
+        ("--kv-cache-memory", "lots", "cannot read 'lots' as a size"),
+        ("--speculative-algorithm", "MEDUSA", "invalid choice: 'MEDUSA'"),
+        ("--device", "tpu", "invalid choice: 'tpu'"),
+    ],
+)
+def test_bounds_and_choices_come_from_server_args(flag: str, value: str, message: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--gpu-memory", "80GB", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {message}" in err and err.count("\n") == 1
+
+
+def test_a_memory_limit_above_the_host_is_refused_with_its_size(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(cli, "host_memory_bytes", lambda: 16 * GiB)
+    assert main(["--device", "cpu", "--memory-limit", "32GB"]) == 2
+    err = capsys.readouterr().err
+    assert "--memory-limit 32.00 GiB" in err and "this host has (16.00 GiB (17,179,869,184 B))" in err
+    assert "at most --memory-limit 16384MiB" in err and err.count("\n") == 1
+
+
+def test_a_memory_limit_no_host_has_is_refused_for_real(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--device", "cpu", "--memory-limit", "1PiB"]) == 2
+    assert "is more than this host has" in capsys.readouterr().err
