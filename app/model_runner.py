@@ -15,6 +15,7 @@ import torch
 
 from app.weights import DummyWeightLoader, LoadedWeights, WeightsDoNotFitError as LoaderOutOfMemory
 from app.weights import parameter_specs, quantized_storage_for
+from app.forward import DecodeBatch, DecodeRequests, Decoder, PoolAttention, build_decoder
 from kvcache.byte_units import format_bytes
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.errors import KVCacheError, WeightsDoNotFitError
@@ -43,6 +44,7 @@ class ModelRunner:
         self.pre_model_load_memory: int | None = None
         self.weights: LoadedWeights | None = None
         self._kv_cache: KVCacheConfigResult | None = None
+        self._decoder: Decoder | None = None  # app.forward, built on first decode
 
     # ---- phases ---------------------------------------------------------
     def load_weights(self) -> LoadedWeights:
@@ -130,6 +132,28 @@ class ModelRunner:
     @property
     def token_to_kv_pool_allocator(self) -> Any:
         return self.kv_cache.token_to_kv_pool_allocator
+
+    # ---- decode (app.forward) --------------------------------------------
+    def decoder(self) -> Decoder:
+        """The reference decoder over this worker's weights and KV pools (built once)."""
+        if self._decoder is None:
+            if self.weights is None:
+                raise KVCacheError(f"the {self.role} worker has no weights: call load_weights() first")
+            attention = PoolAttention(token_to_kv_pool=self.token_to_kv_pool,
+                                      req_to_token=self.req_to_token_pool.req_to_token)
+            self._decoder = build_decoder(model_config=self.model_config, weights=self.weights.tensors,
+                                          attention=attention, layer_ids=self.parallel_state.layer_range(
+                                              self.model_config.num_hidden_layers))
+        return self._decoder
+
+    def forward_decode(self, batch: DecodeBatch) -> torch.Tensor:
+        """One decode step: K/V written at batch.out_cache_loc, read through req_to_token; float32 logits [bs, vocab]."""
+        return self.decoder().forward(batch)
+
+    def decode_requests(self) -> DecodeRequests:
+        """A minimal scheduler over this worker's request table and allocator (tests, benchmarks)."""
+        return DecodeRequests(req_to_token_pool=self.req_to_token_pool, allocator=self.token_to_kv_pool_allocator,
+                              device=self.device)
 
     # ---- internals -----------------------------------------------------
     def _synchronize(self) -> None:

@@ -1,0 +1,60 @@
+"""The decode step's building blocks in plain torch: norms, rotary embeddings, MLPs, a dense mixture of experts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension, computed in float32 and returned in x's dtype."""
+    xf = x.float()
+    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (out * weight.float()).to(x.dtype)
+
+
+def linear(x: torch.Tensor, weights: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+    """x @ W.T (+ bias when the checkpoint has one) for the parameter `name`.weight."""
+    return F.linear(x, weights[f"{name}.weight"], weights.get(f"{name}.bias"))
+
+
+def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (the rotate-half layout of HF Llama) of x [n, heads, dim] at `positions` [n].
+
+    Plain RoPE at rope_theta; a checkpoint's rope_scaling (llama3, YaRN) is not applied:
+    the dummy weights carry no meaning that a scaled frequency would change.
+    """
+    dim = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    cos = torch.cat((angles.cos(), angles.cos()), -1)[:, None, :]
+    sin = torch.cat((angles.sin(), angles.sin()), -1)[:, None, :]
+    xf = x.float()
+    half = dim // 2
+    rotated = torch.cat((-xf[..., half:], xf[..., :half]), -1)
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+def gated_mlp(x: torch.Tensor, weights: Mapping[str, torch.Tensor], prefix: str) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)), the Llama/Qwen/DeepSeek dense MLP."""
+    return linear(F.silu(linear(x, weights, f"{prefix}gate_proj")) * linear(x, weights, f"{prefix}up_proj"),
+                  weights, f"{prefix}down_proj")
+
+
+def dense_moe(x: torch.Tensor, weights: Mapping[str, torch.Tensor], prefix: str, *, top_k: int,
+              renormalize: bool, scaling: float) -> torch.Tensor:
+    """Routed experts computed densely: every expert runs on every token, weighted by the router's
+    top-k softmax (zero elsewhere). Static shapes, so CUDA graphs capture it; a reference, not a fast MoE."""
+    router = F.linear(x.float(), weights[f"{prefix}gate.weight"].float()).softmax(-1)
+    top, idx = router.topk(top_k, dim=-1)
+    if renormalize:
+        top = top / top.sum(-1, keepdim=True)
+    gates = torch.zeros_like(router).scatter_(-1, idx, top) * scaling  # [n, experts]
+    gate_up = weights[f"{prefix}experts.gate_up_proj"]  # [experts, 2 * inter, hidden]
+    down = weights[f"{prefix}experts.down_proj"]  # [experts, hidden, inter]
+    h = torch.einsum("nh,eoh->eno", x, gate_up)
+    g, u = h.chunk(2, dim=-1)
+    y = torch.einsum("eni,ehi->enh", F.silu(g) * u, down)
+    return torch.einsum("enh,ne->nh", y.float(), gates).to(x.dtype)
