@@ -89,12 +89,11 @@ class ModelRunner:
     def weight_specs(self) -> tuple[Any, ...]:
         """This rank's parameter tensors: its pipeline layers, its tensor-parallel shards."""
         m, p = self.model_config, self.parallel_state
-        hf = m.hf_config
         if m.nextn_of_target:
-            return parameter_specs(hf, tp_size=p.tp_size, nextn=True)
+            return parameter_specs(m, tp_size=p.tp_size, nextn=True)
         layers = p.layer_range(m.num_hidden_layers)
         return parameter_specs(
-            hf, tp_size=p.tp_size, layer_start=layers.start, layer_end=layers.stop,
+            m, tp_size=p.tp_size, layer_start=layers.start, layer_end=layers.stop,
             include_embedding=p.is_first_pp_rank, include_lm_head=p.is_last_pp_rank,
         )
 

@@ -17,6 +17,10 @@ class UnsupportedModelError(ConfigError):
     """The model's architecture or one of its fields is not supported."""
 
 
+class ModelConfigFieldError(UnsupportedModelError):
+    """One field of a model's config.json is missing or holds a value no model can have."""
+
+
 class DoesNotFitError(KVCacheError):
     """The KV cache (or the weights) do not fit the memory there is.
 

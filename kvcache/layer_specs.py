@@ -13,9 +13,12 @@ from math import prod
 import torch
 
 from kvcache.dtypes import KVCacheDtype
-from kvcache.errors import UnsupportedModelError
-from kvcache.model_config import ModelConfig
+from kvcache.errors import ConfigError, UnsupportedModelError
+from kvcache.model_config import STATE_LAYER_KINDS, ModelConfig
 from kvcache.parallel import ParallelState
+
+
+INDEX_SCALE_BLOCK = 128  # the DSA indexer key's fp8 values per float32 scale
 
 
 def kv_bytes_per_token(kv_heads: int, head_dim: int, v_head_dim: int, dtype: KVCacheDtype) -> int:
@@ -58,17 +61,27 @@ class SlidingWindowSpec:
 
 @dataclass(frozen=True, slots=True)
 class MLASpec:
-    """Multi-head latent attention: one latent of kv_lora_rank + qk_rope_head_dim per token."""
+    """Multi-head latent attention: one latent of kv_lora_rank + qk_rope_head_dim per token.
+
+    DeepSeek-V3.2 (sparse attention) adds the indexer's key per token: index_head_dim fp8
+    bytes plus a float32 scale per 128 (SGLang 0.5.23's DSA pool), whatever the KV dtype.
+    """
 
     kv_lora_rank: int
     qk_rope_head_dim: int
     dtype: KVCacheDtype
+    index_head_dim: int = 0
 
     pool_kind = "mla"
 
     @property
+    def index_bytes_per_token(self) -> int:
+        """The indexer's fp8 key and its float32 scales (0 without an indexer)."""
+        return self.index_head_dim + self.index_head_dim // INDEX_SCALE_BLOCK * 4
+
+    @property
     def bytes_per_token(self) -> int:
-        return self.dtype.bytes_for(self.kv_lora_rank + self.qk_rope_head_dim)
+        return self.dtype.bytes_for(self.kv_lora_rank + self.qk_rope_head_dim) + self.index_bytes_per_token
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +113,43 @@ class LayerPlacement:
     spec: LayerSpec
 
 
+def tensor_parallel_rules(model: ModelConfig) -> tuple[tuple[str, int, bool], ...]:
+    """What attention TP must split evenly, as SGLang 0.5.23's layers assert: (what, count, may_replicate).
+
+    Query heads split; KV heads split, or replicate when TP is a multiple of them; MLA's
+    latent is whole on every rank; linear-attention and Mamba heads split.
+    """
+    rules: list[tuple[str, int, bool]] = []
+    if model.kv_layer_count:
+        rules.append(("attention heads (num_attention_heads)", model.num_attention_heads, False))
+        if "mla" not in model.layer_kinds:
+            rules.append(("KV heads (num_key_value_heads)", model.num_key_value_heads, True))
+    for field in ("linear_num_key_heads", "linear_num_value_heads", "mamba_num_heads"):
+        value = getattr(model, field)
+        if value and any(k in STATE_LAYER_KINDS for k in model.layer_kinds):
+            rules.append((field, value, False))
+    return tuple(rules)
+
+
+def _fits(tp: int, count: int, may_replicate: bool) -> bool:
+    return count % tp == 0 or (may_replicate and tp % count == 0)
+
+
+def check_tensor_parallel(model: ModelConfig, attention_tp: int) -> None:
+    """Refuse an attention TP size that does not split the model's heads, listing the sizes that do."""
+    rules = tensor_parallel_rules(model)
+    broken = [(what, count, rep) for what, count, rep in rules if not _fits(attention_tp, count, rep)]
+    if not broken:
+        return
+    working = [t for t in range(1, 1025) if all(_fits(t, c, r) for _, c, r in rules)]
+    why = "; ".join(f"its {count} {what} must divide by it" + (" or it by them" if rep else "")
+                    for what, count, rep in broken)
+    raise ConfigError(
+        f"--tp-size {attention_tp} (attention TP) does not fit {model.name}: {why}; "
+        f"attention TP sizes that work: {', '.join(map(str, working[:16]))}"
+    )
+
+
 def model_layer_specs(
     model: ModelConfig,
     parallel: ParallelState,
@@ -110,6 +160,7 @@ def model_layer_specs(
     layer_ids: range | None = None,
 ) -> tuple[LayerPlacement, ...]:
     """The specs of this rank's cached layers (its pipeline range unless `layer_ids` is given)."""
+    check_tensor_parallel(model, parallel.attention_tp_size)
     ids = layer_ids if layer_ids is not None else parallel.layer_range(model.num_hidden_layers)
     placements: list[LayerPlacement] = []
     for i in ids:
@@ -126,13 +177,17 @@ def _spec_for(
     if kind == "full_attention":
         return FullAttentionSpec(heads, m.head_dim, m.v_head_dim, kv)
     if kind == "sliding_attention":
-        assert m.sliding_window is not None
-        return SlidingWindowSpec(heads, m.head_dim, m.v_head_dim, kv, m.sliding_window)
+        return SlidingWindowSpec(heads, m.head_dim, m.v_head_dim, kv, _needed(m, "sliding_window", m.sliding_window))
+    if kind == "chunked_attention":
+        # Llama-4's chunked local attention: only the current chunk's tokens stay live, so it is
+        # a sliding pool of attention_chunk_size tokens (SGLang 0.5.23 sizes it the same way)
+        chunk = _needed(m, "attention_chunk_size", m.attention_chunk_size)
+        return SlidingWindowSpec(heads, m.head_dim, m.v_head_dim, kv, chunk)
     if kind == "mla":
-        assert m.kv_lora_rank is not None and m.qk_rope_head_dim is not None
-        return MLASpec(m.kv_lora_rank, m.qk_rope_head_dim, kv)
-    if kind == "linear_attention":
-        return _gated_delta_net_spec(m, p, model_dtype, ssm_dtype)
+        return MLASpec(_needed(m, "kv_lora_rank", m.kv_lora_rank), _needed(m, "qk_rope_head_dim", m.qk_rope_head_dim),
+                       kv, index_head_dim=m.index_head_dim or 0)
+    if kind in ("linear_attention", "kda"):
+        return _gated_delta_net_spec(m, p, model_dtype, ssm_dtype, kind)
     if kind == "mamba2":
         return _mamba2_spec(m, p, model_dtype, ssm_dtype)
     if kind == "mlp":
@@ -140,15 +195,24 @@ def _spec_for(
     raise UnsupportedModelError(f"{m.name}: layer kind {kind!r} has no cache spec")
 
 
-def _gated_delta_net_spec(m: ModelConfig, p: ParallelState, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> RecurrentStateSpec:
-    """Qwen3-Next linear attention: conv over q, k (key heads) and v (value heads); state per value head."""
+def _needed(m: ModelConfig, field: str, value: int | None) -> int:
+    """A family field the layer kind needs; the readers set it, so None is a bug in a reader."""
+    if value is None:
+        raise UnsupportedModelError(f"{m.name}: a layer needs {field!r}, which its config did not give")
+    return value
+
+
+def _gated_delta_net_spec(m: ModelConfig, p: ParallelState, conv_dtype: torch.dtype, ssm_dtype: torch.dtype,
+                          kind: str) -> RecurrentStateSpec:
+    """Delta-rule linear attention (Qwen3-Next's gated delta net, Kimi's KDA): conv over q, k (key heads)
+    and v (value heads); state per value head. SGLang 0.5.23 shapes both the same way."""
     assert m.linear_num_key_heads and m.linear_num_value_heads and m.linear_key_head_dim
     assert m.linear_value_head_dim and m.linear_conv_kernel_dim
     k_heads = p.split_per_rank(m.linear_num_key_heads, "linear_num_key_heads")
     v_heads = p.split_per_rank(m.linear_num_value_heads, "linear_num_value_heads")
     conv_dim = 2 * k_heads * m.linear_key_head_dim + v_heads * m.linear_value_head_dim
     return RecurrentStateSpec(
-        kind="gated_delta_net",
+        kind="gated_delta_net" if kind == "linear_attention" else "kda",
         conv_shape=(conv_dim, m.linear_conv_kernel_dim - 1),
         ssm_shape=(v_heads, m.linear_key_head_dim, m.linear_value_head_dim),
         conv_dtype=conv_dtype,

@@ -1,7 +1,8 @@
 """ModelConfig: what KV sizing needs from a Hugging Face config.json, read once.
 
-`ModelConfig.from_hf_config(path or dict)` picks the architecture's reader from
-`kvcache.architectures` and keeps the raw HF dict it came from.
+`ModelConfig.from_hf_config(path or dict)` reads it once through `kvcache.models` (the
+family registry, or the generic decoder reader): the cache description here and the
+per-rank weight layout in `weights`. It keeps the raw HF dict it came from.
 """
 
 from __future__ import annotations
@@ -14,9 +15,14 @@ import msgspec
 
 from kvcache.errors import ConfigError
 
-LayerKind = Literal["full_attention", "sliding_attention", "mla", "linear_attention", "mamba2", "mlp"]
-KV_LAYER_KINDS: frozenset[str] = frozenset({"full_attention", "sliding_attention", "mla"})
-STATE_LAYER_KINDS: frozenset[str] = frozenset({"linear_attention", "mamba2"})
+from kvcache.models.weights_layout import WeightLayout
+
+LayerKind = Literal[
+    "full_attention", "sliding_attention", "chunked_attention", "mla", "linear_attention", "kda", "mamba2", "mlp",
+]
+KV_LAYER_KINDS: frozenset[str] = frozenset({"full_attention", "sliding_attention", "chunked_attention", "mla"})
+STATE_LAYER_KINDS: frozenset[str] = frozenset({"linear_attention", "kda", "mamba2"})
+VisionWeights = Literal["none", "counted", "not_counted"]
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -35,11 +41,15 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_position_embeddings: int
     checkpoint_dtype: str | None
     layer_kinds: tuple[LayerKind, ...]
+    weights: WeightLayout
     sliding_window: int | None = None
-    # MLA (DeepSeek-V2/V3, Kimi-K2)
+    # Llama-4: chunked local attention keeps the tokens of the current chunk only
+    attention_chunk_size: int | None = None
+    # MLA (DeepSeek-V2/V3, Kimi-K2); DeepSeek-V3.2 adds the indexer's fp8 key cache
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
-    # gated-delta-net linear attention (Qwen3-Next)
+    index_head_dim: int | None = None
+    # gated-delta-net linear attention (Qwen3-Next, Qwen3.5) and Kimi delta attention (KDA)
     linear_num_key_heads: int | None = None
     linear_num_value_heads: int | None = None
     linear_key_head_dim: int | None = None
@@ -55,6 +65,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     num_nextn_predict_layers: int = 0
     is_draft_head: bool = False
     nextn_of_target: bool = False  # a NEXTN draft: its weights are the target's MTP layers
+    # multimodal: the vision tower's weights are counted when its config gives its shapes
+    vision_weights: VisionWeights = "none"
     hf_config: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -66,7 +78,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     @classmethod
     def from_hf_config(cls, source: str | Path | Mapping[str, Any], *, name: str | None = None) -> "ModelConfig":
         """Read a HF config.json (a path to the file or its directory, or the parsed dict)."""
-        from kvcache.architectures import read_architecture
+        from kvcache.models.registry import read_model
 
         if isinstance(source, Mapping):
             hf = dict(source)
@@ -74,7 +86,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         else:
             hf = read_hf_config_file(source)
             label = name or _label_for_path(Path(source))
-        return read_architecture(hf, name=label)
+        return read_model(hf, name=label)
 
     def nextn_draft(self) -> "ModelConfig":
         """The model's own next-token-prediction layers as a draft model (NEXTN / MTP)."""

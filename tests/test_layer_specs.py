@@ -136,14 +136,38 @@ def test_nemotron_h_state_shapes_and_no_spec_for_mlp_layers() -> None:
 @pytest.mark.parametrize(
     ("model", "tp", "message"),
     [
-        ("Qwen3-Next-80B-A3B-Thinking", 3, "linear_num_key_heads = 16 does not split over --tp-size 3"),
-        ("Qwen3-Next-80B-A3B-Thinking", 32, "linear_num_key_heads = 16 does not split over --tp-size 32"),
-        ("Nemotron-H-56B-Base-8K", 3, "mamba_num_heads = 256 does not split over --tp-size 3"),
+        ("Qwen3-Next-80B-A3B-Thinking", 3, r"its 16 linear_num_key_heads must divide by it; .*work: 1, 2, 4, 8, 16$"),
+        ("Qwen3-Next-80B-A3B-Thinking", 32, r"its 16 linear_num_key_heads must divide by it; .*work: 1, 2, 4, 8, 16$"),
+        ("Nemotron-H-56B-Base-8K", 3, r"its 256 mamba_num_heads must divide by it; .*work: 1, 2, 4, 8, 16, 32, 64$"),
     ],
 )
 def test_state_heads_must_split_evenly(model: str, tp: int, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         specs(model, parallel=ParallelState(tp_size=tp))
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "message"),
+    [
+        # SGLang 0.5.23: TP divides the query heads; KV heads split, or are replicated when TP is a multiple of them
+        ("Llama-3.1-8B-Instruct", 3, r"^--tp-size 3 \(attention TP\) does not fit Llama-3.1-8B-Instruct: its 32 attention "
+                                     r"heads \(num_attention_heads\) must divide by it; its 8 KV heads \(num_key_value_heads\) "
+                                     r"must divide by it or it by them; attention TP sizes that work: 1, 2, 4, 8, 16, 32$"),
+        ("Llama-3.1-8B-Instruct", 64, r"its 32 attention heads .*must divide by it; attention TP sizes that work: 1, 2, 4, 8, 16, 32$"),
+        ("DeepSeek-V3", 6, r"its 128 attention heads .*; attention TP sizes that work: 1, 2, 4, 8, 16, 32, 64, 128$"),
+    ],
+)
+def test_attention_tp_must_fit_the_heads(model: str, tp: int, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        specs(model, parallel=ParallelState(tp_size=tp))
+
+
+def test_kv_heads_that_neither_split_nor_replicate_are_refused() -> None:
+    # 24 query heads, 6 KV heads: TP 4 divides the query heads, but 6 % 4 and 4 % 6 are both non-zero
+    model = tiny_model_config(hidden_size=24 * 16, num_attention_heads=24, num_key_value_heads=6)
+    with pytest.raises(ConfigError, match=r"its 6 KV heads .* or it by them; attention TP sizes that work: 1, 2, 3, 6, 12, 24$"):
+        specs(model, parallel=ParallelState(tp_size=4))
+    assert token_bytes(specs(model, parallel=ParallelState(tp_size=12))) == 2 * 1 * 2 * 16 * 2  # replicated: 1 head
 
 
 def test_attention_dp_splits_heads_over_attention_tp_only() -> None:

@@ -25,7 +25,8 @@ from kvcache.byte_units import GiB, KiB, MiB
 from kvcache.configurator import KVCacheConfigurator
 from kvcache.device_buffers import LARGE_ROUND
 from kvcache.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
-from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, DoesNotFitError
+from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, ConfigError, DoesNotFitError
+from kvcache.layer_specs import check_tensor_parallel
 from kvcache.memory_budget import MemoryBudget
 from kvcache.model_config import ModelConfig
 from kvcache.parallel import ParallelState
@@ -154,7 +155,7 @@ def preset_requests(draw: st.DrawFn) -> PlanRequest:
         "context_length": draw(st.integers(1, min(8192, model.max_position_embeddings))
                                | st.integers(1, model.max_position_embeddings)),
         "kv_cache_dtype": draw(st.sampled_from(["auto", "fp8_e4m3", "float32"])),
-        "tp_size": draw(st.sampled_from([1, 2, 8])),
+        "tp_size": draw(st.sampled_from([t for t in (1, 2, 8) if fits_tp(model, t)])),
         "swa_full_tokens_ratio": draw(st.sampled_from([0.01, 0.1, 0.5, 0.8, 1.0])),
         "mamba_full_memory_ratio": draw(st.sampled_from([0.1, 0.9, 3.0])),
         "disable_radix_cache": draw(st.booleans()),
@@ -175,6 +176,15 @@ def preset_requests(draw: st.DrawFn) -> PlanRequest:
         forward_stream=HostStream(torch.device("meta")), layer_ids=parallel.layer_range(model.num_hidden_layers),
     )
     return c.plan_request(c.layout(), memory_budget(draw(PRESET_BUDGETS)))
+
+
+def fits_tp(model: ModelConfig, tp: int) -> bool:
+    """Whether attention TP `tp` splits the model's heads (SmolLM2's 9 heads take 1 or 3, not 2 or 8)."""
+    try:
+        check_tensor_parallel(model, tp)
+    except ConfigError:
+        return False
+    return True
 
 
 # ---- the invariants ---------------------------------------------------------------------

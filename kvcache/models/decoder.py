@@ -1,0 +1,248 @@
+"""What every decoder config shares: the source being read, attention heads, layer kinds, MLP/MoE blocks.
+
+Readers (the generic one and each family's) are built from these pieces, so an alias or a
+rule (head_dim defaults to hidden / heads; Qwen2 slides from max_window_layers) is stated
+once for every family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvcache.model_config import LayerKind, ModelConfig
+from kvcache.models.fields import MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigFields
+from kvcache.models.weight_blocks import Attention, Block, GatedMLP, Layer, MoE, Norm, PlainMLP
+from kvcache.models.weights_layout import Quantization, WeightLayout
+
+LAYER_ALIASES = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+HIDDEN_ALIASES = ("hidden_size", "n_embd", "d_model", "model_dim")
+INTERMEDIATE_ALIASES = ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """The config being read: the whole file, the language model's section, and the labels for messages."""
+
+    top: ConfigFields
+    text: ConfigFields
+    architecture: str
+    model_type: str
+    raw: dict[str, Any]
+    wrapped: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.top.model
+
+
+@dataclass(frozen=True, slots=True)
+class Heads:
+    """Attention sizes: hidden, query heads, KV heads, head_dim (for K and V)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+def num_layers(f: ConfigFields) -> int:
+    return f.int(*LAYER_ALIASES, high=MAX_LAYERS)
+
+
+def hidden_size(f: ConfigFields) -> int:
+    return f.int(*HIDDEN_ALIASES)
+
+
+def read_heads(f: ConfigFields) -> Heads:
+    """Heads and head_dim under their aliases; KV heads default to the query heads (MHA)."""
+    hidden = hidden_size(f)
+    heads = f.int("num_attention_heads", "n_head", "num_heads", "n_heads", high=MAX_HEADS)
+    if f.flag("multi_query"):
+        kv_heads = 1
+    else:
+        kv_heads = f.int("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num",
+                         default=heads, high=MAX_HEADS)
+    if heads % kv_heads:
+        f.fail("num_key_value_heads", kv_heads, f"a divisor of num_attention_heads ({heads})")
+    head_dim = f.optional_int("head_dim", "attention_head_dim", "kv_channels", high=MAX_HEAD_DIM)
+    if head_dim is None:
+        if hidden % heads:
+            f.fail("num_attention_heads", heads, f"a divisor of hidden_size ({hidden}) when head_dim is not given")
+        head_dim = hidden // heads
+    return Heads(hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+
+
+_LAYER_TYPE_KINDS: dict[str, LayerKind] = {
+    "full_attention": "full_attention", "attention": "full_attention", "global": "full_attention",
+    "sliding_attention": "sliding_attention", "local": "sliding_attention",
+    "chunked_attention": "chunked_attention", "linear_attention": "linear_attention",
+}
+
+
+def listed_layer_kinds(f: ConfigFields, n: int, *, allowed: frozenset[str]) -> tuple[LayerKind, ...] | None:
+    """`layer_types` (one entry per layer), mapped to our kinds; an entry this family cannot cache is refused."""
+    listed = f.text_list("layer_types", length=n)
+    if listed is None:
+        return None
+    kinds: list[LayerKind] = []
+    for i, entry in enumerate(listed):
+        kind = _LAYER_TYPE_KINDS.get(entry)
+        if kind is None or kind not in allowed:
+            names = sorted(k for k, v in _LAYER_TYPE_KINDS.items() if v in allowed)
+            f.fail(f"layer_types[{i}]", entry, f"one of {', '.join(names)} (this layer type is not supported)")
+        kinds.append(kind)
+    return tuple(kinds)
+
+
+ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+
+
+def attention_layer_kinds(f: ConfigFields, n: int) -> tuple[LayerKind, ...]:
+    """Which layers slide: `layer_types`, else `sliding_window_pattern` (every p-th layer full, Gemma-3,
+    Cohere-2), else Qwen2's `use_sliding_window` from `max_window_layers`, else Mistral's: a set
+    `sliding_window` slides every layer."""
+    listed = listed_layer_kinds(f, n, allowed=ATTENTION_KINDS)
+    if listed is not None:
+        return listed
+    if not f.has("sliding_window"):
+        return ("full_attention",) * n
+    pattern = f.optional_int("sliding_window_pattern", high=MAX_LAYERS)
+    if pattern is not None:
+        return tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n))
+    if f.has("use_sliding_window"):
+        if not f.flag("use_sliding_window"):
+            return ("full_attention",) * n
+        first = f.int("max_window_layers", default=0, low=0, high=MAX_LAYERS)
+        return tuple("full_attention" if i < first else "sliding_attention" for i in range(n))
+    return ("sliding_attention",) * n
+
+
+def window_for(f: ConfigFields, kinds: tuple[LayerKind, ...]) -> int | None:
+    """sliding_window, read only when a layer slides."""
+    return f.int("sliding_window", high=MAX_POSITIONS) if "sliding_attention" in kinds else None
+
+
+# ---- MLP and MoE ------------------------------------------------------------------------------------
+
+_PLAIN_MLP_TYPES = frozenset({"gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "phi", "falcon", "opt", "gptj",
+                              "bloom", "mpt", "codegen", "nemotron"})
+
+
+def dense_mlp(f: ConfigFields, hidden: int, *, model_type: str) -> Block:
+    """The dense MLP: gated (SwiGLU/GeGLU) unless the family's is a plain two-matrix one."""
+    inter = f.int(*INTERMEDIATE_ALIASES)
+    bias = f.flag("mlp_bias", "use_bias")
+    return PlainMLP(hidden, inter, bias) if model_type in _PLAIN_MLP_TYPES else GatedMLP(hidden, inter, bias)
+
+
+def experts_count(f: ConfigFields) -> int:
+    """Routed experts per MoE layer; 0 for a dense model."""
+    return f.int("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts",
+                 default=0, low=0, high=MAX_EXPERTS)
+
+
+def moe_block(f: ConfigFields, hidden: int, experts: int, *, score_bias: bool = False, **names: Any) -> MoE:
+    """Routed experts (moe_intermediate_size, else intermediate_size) and shared ones under their three spellings."""
+    inter = f.int("moe_intermediate_size", *INTERMEDIATE_ALIASES)
+    shared = f.optional_int("shared_expert_intermediate_size", low=0)
+    gate = shared is not None and shared > 0
+    if shared is None:
+        shared = f.optional_int("moe_shared_expert_intermediate_size", low=0)
+    if shared is None:
+        count = f.int("n_shared_experts", "num_shared_experts", default=0, low=0, high=MAX_EXPERTS)
+        shared = count * inter
+    return MoE(hidden, experts, inter, shared_intermediate=shared, score_bias=score_bias,
+               **({"shared_name": "shared_expert", "shared_gate": True} if gate else {}), **names)
+
+
+def moe_layers(f: ConfigFields, n: int) -> Callable[[int], bool]:
+    """Which layers route to experts: after first_k_dense_replace, every moe_layer_freq-th /
+    decoder_sparse_step-th / interleave_moe_layer_step-th, never the mlp_only_layers."""
+    first_dense = f.int("first_k_dense_replace", "moe_layer_start_index", default=0, low=0, high=MAX_LAYERS)
+    dense_only = set(f.int_list("mlp_only_layers") or ())
+    freq = f.int("moe_layer_freq", "moe_layer_interval", default=1, high=MAX_LAYERS)
+    step = f.int("decoder_sparse_step", "interleave_moe_layer_step", default=1, high=MAX_LAYERS)
+
+    def is_moe(i: int) -> bool:
+        return i >= first_dense and i not in dense_only and i % freq == 0 and (i + 1) % step == 0
+
+    return is_moe
+
+
+def ffn_blocks(f: ConfigFields, hidden: int, n: int, *, model_type: str, score_bias: bool = False,
+               **moe_names: Any) -> tuple[Block, ...]:
+    """Each layer's MLP: the dense one, or the MoE block where the layer routes to experts."""
+    experts = experts_count(f)
+    if experts == 0:
+        dense = dense_mlp(f, hidden, model_type=model_type)
+        return (dense,) * n
+    is_moe = moe_layers(f, n)
+    moe = moe_block(f, hidden, experts, score_bias=score_bias, **moe_names)
+    routed = [is_moe(i) for i in range(n)]
+    dense = dense_mlp(f, hidden, model_type=model_type) if not all(routed) else moe
+    return tuple(moe if r else dense for r in routed)
+
+
+# ---- layers and the model -------------------------------------------------------------------------
+
+
+def standard_layers(attention: Block, ffns: tuple[Block, ...], hidden: int, *,
+                    norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")) -> tuple[Layer, ...]:
+    """Pre-norm decoder layers: the first norm, attention, the other norms, the MLP; alike layers share one object."""
+    norm = Norm(hidden)
+    made: dict[Block, Layer] = {}
+    for ffn in set(ffns):
+        parts = ((norms[0], norm), ("self_attn", attention), *((n, norm) for n in norms[1:]), ("mlp", ffn))
+        made[ffn] = Layer(parts)
+    return tuple(made[ffn] for ffn in ffns)
+
+
+def quantization(f: ConfigFields) -> Quantization:
+    """quantization_config: its method and the modules it leaves unquantized."""
+    q = f.section("quantization_config")
+    if q is None or not q.raw:
+        return Quantization()
+    method = q.text("quant_method", default="unknown")
+    q.int_list("weight_block_size", low=1, high=1 << 16)
+    exempt = [p for key in ("modules_to_not_convert", "ignored_layers", "ignore") for p in q.text_list(key) or ()]
+    return Quantization(method=method, exempt=tuple(exempt))
+
+
+def weight_layout(src: ModelSource, layers: tuple[Layer, ...], hidden: int, *, tied_default: bool = False,
+                  **ends: Any) -> WeightLayout:
+    """The layout with the fields every config has; a wrapped (multimodal) config nests it under language_model."""
+    t = src.text
+    layout = WeightLayout(hidden=hidden, vocab=t.int("vocab_size", "padded_vocab_size", high=MAX_VOCAB), layers=layers,
+                          tied=_tied(src, tied_default), quantization=quantization(src.top), **ends)
+    if not src.wrapped:
+        return layout
+    return replace(layout, layer_prefix="language_model." + layout.layer_prefix,
+                   embed_name="language_model." + layout.embed_name, final_norm="language_model." + layout.final_norm,
+                   lm_head_name="language_model." + layout.lm_head_name)
+
+
+def _tied(src: ModelSource, default: bool) -> bool:
+    for f in (src.text, src.top):
+        if f.has("tie_word_embeddings"):
+            return f.flag("tie_word_embeddings")
+    return default
+
+
+def describe(src: ModelSource, *, kinds: tuple[LayerKind, ...], heads: Heads, weights: WeightLayout,
+             **extra: Any) -> ModelConfig:
+    """The ModelConfig: the common cache fields, this family's extras, and the weight layout."""
+    t = src.text
+    fields: dict[str, Any] = dict(
+        name=src.name, architecture=src.architecture, model_type=src.model_type,
+        hidden_size=heads.hidden, num_hidden_layers=len(kinds), num_attention_heads=heads.heads,
+        num_key_value_heads=heads.kv_heads, head_dim=heads.head_dim, v_head_dim=heads.head_dim,
+        vocab_size=weights.vocab,
+        max_position_embeddings=t.int("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length",
+                                      "n_ctx", "max_seq_len", high=MAX_POSITIONS),
+        checkpoint_dtype=src.top.dtype_name() or t.dtype_name(), layer_kinds=kinds, weights=weights,
+        hf_config=src.raw,
+    )
+    fields.update(extra)
+    return ModelConfig(**fields)

@@ -1,0 +1,71 @@
+"""DeepSeek-V2/V3, Kimi-K2 (MLA) and DeepSeek-V3.2 (MLA + the sparse-attention indexer).
+
+MLA caches one latent of kv_lora_rank + qk_rope_head_dim per token per layer. V3.2's
+indexer (present when the config has `index_topk`) adds one fp8 key of index_head_dim
+per token per layer with a float32 scale per 128 values, as SGLang 0.5.23 sizes it.
+Dense MLPs for the first first_k_dense_replace layers, MoE after; NEXTN (MTP) layers
+are numbered after the main ones, as in the checkpoint.
+"""
+
+from __future__ import annotations
+
+from kvcache.model_config import ModelConfig
+from kvcache.models.decoder import (
+    Heads,
+    ModelSource,
+    describe,
+    ffn_blocks,
+    hidden_size,
+    num_layers,
+    weight_layout,
+)
+from kvcache.models.fields import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, ConfigFields
+from kvcache.models.weight_blocks import Indexer, Layer, Linear, MLAttention, Norm
+from kvcache.models.generic import text_model_type
+
+INDEX_SCALE_BLOCK = 128  # SGLang 0.5.23's DSA indexer: one float32 scale per 128 fp8 key values
+
+
+def mla_attention(t: ConfigFields, hidden: int, heads: int) -> MLAttention:
+    """The MLA block, with V3.2's indexer when `index_topk` is set."""
+    q_rank = t.optional_int("q_lora_rank")
+    indexer = None
+    if t.has("index_topk"):
+        t.int("index_topk")
+        if q_rank is None:
+            t.fail("q_lora_rank", None, "a positive integer: the sparse-attention indexer reads the q latent")
+        index_dim = t.int("index_head_dim", high=MAX_HEAD_DIM)
+        if index_dim % INDEX_SCALE_BLOCK:
+            t.fail("index_head_dim", index_dim, f"a multiple of {INDEX_SCALE_BLOCK}, the indexer's fp8 scale block")
+        indexer = Indexer(hidden, q_rank, t.int("index_n_heads", high=MAX_HEADS), index_dim)
+    return MLAttention(hidden=hidden, heads=heads, nope_dim=t.int("qk_nope_head_dim", high=MAX_HEAD_DIM),
+                       rope_dim=t.int("qk_rope_head_dim", high=MAX_HEAD_DIM), v_dim=t.int("v_head_dim", high=MAX_HEAD_DIM),
+                       kv_lora_rank=t.int("kv_lora_rank"), q_lora_rank=q_rank, indexer=indexer)
+
+
+def mla_cache_fields(attn: MLAttention) -> dict[str, int | None]:
+    """What the cache needs of an MLA layer: the latent, the rope part, and the indexer key (V3.2)."""
+    return dict(kv_lora_rank=attn.kv_lora_rank, qk_rope_head_dim=attn.rope_dim,
+                index_head_dim=attn.indexer.head_dim if attn.indexer else None)
+
+
+def read_deepseek(src: ModelSource) -> ModelConfig:
+    t = src.text
+    hidden, n = hidden_size(t), num_layers(t)
+    heads = t.int("num_attention_heads", high=MAX_HEADS)
+    attn = mla_attention(t, hidden, heads)
+    score_bias = t.text("topk_method", default="") == "noaux_tc" or text_model_type(src) == "deepseek_v3"
+    ffns = ffn_blocks(t, hidden, n, model_type="deepseek", score_bias=score_bias)
+    norm = Norm(hidden)
+
+    def layer(ffn: object) -> tuple:
+        return (("input_layernorm", norm), ("self_attn", attn), ("post_attention_layernorm", norm), ("mlp", ffn))
+
+    made = {ffn: Layer(layer(ffn)) for ffn in set(ffns)}
+    nextn = t.int("num_nextn_predict_layers", default=0, low=0, high=MAX_LAYERS)
+    mtp = Layer((("enorm", norm), ("hnorm", norm), ("eh_proj", Linear(hidden, 2 * hidden)), *layer(ffns[-1]),
+                 ("shared_head.norm", norm)))
+    weights = weight_layout(src, tuple(made[f] for f in ffns), hidden, nextn_layers=(mtp,) * nextn)
+    qk_dim = attn.nope_dim + attn.rope_dim
+    return describe(src, kinds=("mla",) * n, heads=Heads(hidden, heads, heads, qk_dim), weights=weights,
+                    v_head_dim=attn.v_dim, num_nextn_predict_layers=nextn, **mla_cache_fields(attn))

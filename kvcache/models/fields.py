@@ -1,0 +1,161 @@
+"""Reading a HF config.json: typed, bounded fields under their aliases, one error naming field, value and need.
+
+Every number the cache sizing or the weight layout reads comes through `ConfigFields`, so a
+missing, zero, negative, fractional, boolean, mistyped or absurd value fails here with one
+line, before anything is sized or allocated. `null` counts as absent (real configs write
+`"head_dim": null`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import torch
+
+from kvcache.errors import ModelConfigFieldError
+
+# Bounds no real model comes near; they stop absurd configs before any arithmetic or allocation.
+MAX_LAYERS = 10_000
+MAX_WIDTH = 1 << 20  # hidden, intermediate, ranks and state sizes
+MAX_HEADS = 1 << 14
+MAX_HEAD_DIM = 1 << 14
+MAX_VOCAB = 1 << 24
+MAX_POSITIONS = 1 << 31
+MAX_EXPERTS = 1 << 14
+
+_MISSING: Any = object()
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigFields:
+    """One (possibly nested) section of a config.json, read field by field for the model `model`."""
+
+    raw: Mapping[str, Any]
+    model: str
+    path: str = ""
+
+    # ---- lookup ---------------------------------------------------------------------------------
+    def has(self, *names: str) -> bool:
+        """Whether any of `names` is present and not null."""
+        return any(self.raw.get(n) is not None for n in names)
+
+    def _find(self, names: tuple[str, ...]) -> tuple[str, Any] | None:
+        for name in names:
+            value = self.raw.get(name)
+            if value is not None:
+                return name, value
+        return None
+
+    def fail(self, name: str, value: Any, expected: str) -> NoReturn:
+        """Refuse one field: its name (with the section it sits in), its value, what it must be."""
+        raise ModelConfigFieldError(
+            f"{self.model}: config.json field '{self.path}{name}' is {_shown(value)}; expected {expected}"
+        )
+
+    def _missing(self, names: tuple[str, ...], expected: str) -> NoReturn:
+        also = f" (nor {', '.join(repr(self.path + n) for n in names[1:])})" if len(names) > 1 else ""
+        raise ModelConfigFieldError(
+            f"{self.model}: config.json has no '{self.path}{names[0]}'{also}; expected {expected}"
+        )
+
+    # ---- typed readers ------------------------------------------------------------------------------
+    def int(self, *names: str, default: int = _MISSING, low: int = 1, high: int = MAX_WIDTH) -> int:
+        """An integer in [low, high] under the first present alias; `default` when all are absent."""
+        found = self._find(names)
+        if found is None:
+            if default is _MISSING:
+                self._missing(names, _int_range(low, high))
+            return default
+        return self._checked_int(found[0], found[1], low, high)
+
+    def optional_int(self, *names: str, low: int = 1, high: int = MAX_WIDTH) -> int | None:
+        """An integer in [low, high], or None when every alias is absent."""
+        found = self._find(names)
+        return None if found is None else self._checked_int(found[0], found[1], low, high)
+
+    def _checked_int(self, name: str, value: Any, low: int, high: int) -> int:
+        if isinstance(value, bool):
+            self.fail(name, value, f"{_int_range(low, high)}, not a boolean")
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int):
+            self.fail(name, value, _int_range(low, high))
+        if not low <= value <= high:
+            self.fail(name, value, _int_range(low, high))
+        return value
+
+    def flag(self, *names: str, default: bool = False) -> bool:
+        """A true/false switch (JSON booleans; 0 and 1 are accepted as some configs write them)."""
+        found = self._find(names)
+        if found is None:
+            return default
+        name, value = found
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        self.fail(name, value, "true or false")
+
+    def text(self, *names: str, default: str = _MISSING) -> str:
+        """A string field."""
+        found = self._find(names)
+        if found is None:
+            if default is _MISSING:
+                self._missing(names, "a string")
+            return default
+        if not isinstance(found[1], str):
+            self.fail(found[0], found[1], "a string")
+        return found[1]
+
+    def int_list(self, name: str, *, low: int = 0, high: int = MAX_LAYERS) -> tuple[int, ...] | None:
+        """A list of integers in [low, high] (layer indices and the like), or None when absent."""
+        value = self.raw.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, (list, tuple)):
+            self.fail(name, value, f"a list of {_int_range(low, high)}")
+        return tuple(self._checked_int(f"{name}[{i}]", v, low, high) for i, v in enumerate(value))
+
+    def text_list(self, name: str, *, length: int | None = None) -> tuple[str, ...] | None:
+        """A list of strings (of `length` items when given), or None when absent."""
+        value = self.raw.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            self.fail(name, value, "a list of strings")
+        if length is not None and len(value) != length:
+            self.fail(name, f"a list of {len(value)}", f"one entry per layer ({length})")
+        return tuple(value)
+
+    def section(self, *names: str) -> ConfigFields | None:
+        """A nested object (text_config, vision_config...) as its own fields, or None when absent."""
+        found = self._find(names)
+        if found is None:
+            return None
+        if not isinstance(found[1], Mapping):
+            self.fail(found[0], found[1], "a JSON object")
+        return ConfigFields(found[1], self.model, f"{self.path}{found[0]}.")
+
+    def dtype_name(self) -> str | None:
+        """torch_dtype (or the newer `dtype`): None when absent, else the name of a torch dtype."""
+        found = self._find(("torch_dtype", "dtype"))
+        if found is None:
+            return None
+        name, value = found
+        text = value.removeprefix("torch.") if isinstance(value, str) else None
+        if text is None or not isinstance(getattr(torch, text, None), torch.dtype):
+            self.fail(name, value, "the name of a torch dtype such as 'bfloat16', 'float16' or 'float32'")
+        return text
+
+
+def _int_range(low: int, high: int) -> str:
+    if low == 1:
+        return f"a positive integer (at most {high:,})"
+    return f"an integer from {low:,} to {high:,}"

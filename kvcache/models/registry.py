@@ -1,0 +1,124 @@
+"""The family registry: config.json -> ModelConfig (cache description + weight layout), read once.
+
+Dispatch: the architecture (architectures[0]) or the language model's model_type picks a
+family reader; a config that carries a family's unmistakable fields (kv_lora_rank,
+hybrid_override_pattern, linear_attention layers) gets that family's reader; any other
+decoder goes to the generic reader. Multimodal and wrapper configs (`text_config`,
+`llm_config`, `language_config`) are read from their language model's section, with the
+vision tower counted when its shapes are given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+import msgspec
+
+from kvcache.errors import UnsupportedModelError
+from kvcache.model_config import ModelConfig
+from kvcache.models.decoder import ModelSource
+from kvcache.models.families.deepseek import read_deepseek
+from kvcache.models.families.eagle import read_eagle, read_eagle3
+from kvcache.models.families.gemma import read_gemma
+from kvcache.models.families.gpt_oss import read_gpt_oss
+from kvcache.models.families.nemotron_h import read_nemotron_h
+from kvcache.models.families.qwen3_next import read_qwen3_next
+from kvcache.models.fields import ConfigFields
+from kvcache.models.generic import read_generic
+from kvcache.models.vision import vision_tower
+
+Reader = Callable[[ModelSource], ModelConfig]
+
+# Families whose cache or weights are not a standard decoder's, by architecture and by model_type.
+FAMILIES: dict[str, Reader] = {
+    "Gemma2ForCausalLM": read_gemma, "Gemma3ForCausalLM": read_gemma, "Gemma3ForConditionalGeneration": read_gemma,
+    "DeepseekV2ForCausalLM": read_deepseek, "DeepseekV3ForCausalLM": read_deepseek,
+    "DeepseekV32ForCausalLM": read_deepseek, "KimiK2ForCausalLM": read_deepseek,
+    "GptOssForCausalLM": read_gpt_oss,
+    "Qwen3NextForCausalLM": read_qwen3_next, "Qwen3_5ForConditionalGeneration": read_qwen3_next,
+    "Qwen3_5MoeForConditionalGeneration": read_qwen3_next, "Qwen3_5ForCausalLM": read_qwen3_next,
+    "NemotronHForCausalLM": read_nemotron_h,
+    "LlamaForCausalLMEagle": read_eagle, "LlamaForCausalLMEagle3": read_eagle3,
+}
+MODEL_TYPES: dict[str, Reader] = {
+    "gemma2": read_gemma, "gemma3": read_gemma, "gemma3_text": read_gemma,
+    "deepseek_v2": read_deepseek, "deepseek_v3": read_deepseek, "deepseek_v32": read_deepseek, "kimi_k2": read_deepseek,
+    "gpt_oss": read_gpt_oss, "qwen3_next": read_qwen3_next, "qwen3_5": read_qwen3_next,
+    "qwen3_5_moe": read_qwen3_next, "qwen3_5_text": read_qwen3_next, "qwen3_5_moe_text": read_qwen3_next,
+    "nemotron_h": read_nemotron_h,
+}
+# Architectures that look like decoders but whose cache no reader here describes.
+UNSUPPORTED: dict[str, str] = {
+    "MambaForCausalLM": "a pure Mamba-1 model (a per-channel selective-scan state, not Mamba-2 heads)",
+    "FalconMambaForCausalLM": "a pure Mamba-1 model (a per-channel selective-scan state, not Mamba-2 heads)",
+    "RwkvForCausalLM": "an RWKV model (a recurrent state this engine does not size)",
+    "RecurrentGemmaForCausalLM": "a Griffin model (RG-LRU state this engine does not size)",
+    "xLSTMForCausalLM": "an xLSTM model (a recurrent state this engine does not size)",
+}
+_WRAPPERS = ("text_config", "llm_config", "language_config")
+_DECODER_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "Eagle", "Eagle3")
+
+
+def _signalled(text: ConfigFields) -> Reader | None:
+    """A family's unmistakable fields, for configs whose architecture is not in the table."""
+    if text.has("hybrid_override_pattern"):
+        return read_nemotron_h
+    if text.has("kv_lora_rank"):
+        return read_deepseek
+    types = text.raw.get("layer_types")
+    if isinstance(types, list) and "linear_attention" in types:
+        return read_qwen3_next
+    return None
+
+
+def _architecture(top: ConfigFields) -> str:
+    archs = top.raw.get("architectures")
+    if archs is None or archs == []:
+        raise UnsupportedModelError(f"{top.model}: config.json has no 'architectures' list, so its family is unknown")
+    if not isinstance(archs, list) or not isinstance(archs[0], str) or not archs[0]:
+        top.fail("architectures", archs, "a list of architecture names such as ['LlamaForCausalLM']")
+    return archs[0]
+
+
+def _refuse_non_decoders(top: ConfigFields, arch: str) -> None:
+    if arch in UNSUPPORTED:
+        raise UnsupportedModelError(f"{top.model}: architecture {arch!r} is {UNSUPPORTED[arch]}; not supported")
+    if top.flag("is_encoder_decoder") or not arch.endswith(_DECODER_SUFFIXES):
+        raise UnsupportedModelError(
+            f"{top.model}: architecture {arch!r} is not a decoder-only language model; supported: any "
+            f"*ForCausalLM / *ForConditionalGeneration decoder config, with its own reader for {', '.join(sorted(FAMILIES))}"
+        )
+
+
+def model_source(hf: Mapping[str, Any], *, name: str) -> ModelSource:
+    """The config as a ModelSource: its architecture and the language model's section."""
+    top = ConfigFields(hf, name)
+    arch = _architecture(top)
+    _refuse_non_decoders(top, arch)
+    text = top.section(*_WRAPPERS)
+    return ModelSource(top=top, text=text or top, architecture=arch, model_type=top.text("model_type", default=""),
+                       raw=dict(hf), wrapped=text is not None)
+
+
+def reader_for(src: ModelSource) -> Reader:
+    """The family table by architecture, then by model_type, then the fields that signal a family, else generic."""
+    if "Eagle3" in src.architecture:
+        return read_eagle3
+    text_type = src.text.text("model_type", default="")
+    return (FAMILIES.get(src.architecture) or MODEL_TYPES.get(text_type) or MODEL_TYPES.get(src.model_type)
+            or _signalled(src.text) or read_generic)
+
+
+def read_model(hf: Mapping[str, Any], *, name: str) -> ModelConfig:
+    """Read one config.json: the family's (or the generic) reader, then the vision tower when there is one."""
+    src = model_source(hf, name=name)
+    model = reader_for(src)(src)
+    if not src.top.has("vision_config"):
+        return model
+    parts, counted = vision_tower(src.top, model.hidden_size)
+    weights = model.weights
+    if counted:
+        weights = replace(weights, vision=parts)
+    return msgspec.structs.replace(model, weights=weights, vision_weights="counted" if counted else "not_counted")

@@ -1,0 +1,49 @@
+"""The vision tower of a multimodal config, counted when `vision_config` gives its shapes.
+
+A ViT (SigLIP/CLIP/Qwen-VL style): patch embedding, learned positions, pre-norm layers of
+biased MHA and a two-matrix MLP, a final norm, and a linear projector into the language
+model. Towers whose config lacks the shapes are not counted, and the model says so.
+"""
+
+from __future__ import annotations
+
+from kvcache.models.fields import MAX_HEADS, MAX_LAYERS, ConfigFields
+from kvcache.models.weight_blocks import Attention, Linear, Norm, Part, PlainMLP
+
+_SHAPE_FIELDS = (("hidden_size", "embed_dim", "width"), ("num_hidden_layers", "depth", "layers"),
+                 ("num_attention_heads", "num_heads", "heads"))
+
+
+def vision_tower(top: ConfigFields, text_hidden: int) -> tuple[tuple[Part, ...], bool]:
+    """(parts, counted): the tower's parameters, or () and False when its shapes are not in the config."""
+    v = top.section("vision_config")
+    if v is None or not all(v.has(*names) for names in _SHAPE_FIELDS):
+        return (), False
+    if not (v.has("intermediate_size") or v.has("mlp_ratio")) or not v.has("patch_size", "spatial_patch_size"):
+        return (), False
+    hidden = v.int(*_SHAPE_FIELDS[0])
+    layers = v.int(*_SHAPE_FIELDS[1], high=MAX_LAYERS)
+    heads = v.int(*_SHAPE_FIELDS[2], high=MAX_HEADS)
+    if hidden % heads:
+        v.fail("num_attention_heads", heads, f"a divisor of the vision hidden size ({hidden})")
+    inter = v.optional_int("intermediate_size")
+    if inter is None:
+        ratio = v.raw.get("mlp_ratio")
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 64:
+            v.fail("mlp_ratio", ratio, "a positive number (at most 64)")
+        inter = int(hidden * ratio)
+    patch = v.int("patch_size", "spatial_patch_size", high=4096)
+    channels = v.int("num_channels", "in_channels", "in_chans", default=3, high=64)
+    temporal = v.int("temporal_patch_size", default=1, high=64)
+    parts: list[Part] = [("vision_tower.patch_embed", Linear(hidden, channels * temporal * patch * patch, bias=True))]
+    image = v.optional_int("image_size", high=1 << 16)
+    if image is not None:
+        parts.append(("vision_tower.position_embedding", Linear(hidden, (image // patch) ** 2)))
+    attention = Attention(hidden=hidden, heads=heads, kv_heads=heads, head_dim=hidden // heads, input_size=hidden,
+                          qkv_bias=True, o_bias=True)
+    mlp, norm = PlainMLP(hidden, inter, bias=True), Norm(hidden, bias=True)
+    for k in range(layers):
+        p = f"vision_tower.layers.{k}."
+        parts += [(p + "norm1", norm), (p + "attn", attention), (p + "norm2", norm), (p + "mlp", mlp)]
+    parts += [("vision_tower.post_layernorm", norm), ("multi_modal_projector", Linear(text_hidden, hidden, bias=True))]
+    return tuple(parts), True
