@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, allocator_index_bytes
+from sglang_calls import decode, extend
 
 
 def make(size: int = 32, page_size: int = 4, check_frees: bool = True) -> PagedTokenToKVPoolAllocator:
@@ -67,8 +68,7 @@ def test_alloc_extend_worked_example() -> None:
     prefix, seq, last = t(3, 0), t(6, 5), t(6, -1)
     # request 0: position 3 continues page 1 -> 7; positions 4, 5 take page 2 -> 8, 9.
     # request 1: positions 0..4 take pages 3 and 4 -> 12, 13, 14, 15, 16.
-    assert a.extend_pages_needed(prefix, seq, 8) == 3
-    out = a.alloc_extend(prefix, seq, last, 8)
+    out = extend(a, prefix, seq, last, 8, num_new_pages=3)
     assert out is not None and out.tolist() == [7, 8, 9, 12, 13, 14, 15, 16]
     assert a.available_size() == 32 - 16
 
@@ -76,52 +76,53 @@ def test_alloc_extend_worked_example() -> None:
 def test_alloc_decode_worked_example() -> None:
     a = make(32, 4)
     a.alloc(4)
-    a.alloc_extend(t(3, 0), t(6, 5), t(6, -1), 8)  # as above: pages 1..4 held
+    extend(a, t(3, 0), t(6, 5), t(6, -1), 8)  # as above: pages 1..4 held
     # request 0: position 6 is offset 2 of page 2 -> 9 + 1; request 1: position 5 is
     # offset 1 of page 4 -> 16 + 1; a new request 2 at position 0 takes page 5 -> 20.
-    assert a.decode_pages_needed(t(7, 6, 1)) == 1
-    out = a.alloc_decode(t(7, 6, 1), t(9, 16, -1))
+    out = decode(a, t(7, 6, 1), t(9, 16, -1))
     assert out is not None and out.tolist() == [10, 17, 20]
-    out = a.alloc_decode(t(8, 7, 2, 5), t(10, 17, 20, 16))  # one starting page 6 at position 4
+    out = decode(a, t(8, 7, 2, 5), t(10, 17, 20, 16))  # one starting page 6 at position 4
     assert out is not None and out.tolist() == [11, 18, 21, 24]
 
 
 def test_alloc_extend_with_page_aligned_prefix_and_zero_length_request() -> None:
     a = make(32, 4)
     a.alloc(4)  # request 0 holds page 1 full (positions 0..3 at 4..7)
-    out = a.alloc_extend(t(4, 2), t(5, 2), t(7, 99), 1)  # request 1 extends by nothing
+    out = extend(a, t(4, 2), t(5, 2), t(7, 99), 1)  # request 1 extends by nothing
     assert out is not None and out.tolist() == [8]
 
 
 def test_alloc_extend_without_room_returns_none_and_changes_nothing() -> None:
     a = make(16, 4)
     a.alloc(8)
-    assert a.alloc_extend(t(0, 0), t(5, 4), t(-1, -1), 9) is None  # needs 3 pages, 2 free
+    assert extend(a, t(0, 0), t(5, 4), t(-1, -1), 9) is None  # needs 3 pages, 2 free
     assert a.available_size() == 8
-    assert a.alloc_decode(t(1, 1, 1), t(-1, -1, -1)) is None
+    assert decode(a, t(1, 1, 1), t(-1, -1, -1)) is None
     assert free_pages(a) == {3, 4}
 
 
 def test_alloc_extend_validates_before_allocating() -> None:
     a = make(16, 4)
     with pytest.raises(ValueError, match="extend_num_tokens is 7 but sum\\(seq_lens - prefix_lens\\) is 8"):
-        a.alloc_extend(t(3, 0), t(6, 5), t(6, -1), 7)
+        extend(a, t(3, 0), t(6, 5), t(6, -1), 7)
     with pytest.raises(ValueError, match="seq_lens - prefix_lens = -2"):
-        a.alloc_extend(t(5), t(3), t(6), -2)
+        extend(a, t(5), t(3), t(6), -2)
     with pytest.raises(ValueError, match="prefix_lens has 2 requests but seq_lens has 1"):
-        a.alloc_extend(t(0, 0), t(3), t(-1, -1), 3)
+        extend(a, t(0, 0), t(3), t(-1, -1), 3)
     with pytest.raises(ValueError, match="last_loc has 1 entries for 2 requests"):
-        a.alloc_extend(t(0, 0), t(3, 1), t(-1), 4)
+        extend(a, t(0, 0), t(3, 1), t(-1), 4)
     with pytest.raises(ValueError, match="seq_lens must be >= 1 .*got 0"):
-        a.alloc_decode(t(0), t(3))
+        decode(a, t(0), t(3))
+    with pytest.raises(ValueError, match="num_new_pages is 2 but the lengths need 3"):
+        extend(a, t(3, 0), t(6, 5), t(6, -1), 8, num_new_pages=2)
     assert a.available_size() == 16
 
 
 def test_empty_batches_allocate_nothing() -> None:
     a = make(16, 4)
-    out = a.alloc_extend(t(), t(), t(), 0)
+    out = extend(a, t(), t(), t(), 0)
     assert out is not None and out.numel() == 0
-    out = a.alloc_decode(t(), t())
+    out = decode(a, t(), t())
     assert out is not None and out.numel() == 0
     assert a.available_size() == 16
 
@@ -131,8 +132,8 @@ def test_backup_restore_undoes_extend_and_decode() -> None:
     held = a.alloc(8)
     assert held is not None
     state = a.backup_state()
-    a.alloc_extend(t(0), t(9), t(-1), 9)
-    a.alloc_decode(t(1, 1), t(-1, -1))
+    extend(a, t(0), t(9), t(-1), 9)
+    decode(a, t(1, 1), t(-1, -1))
     a.free(held[:4])
     a.restore_state(state)
     assert a.available_size() == 24
@@ -184,14 +185,14 @@ def test_alloc_needs_a_multiple_of_page_size() -> None:
 def test_properties_and_nbytes_match_the_planner() -> None:
     a = PagedTokenToKVPoolAllocator(size=4096, page_size=16, device="cpu")
     assert (a.size, a.page_size, a.num_pages, a.device) == (4096, 16, 256, torch.device("cpu"))
-    assert a.nbytes == allocator_index_bytes(4096, 16) == 256 * 8  # 2,048 B: four whole 512 B blocks
+    assert a.nbytes == allocator_index_bytes(4096, 16) == 2 * 256 * 8  # a log of 512 int64 = 4,096 B: eight 512 B blocks
 
 
 def test_meta_allocator_constructs_but_holds_no_indices() -> None:
     a = PagedTokenToKVPoolAllocator(size=1 << 24, page_size=64, device="meta")
     assert a.available_size() == 1 << 24
     with pytest.raises(ValueError, match="alloc_extend\\(\\) on a meta-device allocator"):
-        a.alloc_extend(t(0), t(3), t(-1), 3)
+        extend(a, t(0), t(3), t(-1), 3)
     with pytest.raises(ValueError, match="alloc\\(\\) on a meta-device allocator"):
         a.alloc(64)
 
@@ -202,8 +203,8 @@ def test_cuda_extend_and_decode_match_cpu() -> None:
     for device in ("cpu", "cuda"):
         a = PagedTokenToKVPoolAllocator(size=64, page_size=4, device=device, check_frees=True)
         a.alloc(4)
-        ext = a.alloc_extend(t(3, 0).to(device), t(6, 5).to(device), t(6, -1).to(device), 8)
-        dec = a.alloc_decode(t(7, 6).to(device), t(9, 16).to(device))
+        ext = extend(a, t(3, 0), t(6, 5), t(6, -1), 8)
+        dec = decode(a, t(7, 6), t(9, 16))
         assert ext is not None and dec is not None and ext.device.type == device
         results.append((ext.tolist(), dec.tolist()))
     assert results[0] == results[1]

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+from sglang_calls import decode, extend
 
 SETTINGS = settings(max_examples=80, stateful_step_count=30, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -225,8 +226,7 @@ class PagedMachine(RuleBasedStateMachine):
         seq = [p + g for p, g in zip(prefix, grow)]
         last = [r[-1] if r else -1 for r in reqs]
         need = sum(-(-s // self.ps) - -(-p // self.ps) for p, s in zip(prefix, seq))
-        assert self.a.extend_pages_needed(t(prefix), t(seq), sum(grow)) == need
-        out = self.a.alloc_extend(t(prefix), t(seq), t(last), sum(grow))
+        out = extend(self.a, t(prefix), t(seq), t(last), sum(grow))
         if need > len(self.free):
             assert out is None
             return
@@ -246,7 +246,7 @@ class PagedMachine(RuleBasedStateMachine):
         seq = [len(r) + 1 for r in reqs]
         last = [r[-1] if r else -1 for r in reqs]
         need = sum(1 for s in seq if (s - 1) % self.ps == 0)
-        out = self.a.alloc_decode(t(seq), t(last))
+        out = decode(self.a, t(seq), t(last))
         if need > len(self.free):
             assert out is None
             return
@@ -342,7 +342,7 @@ class PagedMachine(RuleBasedStateMachine):
             if out is not None and pages:
                 held.append(out.tolist())
             if held and data.draw(st.booleans()):
-                out = self.a.alloc_decode(t([len(r) + 1 for r in held]), t([r[-1] for r in held]))
+                out = decode(self.a, t([len(r) + 1 for r in held]), t([r[-1] for r in held]))
                 for r, tok in zip(held, out.tolist() if out is not None else []):
                     r.append(tok)
             if held and data.draw(st.booleans()):
@@ -374,6 +374,7 @@ class SWAMachine(RuleBasedStateMachine):
         self.mapping: dict[int, int] = {}
         self.requests: list[list[int]] = []
         self.pending: list[set[int]] | None = None  # full pages whose free is deferred
+        self.pending_swa: set[int] = set()  # SWA pages unmapped in the open group, released at its end
         self.backup: tuple[Any, ...] | None = None
         self.stale: Any = None
 
@@ -392,9 +393,10 @@ class SWAMachine(RuleBasedStateMachine):
         self.mapping.update(zip(full, swa))
 
     def unmap_pages(self, full_pages: set[int]) -> None:
-        """The model of releasing the SWA side of whole full pages."""
+        """The model of releasing the SWA side of whole full pages (SGLang 0.5.23: the map is cleared
+        at once, the SWA pages return at the free group's end)."""
         for tok in [tok for tok in self.mapping if tok // self.ps in full_pages]:
-            self.swa_free.add(self.mapping.pop(tok) // self.ps)
+            (self.swa_free if self.pending is None else self.pending_swa).add(self.mapping.pop(tok) // self.ps)
 
     @rule(n=st.integers(0, 5))
     def alloc(self, n: int) -> None:
@@ -440,7 +442,7 @@ class SWAMachine(RuleBasedStateMachine):
         grow = [data.draw(st.integers(0 if r else 1, 2 * self.ps + 1)) for r in reqs]
         prefix = [len(r) for r in reqs]
         seq = [p + g for p, g in zip(prefix, grow)]
-        out = self.a.alloc_extend(t(prefix), t(seq), t([r[-1] if r else -1 for r in reqs]), sum(grow))
+        out = extend(self.a, t(prefix), t(seq), t([r[-1] if r else -1 for r in reqs]), sum(grow))
         if self.grow(reqs, prefix, seq, out):
             self.requests.extend(r for r in reqs[len(chosen):] if r)
 
@@ -451,7 +453,7 @@ class SWAMachine(RuleBasedStateMachine):
         new = data.draw(st.integers(0 if chosen else 1, 2))
         reqs = [self.requests[i] for i in chosen] + [[] for _ in range(new)]
         seq = [len(r) + 1 for r in reqs]
-        out = self.a.alloc_decode(t(seq), t([r[-1] if r else -1 for r in reqs]))
+        out = decode(self.a, t(seq), t([r[-1] if r else -1 for r in reqs]))
         if self.grow(reqs, [s - 1 for s in seq], seq, out):
             self.requests.extend(reqs[len(chosen):])
 
@@ -475,14 +477,11 @@ class SWAMachine(RuleBasedStateMachine):
         self.a.free(t(tokens))
         self.requests = [r for i, r in enumerate(self.requests) if i not in chosen]
         pages = self.pages_of(tokens)
+        self.unmap_pages(pages)
         if self.pending is not None:
             self.pending.append(pages)
         else:
-            self.release(pages)
-
-    def release(self, full_pages: set[int]) -> None:
-        self.unmap_pages(full_pages)
-        self.full_free |= full_pages
+            self.full_free |= pages
 
     @precondition(lambda self: self.pending is None)
     @rule()
@@ -495,8 +494,9 @@ class SWAMachine(RuleBasedStateMachine):
     def group_end(self) -> None:
         self.a.free_group_end()
         assert self.pending is not None
-        self.release(set().union(*self.pending))
-        self.pending = None
+        self.full_free |= set().union(*self.pending)
+        self.swa_free |= self.pending_swa
+        self.pending, self.pending_swa = None, set()
 
     @precondition(lambda self: self.pending is None and self.full_free)
     @rule(data=st.data())
@@ -510,16 +510,16 @@ class SWAMachine(RuleBasedStateMachine):
         if self.backup is not None:
             self.stale = self.backup[0]
         self.backup = (self.a.backup_state(), set(self.full_free), set(self.swa_free), dict(self.mapping),
-                       copy.deepcopy(self.requests), copy.deepcopy(self.pending))
+                       copy.deepcopy(self.requests), copy.deepcopy(self.pending), set(self.pending_swa))
 
     @precondition(lambda self: self.backup is not None)
     @rule()
     def restore_state(self) -> None:
         assert self.backup is not None
-        state, full_free, swa_free, mapping, requests, pending = self.backup
+        state, full_free, swa_free, mapping, requests, pending, pending_swa = self.backup
         self.a.restore_state(state)
         self.full_free, self.swa_free, self.mapping = set(full_free), set(swa_free), dict(mapping)
-        self.requests, self.pending = copy.deepcopy(requests), copy.deepcopy(pending)
+        self.requests, self.pending, self.pending_swa = copy.deepcopy(requests), copy.deepcopy(pending), set(pending_swa)
 
     @precondition(lambda self: self.stale is not None)
     @rule()
@@ -533,7 +533,7 @@ class SWAMachine(RuleBasedStateMachine):
         if self.backup is not None:
             self.stale = self.backup[0]
         self.full_free, self.swa_free, self.mapping = set(self.all_full), set(self.all_swa), {}
-        self.requests, self.pending, self.backup = [], None, None
+        self.requests, self.pending, self.backup, self.pending_swa = [], None, None, set()
 
     @precondition(lambda self: self.pending is None and self.room())
     @rule()
@@ -557,7 +557,7 @@ class SWAMachine(RuleBasedStateMachine):
             self.stale = self.backup[0]
         state = self.a.backup_state()
         self.backup = (state, set(self.full_free), set(self.swa_free), dict(self.mapping),
-                       copy.deepcopy(self.requests), copy.deepcopy(self.pending))
+                       copy.deepcopy(self.requests), copy.deepcopy(self.pending), set(self.pending_swa))
         held = [list(r) for r in self.requests]
         for pages in data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=4)):
             out = self.a.alloc(pages * self.ps)
@@ -580,10 +580,10 @@ class SWAMachine(RuleBasedStateMachine):
         assert self.a.swa_available_size() == len(self.swa_free) * self.ps
         assert self.a.available_size() == self.room() * self.ps
         table = self.a.full_to_swa_index_mapping
-        rows = torch.nonzero(table).reshape(-1)
-        assert dict(zip(rows.tolist(), table[rows].tolist())) == self.mapping
+        rows = torch.nonzero(table[:-1]).reshape(-1)
+        assert dict(zip(rows.tolist(), table[rows].tolist())) == self.mapping and int(table[-1]) == -1
         held_swa = self.pages_of(list(self.mapping.values()))
-        assert not held_swa & self.swa_free and held_swa | self.swa_free == self.all_swa
+        assert not held_swa & self.swa_free and held_swa | self.swa_free | self.pending_swa == self.all_swa
 
 
 TestTokenAllocator = TokenMachine.TestCase

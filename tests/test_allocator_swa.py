@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kvcache.allocators import SWATokenToKVPoolAllocator, allocator_index_bytes
+from sglang_calls import decode, extend
 from kvcache.device_buffers import allocation_size
 
 
@@ -20,7 +21,8 @@ def t(*values: int) -> torch.Tensor:
 
 def mapped(a: SWATokenToKVPoolAllocator) -> dict[int, int]:
     table = a.full_to_swa_index_mapping
-    rows = torch.nonzero(table).reshape(-1)
+    assert int(table[-1]) == -1  # SGLang's extra row: last_loc -1 translates to -1
+    rows = torch.nonzero(table[:-1]).reshape(-1)
     return dict(zip(rows.tolist(), table[rows].tolist()))
 
 
@@ -31,7 +33,7 @@ def test_alloc_takes_from_both_sides_and_maps_full_to_swa() -> None:
     assert a.translate_loc_from_full_to_swa(full).tolist() == [1, 2, 3]
     assert (a.full_available_size(), a.swa_available_size(), a.available_size()) == (13, 5, 5)
     assert mapped(a) == {1: 1, 2: 2, 3: 3}
-    assert a.full_to_swa_index_mapping.shape == (17,) and a.full_to_swa_index_mapping.dtype == torch.int64
+    assert a.full_to_swa_index_mapping.shape == (18,) and a.full_to_swa_index_mapping.dtype == torch.int64
 
 
 def test_alloc_beyond_either_side_returns_none_and_changes_nothing() -> None:
@@ -79,10 +81,11 @@ def test_free_group_defers_both_sides() -> None:
     assert full is not None
     a.free_group_begin()
     a.free(full[:2])
-    a.free_swa(full[:1])  # window frees are immediate
-    assert (a.full_available_size(), a.swa_available_size()) == (12, 5)
+    a.free_swa(full[2:3])  # window frees wait for the group's end too
+    assert (a.full_available_size(), a.swa_available_size()) == (12, 4)
     a.free_group_end()
-    assert (a.full_available_size(), a.swa_available_size()) == (14, 6)
+    assert (a.full_available_size(), a.swa_available_size()) == (14, 7)
+    assert mapped(a) == {4: 4}
 
 
 def test_clear_resets_both_sides_and_the_map() -> None:
@@ -123,27 +126,27 @@ def test_only_the_latest_backup_restores() -> None:
 def test_paged_extend_and_decode_keep_pages_aligned_on_both_sides() -> None:
     a = make(32, 16, page_size=4)  # full pages 1..8, SWA pages 1..4
     a.alloc(4)  # full page 1 and SWA page 1 go to a request that is not in this batch
-    full = a.alloc_extend(t(0, 0), t(6, 3), t(-1, -1), 9)
+    full = extend(a, t(0, 0), t(6, 3), t(-1, -1), 9)
     assert full is not None and full.tolist() == [8, 9, 10, 11, 12, 13, 16, 17, 18]
     swa = a.translate_loc_from_full_to_swa(full)
     assert swa.tolist() == [8, 9, 10, 11, 12, 13, 16, 17, 18]
     assert (full % 4).tolist() == (swa % 4).tolist()
-    out = a.alloc_decode(t(7, 4), t(13, 18))
+    out = decode(a, t(7, 4), t(13, 18))
     assert out is not None and out.tolist() == [14, 19]
     assert a.translate_loc_from_full_to_swa(out).tolist() == [14, 19]
-    out = a.alloc_decode(t(9, 5), t(15, 19))  # both requests start a page: 2 new pages each side
+    out = decode(a, t(9, 5), t(15, 19))  # both requests start a page: 2 new pages each side
     assert out is None  # the full side has 4 pages left, the SWA side none
     assert (a.full_available_size(), a.swa_available_size()) == (16, 0)
 
 
 def test_paged_free_swa_works_on_whole_pages() -> None:
     a = make(32, 16, page_size=4)
-    full = a.alloc_extend(t(0), t(10), t(-1), 10)  # full pages 1, 2, 3 and SWA pages 1, 2, 3
+    full = extend(a, t(0), t(10), t(-1), 10)  # full pages 1, 2, 3 and SWA pages 1, 2, 3
     assert full is not None
     a.free_swa(full[:5])  # tokens 4..8 touch pages 1 and 2: both leave the window
     assert a.swa_available_size() == 12
     assert set(mapped(a)) == {12, 13}
-    out = a.alloc_extend(t(10), t(12), t(13), 2)  # continues SWA page 3
+    out = extend(a, t(10), t(12), t(13), 2)  # continues SWA page 3
     assert out is not None and a.translate_loc_from_full_to_swa(out).tolist() == [14, 15]
     a.free(full)
     assert (a.full_available_size(), a.swa_available_size()) == (32, 16)
@@ -152,19 +155,19 @@ def test_paged_free_swa_works_on_whole_pages() -> None:
 
 def test_extend_into_a_page_that_left_the_window_is_caught_when_checking() -> None:
     a = make(32, 16, page_size=4)
-    full = a.alloc_extend(t(0), t(3), t(-1), 3)
+    full = extend(a, t(0), t(3), t(-1), 3)
     assert full is not None
     a.free_swa(full)
     with pytest.raises(ValueError, match="full index 6 continues a partial page but has no SWA slot"):
-        a.alloc_extend(t(3), t(4), t(6), 1)
+        extend(a, t(3), t(4), t(6), 1)
 
 
 def test_alloc_extend_and_decode_need_pages() -> None:
     a = make(16, 8, page_size=1)
     with pytest.raises(ValueError, match="alloc_extend\\(\\) needs page_size > 1"):
-        a.alloc_extend(t(0), t(2), t(-1), 2)
+        extend(a, t(0), t(2), t(-1), 2)
     with pytest.raises(ValueError, match="alloc_decode\\(\\) needs page_size > 1"):
-        a.alloc_decode(t(1), t(-1))
+        decode(a, t(1), t(-1))
 
 
 @pytest.mark.parametrize(
@@ -194,7 +197,7 @@ def test_checked_free_of_unheld_full_indices_raises_and_changes_nothing() -> Non
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_properties_and_nbytes_match_the_planner(page_size: int) -> None:
     a = SWATokenToKVPoolAllocator(full_size=4096, swa_size=1024, page_size=page_size, device="cpu")
-    assert (a.size, a.full_size, a.swa_size, a.page_size) == (4096, 4096, 1024, page_size)
+    assert (a.size, a.size_full, a.size_swa, a.page_size) == (1024, 4096, 1024, page_size)  # size: both sides (SGLang)
     assert a.nbytes == allocator_index_bytes(4096, page_size, 1024)
 
 
@@ -229,7 +232,7 @@ def test_restore_after_a_long_live_backup_still_restores_the_map() -> None:
 
 def test_checked_allocators_count_their_flags_in_nbytes() -> None:
     a = SWATokenToKVPoolAllocator(full_size=64, swa_size=32, page_size=4, device="cpu", check_frees=True)
-    # each buffer is rounded to 512 B blocks: 16 x 8, 17 flags, 8 x 8, 9 flags, 68 x 8 -> 512 x 5
-    # Each buffer at the device allocator's 512 B blocks: 16 + 8 page ids, 17 + 9 flags, 68 map rows (2 blocks).
-    expected = sum(allocation_size(n) for n in (16 * 8, 17, 8 * 8, 9, 68 * 8))
+    # Each buffer at the device allocator's 512 B blocks: free logs of 2 x 16 and 2 x 8 page starts,
+    # 17 + 9 flags, 69 map rows (64 tokens, a padding page of 4, the -1 row).
+    expected = sum(allocation_size(n) for n in (32 * 8, 17, 16 * 8, 9, 69 * 8))
     assert a.nbytes == allocator_index_bytes(64, 4, 32, check_frees=True) == expected == 6 * 512

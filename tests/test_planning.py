@@ -93,13 +93,13 @@ def slots_of(plan: MemoryPoolConfig) -> int:
 def test_a_tiny_plan_by_hand() -> None:
     # one pool of 256 B/token, page 1, 7 requests of a 256-token row, a 1 MiB budget:
     #   request table: (7 + 1) x 256 x 4 = 8,192 B (a multiple of 512)
-    #   pool: A((T + 1) x 256), allocator index: A(8 T)
-    #   T = 3,939: A(3,940 x 256) = 1,008,640 (1,970 x 512), index A(31,512) = 31,744: 1,048,576 <= 1,048,576
-    #   T = 3,940: A(3,941 x 256) = A(1,008,896) = 1,009,152, index 31,744: 1,049,088 > budget
+    #   pool: A((T + 1) x 256), allocator index (a free log of 2 T int64): A(16 T)
+    #   T = 3,823: A(3,824 x 256) = 978,944 (1,912 x 512), index A(61,168) = 61,440: 1,048,576 <= 1,048,576
+    #   T = 3,824: A(3,825 x 256) = A(979,200) = 979,456, index 61,440: 1,049,088 > budget
     req = request(1 << 20, (full(256),), max_running_requests=7)
     plan = plan_pool_sizes(req)
-    assert (plan.max_total_num_tokens, plan.max_running_requests) == (3_939, 7)
-    assert plan.buffers == {"req_to_token": 8_192, "allocator_index": 31_744, "kv_full": 1_008_640}
+    assert (plan.max_total_num_tokens, plan.max_running_requests) == (3_823, 7)
+    assert plan.buffers == {"req_to_token": 8_192, "allocator_index": 61_440, "kv_full": 978_944}
     assert plan.total_bytes == 1_048_576
 
 
@@ -108,11 +108,12 @@ def test_llama_8b_with_10_gib_by_hand() -> None:
     #   R = clamp(T x 512 // 32,768, 2,048, 4,096) = 2,048 (T is about 80k, so T x 512 // 32k is about 1,250)
     #   request table: 2,049 x 32,768 x 4 = 268,566,528 B = 256.125 MiB -> A = 258 MiB
     #   left: 10,240 - 258 = 9,982 MiB for the pool (T + 1) x 131,072 = (T + 1) / 8 MiB, rounded up to 2 MiB
-    #   (16 tokens), plus the index 8 T: T + 1 = 79,856 would take all 9,982 MiB with no room for the index,
-    #   so T + 1 = 79,840 (9,980 MiB) and the index A(638,712) = 638,976 B fits the 2 MiB left: T = 79,839
+    #   (16 tokens), plus the index 16 T (a free log of 2 T int64): T + 1 = 79,856 would take all 9,982 MiB
+    #   with no room for the index, so T + 1 = 79,840 (9,980 MiB) and the index A(1,277,424) = 2 MiB fits the
+    #   2 MiB left: T = 79,839
     req, plan = plan_for("Llama-3.1-8B-Instruct", 10 * GiB, context_length=32768)
     assert (plan.max_total_num_tokens, plan.max_running_requests) == (79_839, 2_048)
-    assert plan.buffers == {"req_to_token": 258 * MiB, "allocator_index": 1_248 * 512, "kv_full": 9_980 * MiB}
+    assert plan.buffers == {"req_to_token": 258 * MiB, "allocator_index": 2 * MiB, "kv_full": 9_980 * MiB}
     assert plan.bytes_per_token == 131_072
 
 

@@ -1,7 +1,7 @@
-"""FreeListAllocator: what the token and paged allocators share (frees, free groups, clear, backup).
+"""FreeListAllocator: what the token and paged allocators share (SGLang 0.5.23's free API, groups, backup).
 
-Both keep one FreeStack of ids (token indices, or page numbers) and differ only in
-how an id maps to token indices; subclasses say that through `_release`.
+Both keep one FreeLog of ids (token indices, or page starts) and differ only in how a
+freed token set becomes ids; subclasses say that through `_set_ids` and `_segment_ids`.
 Meta-device allocators construct, report sizes and back up, but refuse to hand out
 or take back indices: a meta tensor has no values, so any index it "held" would be
 a lie. A dry run goes through construction (and its byte count) and nothing more.
@@ -9,19 +9,22 @@ a lie. A dry run goes through construction (and its byte count) and nothing more
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from kvcache.allocators.eviction import evict_shortfall
 from kvcache.allocators.free_group import FreeGroup, FreeGroupState
-from kvcache.allocators.free_stack import FreeStack, FreeStackState
+from kvcache.allocators.free_log import FreeLog, FreeLogState
 
 
 @dataclass(frozen=True, slots=True)
 class AllocatorState:
     """An opaque backup of a token or paged allocator: its free list and its free group."""
 
-    free_list: FreeStackState
+    free_list: FreeLogState
     free_group: FreeGroupState
 
 
@@ -35,8 +38,8 @@ def reject_meta(device: torch.device, op: str) -> None:
 
 
 def as_indices(indices: torch.Tensor, device: torch.device, what: str) -> torch.Tensor:
-    """indices as a flat int64 tensor on device (themselves when they already are: the hot path)."""
-    if indices.dtype == torch.int64 and indices.dim() == 1 and indices.device == device:
+    """indices as a flat integer tensor on device (themselves when they already are: the hot path)."""
+    if indices.dim() == 1 and indices.device == device and indices.dtype in (torch.int64, torch.int32):
         return indices
     if indices.dtype == torch.bool or indices.is_floating_point() or indices.is_complex():
         raise ValueError(f"{what} must be an integer tensor, got dtype {indices.dtype}")
@@ -51,20 +54,62 @@ def check_need_size(need_size: int, page_size: int) -> None:
         raise ValueError(f"need_size {need_size} is not a multiple of page_size {page_size}")
 
 
-class FreeListAllocator:
-    """SGLang's allocator API over one FreeStack of ids, each id standing for page_size tokens."""
+def page_disjoint(segments: Iterable[tuple[torch.Tensor, int]], page_size: int) -> Iterator[tuple[torch.Tensor, int]]:
+    """The non-empty (kv indices, start position) segments, checking that no two share a page (SGLang's rule)."""
+    prev_end: int | None = None
+    for free_index, start_pos in segments:
+        n = free_index.numel()
+        if n == 0:
+            continue
+        if prev_end is not None and start_pos // page_size <= (prev_end - 1) // page_size:
+            raise ValueError(f"segment at position {start_pos} shares a page with the one ending at {prev_end}")
+        prev_end = start_pos + n
+        yield free_index, start_pos
 
-    def __init__(self, *, capacity: int, page_size: int, device: torch.device | str, check_frees: bool, unit: str) -> None:
+
+class SegmentFrees:
+    """free_segments / free_full_segments over free_segment / free_full_segment (SGLang 0.5.23's base)."""
+
+    page_size: int
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        raise NotImplementedError
+
+    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        raise NotImplementedError
+
+    def free_segments(self, segments: Iterable[tuple[torch.Tensor, int]]) -> None:
+        """Free several page-disjoint (kv indices, start position) segments of one request's row."""
+        for free_index, start_pos in page_disjoint(segments, self.page_size):
+            self.free_segment(free_index, start_pos=start_pos)
+
+    def free_full_segments(self, segments: Iterable[tuple[torch.Tensor, int]]) -> None:
+        for free_index, start_pos in page_disjoint(segments, self.page_size):
+            self.free_full_segment(free_index, start_pos=start_pos)
+
+
+class FreeListAllocator(SegmentFrees):
+    """SGLang's allocator API over one FreeLog of ids, each id standing for page_size tokens."""
+
+    def __init__(
+        self, *, capacity: int, page_size: int, device: torch.device | str, check_frees: bool, unit: str,
+        kvcache: Any = None,
+    ) -> None:
         self._device = torch.device(device)
         self._page_size = page_size
         self._checking = check_frees
-        self._stack = FreeStack(capacity=capacity, device=self._device, unit=unit, check=check_frees)
+        self._log = FreeLog(capacity=capacity, device=self._device, unit=unit, stride=page_size, check=check_frees)
         self._group = FreeGroup()
+        self._kvcache = kvcache
 
     @property
     def size(self) -> int:
         """Usable tokens (the pool has page_size more rows: the padding page)."""
-        return self._stack.capacity * self._page_size
+        return self._log.capacity * self._page_size
+
+    @property
+    def size_full(self) -> int:
+        return self.size
 
     @property
     def page_size(self) -> int:
@@ -77,42 +122,104 @@ class FreeListAllocator:
     @property
     def nbytes(self) -> int:
         """Device bytes of the index buffers (kvcache.allocators.footprint states the formula)."""
-        return self._stack.nbytes
+        return self._log.nbytes
+
+    def get_kvcache(self) -> Any:
+        """The KV pool these indices address (None when built without one)."""
+        return self._kvcache
 
     def available_size(self) -> int:
         """Free tokens."""
-        return self._stack.available * self._page_size
+        return self._log.available * self._page_size
+
+    def full_available_size(self) -> int:
+        return self.available_size()
+
+    def get_extend_allocation_demand(
+        self, prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, *, conservative_num_tokens: int,
+        shard_size: int = 1,
+    ) -> int:
+        """Tokens to make room for before a paged extend (SGLang 0.5.23: the caller's conservative bound)."""
+        return conservative_num_tokens
+
+    def evict_to_free_tokens(self, tree_cache: Any, num_tokens: int) -> None:
+        """Ask tree_cache to evict until num_tokens could be allocated (nothing when they already can)."""
+        evict_shortfall(tree_cache, full_shortfall=num_tokens - self.available_size())
 
     def free(self, free_index: torch.Tensor) -> None:
-        """Give back token indices; inside a free group they are released at free_group_end()."""
+        """Give back token indices (a set: a paged pool frees every page they touch, once)."""
         if free_index.numel() == 0:
             return
         reject_meta(self._device, "free")
-        indices = as_indices(free_index, self._device, "free_index")
-        if not self._group.defer(indices):
-            self._release(indices)
+        ids, dedup = self._set_ids(as_indices(free_index, self._device, "free_index"))
+        if self._group.is_open:
+            self._group.defer((ids.to(torch.int64, copy=True), dedup))
+        else:
+            self._release([(ids, dedup)])
 
-    def _release(self, indices: torch.Tensor) -> None:
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """Free kv_row[start_pos : start_pos + n] of one request: start_pos is page-aligned, the last page may be partial."""
+        if free_index.numel() == 0:
+            return
+        reject_meta(self._device, "free_segment")
+        if start_pos % self._page_size:
+            raise ValueError(f"segment start {start_pos} is not a multiple of page_size {self._page_size}")
+        self.free_page_starts(self._segment_ids(as_indices(free_index, self._device, "free_index")))
+
+    def free_page_starts(self, starts: torch.Tensor) -> None:
+        """Free whole pages named by their first token index (a free_segment whose every page_size-th index is given)."""
+        if starts.numel() == 0:
+            return
+        reject_meta(self._device, "free_page_starts")
+        if self._group.is_open:
+            self._group.defer((starts.to(torch.int64, copy=True), False))
+        else:
+            self._log.put(starts)
+
+    def free_full(self, free_index: torch.Tensor) -> None:
+        """free() (a single pool has no sliding-window peer)."""
+        self.free(free_index)
+
+    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        self.free_segment(free_index, start_pos=start_pos)
+
+    def _set_ids(self, indices: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """The ids a token set frees, and whether they may repeat (then released with torch.unique)."""
         raise NotImplementedError
+
+    def _segment_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """The ids of a page-aligned row segment: one per page, no repeats."""
+        raise NotImplementedError
+
+    def _release(self, items: list[tuple[torch.Tensor, bool]]) -> None:
+        exact = [ids for ids, dedup in items if not dedup]
+        repeats = [ids for ids, dedup in items if dedup]
+        if repeats:  # data-dependent length: one host sync, as in SGLang's paged free
+            exact.append(torch.unique(repeats[0] if len(repeats) == 1 else torch.cat(repeats)))
+        if exact:
+            self._log.put(exact[0] if len(exact) == 1 else torch.cat(exact))
 
     def free_group_begin(self) -> None:
         self._group.begin()
 
     def free_group_end(self) -> None:
-        indices = self._group.end()
-        if indices is not None:
-            self._release(indices)
+        items = self._group.end()
+        if items:
+            self._release(items)
 
     def clear(self) -> None:
-        """Everything free again and any free group closed; earlier backups become void."""
+        """Everything free again and any free group closed; earlier backups and handed-out indices become void."""
         self._group.close()
-        self._stack.reset()
+        self._log.reset()
 
-    def backup_state(self) -> AllocatorState:
-        """O(1). Only the latest backup can be restored."""
-        return AllocatorState(free_list=self._stack.backup(), free_group=self._group.mark())
+    def backup_allocator_state(self) -> AllocatorState:
+        """O(1). Only the latest backup can be restored. (SGLang 0.5 dropped backup_state; ours keeps it under this name.)"""
+        return AllocatorState(free_list=self._log.backup(), free_group=self._group.mark())
 
-    def restore_state(self, state: AllocatorState) -> None:
-        """Free set and free group as at backup; costs what changed since, not the pool size."""
-        self._stack.restore(state.free_list)
+    def restore_allocator_state(self, state: AllocatorState) -> None:
+        """Free set and free group as at backup, in O(1); indices handed out since are void."""
+        self._log.restore(state.free_list)
         self._group.restore(state.free_group)
+
+    backup_state = backup_allocator_state
+    restore_state = restore_allocator_state

@@ -1,7 +1,9 @@
 """FreeGroup: frees collected between free_group_begin() and free_group_end(), released together.
 
 The scheduler frees many finished requests in one step; one release of the
-concatenation is cheaper than many. The group is part of an allocator's backup:
+concatenation is cheaper than many. Allocators defer their own items (copies of the
+caller's tensors, as SGLang 0.5.23 does, so a tensor overwritten before the group
+ends cannot change what is freed). The group is part of an allocator's backup:
 restoring a state taken inside a group reopens it with the frees pending then, and
 restoring one taken outside closes it, so a restore never frees anything twice.
 """
@@ -9,23 +11,22 @@ restoring one taken outside closes it, so a restore never frees anything twice.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
 class FreeGroupState:
     """An opaque backup: the pending list then (None: no group open) and its length."""
 
-    pending: list[torch.Tensor] | None
+    pending: list[Any] | None
     count: int
 
 
 class FreeGroup:
-    """At most one open group; nesting is an error because SGLang's nesting silently drops frees."""
+    """At most one open group; nesting is an error (SGLang 0.5.23 asserts the same)."""
 
     def __init__(self) -> None:
-        self._pending: list[torch.Tensor] | None = None
+        self._pending: list[Any] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -39,21 +40,17 @@ class FreeGroup:
             )
         self._pending = []
 
-    def defer(self, indices: torch.Tensor) -> bool:
-        """Keep indices for the group's end and say True, or say False when no group is open."""
-        if self._pending is None:
-            return False
-        self._pending.append(indices)
-        return True
+    def defer(self, item: Any) -> None:
+        """Keep an item (an owned copy of what to free) for the group's end."""
+        assert self._pending is not None, "defer() outside a free group"
+        self._pending.append(item)
 
-    def end(self) -> torch.Tensor | None:
-        """Close the group; the indices to release now (None when it collected nothing)."""
+    def end(self) -> list[Any]:
+        """Close the group; the items to release now, in the order they came."""
         if self._pending is None:
             raise ValueError("free_group_end() without an open free group (call free_group_begin() first)")
         pending, self._pending = self._pending, None  # the old list stays intact for any backup that holds it
-        if not pending:
-            return None
-        return pending[0] if len(pending) == 1 else torch.cat(pending)
+        return list(pending)
 
     def close(self) -> None:
         """Drop the group and whatever it collected (clear() does this)."""

@@ -1,5 +1,8 @@
 """FullToSWAMap: the int64 table from full-pool token index to SWA-pool token index (0 = unmapped).
 
+As in SGLang 0.5.23 the table has one more row, holding -1, so a last_loc of -1 (no
+prefix) translates to -1 on the SWA side too.
+
 Between a backup and its restore, every write first journals the old values of the
 rows it touches (O(n) per write), and restore replays the journal backwards: its cost
 is what changed since the backup. If the journal grows past the table's length (a
@@ -29,10 +32,11 @@ class IndexMapState:
 
 
 class FullToSWAMap:
-    """One row per full-pool row (tokens plus the padding page); rows of free tokens read 0."""
+    """One row per full-pool row (tokens plus the padding page) and the -1 row; rows of free tokens read 0."""
 
     def __init__(self, *, rows: int, device: torch.device) -> None:
-        self._table = device_buffers.allocate_zeros((rows,), torch.int64, device)
+        self._table = device_buffers.allocate_zeros((rows + 1,), torch.int64, device)
+        self._table[-1] = -1
         self._serial = next(_serials)
         self._generation = 0
         self._journal: list[tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -52,12 +56,17 @@ class FullToSWAMap:
 
     def write(self, full_indices: torch.Tensor, values: torch.Tensor | int) -> None:
         """table[full_indices] = values, journaled while a backup is live."""
+        if full_indices.dtype != torch.int64:
+            full_indices = full_indices.long()
         if self._journal is not None and self._snapshot is None:
             self._journal.append((full_indices.clone(), self._table[full_indices]))
             self._journaled += full_indices.numel()
             if self._journaled > self._table.numel():
                 self._fold_journal()
-        self._table[full_indices] = values
+        if isinstance(values, int):
+            self._table.index_fill_(0, full_indices, values)  # a scalar kernel argument: no host-to-device copy
+        else:
+            self._table[full_indices] = values
 
     def _fold_journal(self) -> None:
         assert self._journal is not None
@@ -87,6 +96,6 @@ class FullToSWAMap:
 
     def reset(self) -> None:
         """All rows unmapped; any backup becomes void."""
-        self._table.zero_()
+        self._table[:-1].zero_()
         self._generation += 1
         self._journal, self._journaled, self._snapshot = None, 0, None

@@ -1,4 +1,12 @@
-"""Where each new token of a batch goes in a paged pool: pure, vectorised torch (no per-token loop).
+"""Where each new token of a batch goes in a paged pool, planned on the host from the CPU lengths.
+
+SGLang 0.5.23's scheduler passes CPU copies of prefix_lens and seq_lens. From them the
+host works out everything that does not depend on device values: how many fresh pages
+the batch takes, and for every new token which "source" it continues and at what
+offset. The device then does one gather and one add (kvcache.allocators.paged):
+
+    out[t] = source[gather[t]] + offset[t]
+    source = [last_loc + 1 for each request] ++ [start token of each fresh page]
 
 A request at positions prefix..seq-1 first fills its partial last page (continuing
 from last_loc, the index of position prefix-1), then takes its share of the fresh
@@ -7,53 +15,78 @@ pages, in request order. Page p holds token indices p*page_size .. p*page_size+p
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendPlan:
+    """Host tensors for one alloc_extend: fresh pages, tokens, and per token (gather, offset)."""
+
+    num_new_pages: int
+    num_tokens: int
+    continues_a_page: bool  # some token continues a request's partial page (source needs last_loc + 1)
+    gather_offset: torch.Tensor  # int64 [2, num_tokens] on the CPU: gather index, then offset
 
 
 def ceil_div(a: torch.Tensor, b: int) -> torch.Tensor:
     return (a + b - 1) // b
 
 
-def extend_pages(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> torch.Tensor:
+def host_lengths(lengths: torch.Tensor, what: str) -> torch.Tensor:
+    """A flat int64 CPU tensor (a device tensor is copied, which waits for the device: pass CPU copies)."""
+    if lengths.dtype == torch.bool or lengths.is_floating_point():
+        raise ValueError(f"{what} must be an integer tensor, got dtype {lengths.dtype}")
+    return lengths.reshape(-1).to(device="cpu", dtype=torch.int64)
+
+
+def new_pages_for_extend(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> torch.Tensor:
     """Fresh pages each request needs to grow from prefix_lens to seq_lens tokens."""
     return ceil_div(seq_lens, page_size) - ceil_div(prefix_lens, page_size)
 
 
-def extend_locations(
-    *, prefix_lens: torch.Tensor, seq_lens: torch.Tensor, last_loc: torch.Tensor,
-    new_pages: torch.Tensor, page_size: int, num_tokens: int,
-) -> torch.Tensor:
-    """Token indices for positions prefix_lens[i]..seq_lens[i]-1 of every request, flat, in request order.
-
-    new_pages holds exactly sum(extend_pages(...)) pages; num_tokens is sum(seq_lens - prefix_lens).
-    """
-    device = prefix_lens.device
+def check_extend_lengths(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, extend_num_tokens: int) -> int:
+    """Raise ValueError on an inconsistent batch; the number of new tokens otherwise."""
+    if prefix_lens.numel() != seq_lens.numel():
+        raise ValueError(f"prefix_lens has {prefix_lens.numel()} requests but seq_lens has {seq_lens.numel()}")
     lengths = seq_lens - prefix_lens
-    req = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths, output_size=num_tokens)
-    starts = torch.cumsum(lengths, 0) - lengths
-    offset = torch.arange(num_tokens, device=device) - starts[req]  # 0.. within the request
-    pos = prefix_lens[req] + offset
-    continued = last_loc[req] + offset + 1
-    if new_pages.numel() == 0:
-        return continued
-    kept = ceil_div(prefix_lens, page_size)  # pages the request already has, partial last one included
-    fresh_per_req = ceil_div(seq_lens, page_size) - kept
-    first_fresh = torch.cumsum(fresh_per_req, 0) - fresh_per_req
-    slot = (first_fresh[req] + pos // page_size - kept[req]).clamp_(0, new_pages.numel() - 1)
-    fresh = new_pages[slot] * page_size + pos % page_size
-    return torch.where(pos < kept[req] * page_size, continued, fresh)
+    tokens = int(lengths.sum())
+    if prefix_lens.numel():
+        if int(prefix_lens.min()) < 0:
+            raise ValueError(f"prefix_lens must be >= 0, got {int(prefix_lens.min())}")
+        if int(lengths.min()) < 0:
+            raise ValueError(f"seq_lens must be >= prefix_lens; one request has seq_lens - prefix_lens = {int(lengths.min())}")
+    if tokens != extend_num_tokens:
+        raise ValueError(f"extend_num_tokens is {extend_num_tokens} but sum(seq_lens - prefix_lens) is {tokens}")
+    return tokens
+
+
+def plan_extend(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, page_size: int, num_tokens: int) -> ExtendPlan:
+    """The plan for CPU int64 lengths; num_tokens must be sum(seq_lens - prefix_lens)."""
+    batch = prefix_lens.numel()
+    fresh = new_pages_for_extend(prefix_lens, seq_lens, page_size)
+    num_new_pages = int(fresh.sum()) if batch else 0
+    if num_tokens == 0:
+        return ExtendPlan(num_new_pages, 0, False, torch.empty((2, 0), dtype=torch.int64))
+    lengths = seq_lens - prefix_lens
+    req = torch.repeat_interleave(torch.arange(batch), lengths, output_size=num_tokens)
+    pos = torch.arange(num_tokens) + (prefix_lens - (torch.cumsum(lengths, 0) - lengths))[req]
+    page_rel = pos // page_size - ceil_div(prefix_lens, page_size)[req]  # < 0: still in the partial page
+    continues = bool((page_rel < 0).any())
+    first_fresh = torch.cumsum(fresh, 0) - fresh
+    plan = torch.empty((2, num_tokens), dtype=torch.int64)
+    fresh_gather = first_fresh[req] + page_rel + (batch if continues else 0)
+    if continues:
+        cont = page_rel < 0
+        torch.where(cont, req, fresh_gather, out=plan[0])
+        torch.where(cont, pos - prefix_lens[req] , pos % page_size, out=plan[1])
+    else:
+        plan[0] = fresh_gather
+        torch.remainder(pos, page_size, out=plan[1])
+    return ExtendPlan(num_new_pages, num_tokens, continues, plan)
 
 
 def decode_starts_page(seq_lens: torch.Tensor, page_size: int) -> torch.Tensor:
     """Which requests' new token (position seq_lens-1) is the first of a page: (seq_lens-1) % page_size == 0."""
     return seq_lens % page_size == 1 % page_size
-
-
-def decode_locations(
-    *, starts_page: torch.Tensor, last_loc: torch.Tensor, new_pages: torch.Tensor, page_size: int,
-) -> torch.Tensor:
-    """One token index per request: the start of its next fresh page where starts_page, else last_loc + 1."""
-    out = last_loc + 1
-    if new_pages.numel() == 0:
-        return out
-    return out.masked_scatter(starts_page, new_pages * page_size)

@@ -1,29 +1,30 @@
 """SWATokenToKVPoolAllocator: a full-pool allocator paired with a smaller sliding-window (SWA) one.
 
 Callers hold full-pool indices. Every token handed out also gets an SWA row, and
-`full_to_swa_index_mapping` (one int64 row per full-pool row, 0 = unmapped) says
-which; the SWA KV pool translates through it. free_swa releases the SWA rows of
-tokens that left the window, so the SWA pool need only hold the live windows.
+`full_to_swa_index_mapping` (one int64 row per full-pool row, 0 = unmapped, and a
+last row of -1) says which; the SWA KV pool translates through it. free_swa /
+free_swa_segment release the SWA rows of tokens that left the window, so the SWA pool
+need only hold the live windows; free_full / free_full_segment then release the rest.
 
 With page_size > 1 both sides are paged with the same page size and a full page maps
-onto one SWA page offset for offset (both sides take fresh pages together), so frees
-work on whole pages: free and free_swa unmap every row of the pages they touch.
-Backup covers both sides, the free group and the map (journaled while live), so a
-restore leaves the map consistent with the restored free sets.
+onto one SWA page offset for offset (both sides take fresh pages together, planned
+once on the host), so frees work on whole pages. Segment frees (what SGLang 0.5.23's
+radix cache calls) run without a host sync; set frees (free, free_swa) sync once.
+Backup covers both sides, the free group and the map (journaled while live).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from kvcache.allocators.base import AllocatorState, as_indices, check_need_size, reject_meta
+from kvcache.allocators.base import AllocatorState, SegmentFrees, as_indices, check_need_size, reject_meta
+from kvcache.allocators.eviction import evict_shortfall
 from kvcache.allocators.free_group import FreeGroup, FreeGroupState
 from kvcache.allocators.index_map import FullToSWAMap, IndexMapState
-from kvcache.allocators.locations import decode_starts_page
 from kvcache.allocators.paged import PagedTokenToKVPoolAllocator
 from kvcache.allocators.token import TokenToKVPoolAllocator
 
@@ -44,44 +45,53 @@ class SWAAllocatorState:
     free_group: FreeGroupState
 
 
-def _side(name: str, size: int, page_size: int, device: torch.device, check: bool) -> SideAllocator:
+def _side(name: str, size: int, page_size: int, device: torch.device, check: bool, kvcache: Any) -> SideAllocator:
     if size < page_size or size % page_size:
         raise ValueError(f"{name} {size} must be a positive multiple of page_size {page_size}")
     if page_size == 1:
-        return TokenToKVPoolAllocator(size=size, device=device, check_frees=check)
-    return PagedTokenToKVPoolAllocator(size=size, page_size=page_size, device=device, check_frees=check)
+        return TokenToKVPoolAllocator(size=size, device=device, check_frees=check, kvcache=kvcache)
+    return PagedTokenToKVPoolAllocator(size=size, page_size=page_size, device=device, check_frees=check, kvcache=kvcache)
 
 
-class SWATokenToKVPoolAllocator:
-    """Full and SWA allocators behind SGLang's allocator API; hands out full-pool indices."""
+class SWATokenToKVPoolAllocator(SegmentFrees):
+    """Full and SWA allocators behind SGLang 0.5.23's allocator API; hands out full-pool indices."""
 
     def __init__(
         self, *, full_size: int, swa_size: int, page_size: int, device: torch.device | str, check_frees: bool = False,
+        kvcache: Any = None,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self._device = torch.device(device)
         self._page_size = page_size
         self._check = check_frees
-        self._full = _side("full_size", full_size, page_size, self._device, check_frees)
-        self._swa = _side("swa_size", swa_size, page_size, self._device, check_frees)
+        self._kvcache = kvcache
+        self.full_attn_allocator = _side("full_size", full_size, page_size, self._device, check_frees,
+                                         getattr(kvcache, "full_kv_pool", None))
+        self.swa_attn_allocator = _side("swa_size", swa_size, page_size, self._device, check_frees,
+                                        getattr(kvcache, "swa_kv_pool", None))
         self._map = FullToSWAMap(rows=full_size + page_size, device=self._device)
         self._group = FreeGroup()
         self._serial = next(_serials)
         self._generation = 0
+        if kvcache is not None and hasattr(kvcache, "register_mapping"):
+            kvcache.register_mapping(self._map.table)
 
     @property
     def size(self) -> int:
-        """Usable full-pool tokens (SGLang's `size` of this allocator)."""
-        return self._full.size
+        """Tokens both sides can hold at once (SGLang 0.5.23: min of the two sizes)."""
+        return min(self.full_attn_allocator.size, self.swa_attn_allocator.size)
 
     @property
-    def full_size(self) -> int:
-        return self._full.size
+    def size_full(self) -> int:
+        return self.full_attn_allocator.size
 
     @property
-    def swa_size(self) -> int:
-        return self._swa.size
+    def size_swa(self) -> int:
+        return self.swa_attn_allocator.size
+
+    full_size = size_full
+    swa_size = size_swa
 
     @property
     def page_size(self) -> int:
@@ -93,27 +103,49 @@ class SWATokenToKVPoolAllocator:
 
     @property
     def full_to_swa_index_mapping(self) -> torch.Tensor:
-        """int64, length full_size + page_size: the SWA index of each full index (0 = unmapped)."""
+        """int64, length full_size + page_size + 1: the SWA index of each full index (0 = unmapped; last row -1)."""
         return self._map.table
 
     @property
     def nbytes(self) -> int:
         """Device bytes of both free lists and the map (kvcache.allocators.footprint states the formula)."""
-        return self._full.nbytes + self._swa.nbytes + self._map.nbytes
+        return self.full_attn_allocator.nbytes + self.swa_attn_allocator.nbytes + self._map.nbytes
+
+    def get_kvcache(self) -> Any:
+        return self._kvcache
 
     def available_size(self) -> int:
         """Tokens that can be handed out now: both sides must have room."""
-        return min(self._full.available_size(), self._swa.available_size())
+        return min(self.full_attn_allocator.available_size(), self.swa_attn_allocator.available_size())
 
     def full_available_size(self) -> int:
-        return self._full.available_size()
+        return self.full_attn_allocator.available_size()
 
     def swa_available_size(self) -> int:
-        return self._swa.available_size()
+        return self.swa_attn_allocator.available_size()
 
-    def translate_loc_from_full_to_swa(self, full_indices: torch.Tensor) -> torch.Tensor:
-        """The SWA index of each full index (0 where unmapped)."""
-        return self._map.lookup(as_indices(full_indices, self._device, "full_indices").view(full_indices.shape))
+    def get_extend_allocation_demand(
+        self, prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, *, conservative_num_tokens: int,
+        shard_size: int = 1,
+    ) -> int:
+        return conservative_num_tokens
+
+    def evict_to_free_tokens(self, tree_cache: Any, num_tokens: int) -> None:
+        """Ask tree_cache for each side's shortfall in one evict_for_alloc call."""
+        evict_shortfall(tree_cache, full_shortfall=num_tokens - self.full_available_size(),
+                        swa_shortfall=num_tokens - self.swa_available_size())
+
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """The SWA index of each full index (0 where unmapped, -1 for -1)."""
+        return self._map.lookup(as_indices(kv_indices, self._device, "kv_indices").view(kv_indices.shape))
+
+    def set_full_to_swa_mapping(self, full_indices: torch.Tensor, swa_indices: torch.Tensor) -> None:
+        if full_indices.numel():
+            self._map.write(as_indices(full_indices, self._device, "full_indices"), swa_indices.reshape(-1))
+
+    def clear_full_to_swa_mapping(self, full_indices: torch.Tensor) -> None:
+        if full_indices.numel():
+            self._map.write(as_indices(full_indices, self._device, "full_indices"), 0)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """need_size full indices, each mapped to a fresh SWA slot; None (allocating nothing) if either side lacks room."""
@@ -121,27 +153,23 @@ class SWATokenToKVPoolAllocator:
         reject_meta(self._device, "alloc")
         if need_size > self.available_size():
             return None
-        full, swa = self._full.alloc(need_size), self._swa.alloc(need_size)
+        full, swa = self.full_attn_allocator.alloc(need_size), self.swa_attn_allocator.alloc(need_size)
         assert full is not None and swa is not None
         self._map.write(full, swa)
         return full
 
     def _paged_sides(self, op: str) -> tuple[PagedTokenToKVPoolAllocator, PagedTokenToKVPoolAllocator]:
         reject_meta(self._device, op)
-        if not isinstance(self._full, PagedTokenToKVPoolAllocator) or not isinstance(self._swa, PagedTokenToKVPoolAllocator):
+        full, swa = self.full_attn_allocator, self.swa_attn_allocator
+        if not isinstance(full, PagedTokenToKVPoolAllocator) or not isinstance(swa, PagedTokenToKVPoolAllocator):
             raise ValueError(f"{op}() needs page_size > 1; with page_size 1 use alloc(n)")
-        return self._full, self._swa
+        return full, swa
 
-    def _swa_last_loc(self, last_loc: torch.Tensor, continues: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """last_loc in SWA space (entries of requests that start a page are ignored downstream).
-
-        With check_frees, `continues()` says which requests continue a page, and each of
-        those must still have its SWA slot.
-        """
-        last = as_indices(last_loc, self._device, "last_loc")
-        swa_last = self._map.lookup(last.clamp(0, self._map.table.numel() - 1))
-        if self._check:
-            lost = continues() & (swa_last == 0)
+    def _swa_last_loc(self, last: torch.Tensor, continues: torch.Tensor | None) -> torch.Tensor:
+        """last_loc in SWA space; with check_frees, every request that continues a page (CPU mask) must still map."""
+        swa_last = self._map.lookup(last)
+        if self._check and continues is not None:
+            lost = continues.to(self._device) & (swa_last == 0)
             if bool(lost.any()):
                 raise ValueError(
                     f"full index {int(last[lost][0])} continues a partial page but has no SWA slot "
@@ -150,105 +178,149 @@ class SWATokenToKVPoolAllocator:
         return swa_last
 
     def alloc_extend(
-        self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor, last_loc: torch.Tensor, extend_num_tokens: int,
+        self, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor, seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor, extend_num_tokens: int,
     ) -> torch.Tensor | None:
-        """Paged extend on both sides (same page count); returns the full indices, or None allocating nothing."""
+        """Paged extend on both sides (one host plan, same page count); the full indices, or None allocating nothing."""
         full_side, swa_side = self._paged_sides("alloc_extend")
-        pages = full_side.extend_pages_needed(prefix_lens, seq_lens, extend_num_tokens)
-        if pages * self._page_size > self.available_size():
+        plan, last = full_side._plan_extend(prefix_lens_cpu, seq_lens_cpu, last_loc, extend_num_tokens)
+        if plan.num_new_pages * self._page_size > self.available_size():
             return None
-        prefix = as_indices(prefix_lens, self._device, "prefix_lens")
-        swa_last = self._swa_last_loc(last_loc, lambda: prefix % self._page_size != 0)
-        full = full_side.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens, num_new_pages=pages)
-        swa = swa_side.alloc_extend(prefix_lens, seq_lens, swa_last, extend_num_tokens, num_new_pages=pages)
+        prefix = prefix_lens_cpu.reshape(-1).cpu()
+        swa_last = self._swa_last_loc(last, (prefix % self._page_size != 0) & (seq_lens_cpu.reshape(-1).cpu() > prefix))
+        full, swa = full_side._extend_with(plan, last), swa_side._extend_with(plan, swa_last)
         assert full is not None and swa is not None
         self._map.write(full, swa)
         return full
 
-    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
-        """Paged decode on both sides; returns the full indices, or None allocating nothing."""
+    def alloc_decode(self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
+        """Paged decode on both sides; the full indices, or None allocating nothing."""
         full_side, swa_side = self._paged_sides("alloc_decode")
-        pages = full_side.decode_pages_needed(seq_lens)
-        if pages * self._page_size > self.available_size():
+        starting, count, last = full_side._plan_decode(seq_lens_cpu, last_loc)
+        if count * self._page_size > self.available_size():
             return None
-        seq = as_indices(seq_lens, self._device, "seq_lens")
-        swa_last = self._swa_last_loc(last_loc, lambda: ~decode_starts_page(seq, self._page_size))
-        full = full_side.alloc_decode(seq_lens, last_loc, num_new_pages=pages)
-        swa = swa_side.alloc_decode(seq_lens, swa_last, num_new_pages=pages)
+        swa_last = self._swa_last_loc(last, ~starting)
+        full, swa = full_side._decode_with(starting, count, last), swa_side._decode_with(starting, count, swa_last)
         assert full is not None and swa is not None
         self._map.write(full, swa)
         return full
 
-    def _rows_of(self, full: torch.Tensor) -> torch.Tensor:
-        """Every map row of the pages these full indices belong to, once each (the indices at page_size 1)."""
-        if self._page_size == 1:
-            return torch.unique(full)
-        offsets = torch.arange(self._page_size, dtype=torch.int64, device=self._device)
-        pages = torch.unique(full // self._page_size)
-        return (pages[:, None] * self._page_size + offsets).reshape(-1)
+    # Frees resolve the map at once (SGLang 0.5.23: a later cache action in a free group may map the
+    # same full index again); inside a free group both sides defer their releases, with copies.
 
-    def free_swa(self, full_indices: torch.Tensor) -> None:
-        """Release only the SWA slots of these tokens (they left the window); the full side stays held."""
-        if full_indices.numel() == 0:
-            return
-        reject_meta(self._device, "free_swa")
-        rows = self._rows_of(as_indices(full_indices, self._device, "full_indices"))
-        swa = self._map.lookup(rows)
-        held = swa[swa > 0]
-        if held.numel():
-            self._swa.free(held)
-            self._map.write(rows, 0)
+    def _checked(self, op: str, indices: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+        reject_meta(self._device, op)
+        if start_pos % self._page_size:
+            raise ValueError(f"segment start {start_pos} is not a multiple of page_size {self._page_size}")
+        return as_indices(indices, self._device, "free_index")
 
     def free(self, free_index: torch.Tensor) -> None:
-        """Release both sides of these full indices; inside a free group, at free_group_end()."""
-        if free_index.numel() == 0:
-            return
-        reject_meta(self._device, "free")
-        full = as_indices(free_index, self._device, "free_index")
-        if not self._group.defer(full):
-            self._release(full)
+        """Release both sides of these full indices (a set: paged, every page they touch)."""
+        if free_index.numel():
+            self._free_now(self._checked("free", free_index))
 
-    def _release(self, full: torch.Tensor) -> None:
+    def free_swa(self, free_index: torch.Tensor) -> None:
+        """Release only the SWA slots of these tokens (they left the window); the full side stays held."""
+        if free_index.numel():
+            self._free_swa_now(self._checked("free_swa", free_index))
+
+    def free_full(self, free_index: torch.Tensor) -> None:
+        """Release only the full side (its SWA slots were freed already)."""
+        if free_index.numel():
+            self.full_attn_allocator.free(self._checked("free_full", free_index))
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """Both sides of kv_row[start_pos : start_pos + n] of one request (page-aligned start): no host sync."""
+        if free_index.numel():
+            full = self._checked("free_segment", free_index, start_pos)
+            self._free_swa_segment_now(full)
+            self.full_attn_allocator.free_segment(full, start_pos=start_pos)
+
+    def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        if free_index.numel():
+            self._free_swa_segment_now(self._checked("free_swa_segment", free_index, start_pos))
+
+    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        if free_index.numel():
+            self.full_attn_allocator.free_segment(self._checked("free_full_segment", free_index, start_pos),
+                                                  start_pos=start_pos)
+
+    def _rows_of(self, full: torch.Tensor) -> torch.Tensor:
+        """Every map row of the pages these full indices belong to, once each (torch.unique: a host sync)."""
+        if self._page_size == 1:
+            return torch.unique(full)
+        return self._page_rows(torch.unique(full - full % self._page_size))
+
+    def _page_rows(self, starts: torch.Tensor) -> torch.Tensor:
+        """Every map row of the pages starting at these full indices."""
+        if self._page_size == 1:
+            return starts
+        offsets = torch.arange(self._page_size, dtype=torch.int64, device=self._device)
+        return torch.add(offsets, starts[:, None]).reshape(-1)
+
+    def _free_now(self, full: torch.Tensor) -> None:
+        rows = self._rows_of(full)
+        swa = self._map.lookup(rows)
+        held = swa[swa > 0]  # data-dependent: one host sync
+        self.full_attn_allocator.free(full)  # with check_frees this raises before anything changed
+        if held.numel():
+            self.swa_attn_allocator.free(held)
+        self._map.write(rows, 0)
+
+    def _free_swa_now(self, full: torch.Tensor) -> None:
         rows = self._rows_of(full)
         swa = self._map.lookup(rows)
         held = swa[swa > 0]
-        self._full.free(full)  # with check_frees this raises before anything changed
         if held.numel():
-            self._swa.free(held)
-        self._map.write(rows, 0)
+            self.swa_attn_allocator.free(held)
+            self._map.write(rows, 0)
+
+    def _free_swa_segment_now(self, full: torch.Tensor) -> None:
+        firsts = full[:: self._page_size]  # the first full index of every page in the segment
+        swa_starts = self._map.lookup(firsts)
+        if self._check and bool((swa_starts <= 0).any()):
+            raise ValueError("free_swa_segment of a segment whose SWA slots are already free (use free_full_segment)")
+        self.swa_attn_allocator.free_page_starts(swa_starts)
+        self._map.write(self._page_rows(firsts), 0)
 
     def free_group_begin(self) -> None:
         self._group.begin()
+        self.full_attn_allocator.free_group_begin()
+        self.swa_attn_allocator.free_group_begin()
 
     def free_group_end(self) -> None:
-        full = self._group.end()
-        if full is not None:
-            self._release(full)
+        self._group.end()
+        self.full_attn_allocator.free_group_end()
+        self.swa_attn_allocator.free_group_end()
 
     def clear(self) -> None:
         """Both sides free, the map empty, any free group closed; earlier backups become void."""
         self._group.close()
-        self._full.clear()
-        self._swa.clear()
+        self.full_attn_allocator.clear()
+        self.swa_attn_allocator.clear()
         self._map.reset()
         self._generation += 1
 
-    def backup_state(self) -> SWAAllocatorState:
-        """O(1). Only the latest backup can be restored."""
+    def backup_allocator_state(self) -> SWAAllocatorState:
+        """O(1). Only the latest backup can be restored (SGLang 0.5 has no backup; the name is ours)."""
         self._generation += 1
         return SWAAllocatorState(
-            owner=self._serial, generation=self._generation, full=self._full.backup_state(),
-            swa=self._swa.backup_state(), index_map=self._map.mark(), free_group=self._group.mark(),
+            owner=self._serial, generation=self._generation, full=self.full_attn_allocator.backup_allocator_state(),
+            swa=self.swa_attn_allocator.backup_allocator_state(), index_map=self._map.mark(),
+            free_group=self._group.mark(),
         )
 
-    def restore_state(self, state: SWAAllocatorState) -> None:
+    def restore_allocator_state(self, state: SWAAllocatorState) -> None:
         """Both free sets, the map and the free group as at backup; costs what changed since."""
         if state.owner != self._serial or state.generation != self._generation:
             raise ValueError(
                 f"allocator state (backup #{state.generation}) is not the latest backup of this allocator "
                 f"(latest is #{self._generation}; a newer backup_state() or a clear() replaced it)"
             )
-        self._full.restore_state(state.full)
-        self._swa.restore_state(state.swa)
+        self.full_attn_allocator.restore_allocator_state(state.full)
+        self.swa_attn_allocator.restore_allocator_state(state.swa)
         self._map.restore(state.index_map)
         self._group.restore(state.free_group)
+
+    backup_state = backup_allocator_state
+    restore_state = restore_allocator_state

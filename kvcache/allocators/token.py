@@ -1,29 +1,41 @@
 """TokenToKVPoolAllocator: KV token indices 1..size, one token at a time (page_size 1).
 
-Index 0 is the KV pool's padding row and is never handed out. alloc and free cost
-O(n) whatever the pool size (see kvcache.allocators.free_stack).
+Index 0 is the KV pool's padding row and is never handed out. alloc() returns a view
+of the free log (no kernel) and free() appends (one kernel): see
+kvcache.allocators.free_log. Frees are sets of token indices, segments of a request's
+row (free_segment) or "page ids" (free_page_ids), which at page size 1 are all the same.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from kvcache.allocators.base import FreeListAllocator, check_need_size, reject_meta
+from kvcache.allocators.base import FreeListAllocator, as_indices, check_need_size, reject_meta
 
 
 class TokenToKVPoolAllocator(FreeListAllocator):
-    """SGLang's token allocator API; `size` usable tokens, indices are int64 on `device`."""
+    """SGLang 0.5.23's token allocator API; `size` usable tokens, indices are int64 on `device`."""
 
-    def __init__(self, *, size: int, device: torch.device | str, check_frees: bool = False) -> None:
+    def __init__(self, *, size: int, device: torch.device | str, check_frees: bool = False, kvcache: Any = None) -> None:
         if size < 1:
             raise ValueError(f"size must be a positive number of tokens, got {size}")
-        super().__init__(capacity=size, page_size=1, device=device, check_frees=check_frees, unit="token index")
+        super().__init__(capacity=size, page_size=1, device=device, check_frees=check_frees, unit="token index",
+                         kvcache=kvcache)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
-        """need_size free token indices, or None (allocating nothing) when fewer are free."""
+        """need_size free token indices (a view that is never overwritten), or None when fewer are free."""
         check_need_size(need_size, 1)
         reject_meta(self._device, "alloc")
-        return self._stack.pop(need_size)
+        return self._log.take(need_size)
 
-    def _release(self, indices: torch.Tensor) -> None:
-        self._stack.push(indices)
+    def free_page_ids(self, page_ids: torch.Tensor) -> None:
+        """At page size 1 page ids are token indices."""
+        self.free(page_ids)
+
+    def _set_ids(self, indices: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        return indices, False
+
+    def _segment_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        return indices

@@ -6,7 +6,7 @@ stored as an FP8 e4m3 bit pattern (amax / 6, 6 being e2m1's largest magnitude).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -106,7 +106,9 @@ class LayerIndex:
         self.layer_ids = tuple(layer_ids)
         self._position = {layer: i for i, layer in enumerate(self.layer_ids)}
 
-    def __call__(self, layer_id: int) -> int:
+    def __call__(self, layer: "int | Any") -> int:
+        """Position of a layer given by number or, as SGLang 0.5.23 passes it, by an object with `.layer_id`."""
+        layer_id = layer if isinstance(layer, int) else layer.layer_id
         try:
             return self._position[layer_id]
         except KeyError:

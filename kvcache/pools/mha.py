@@ -1,6 +1,8 @@
 """MHATokenToKVPool: K and V buffers per layer for MHA/GQA (and sliding-window) layers.
 
 All layers' buffers are views into one allocation (one block of rounding, one failure point).
+Methods follow SGLang 0.5.23's KV pool API: a layer is a global layer number or an
+object with `.layer_id` (SGLang passes its RadixAttention layer).
 
 Each buffer has size + page_size rows: row (page) 0 absorbs padded writes, so token
 indices 1..size are usable.
@@ -8,7 +10,7 @@ indices 1..size are usable.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -30,6 +32,10 @@ class MHATokenToKVPool:
         self.device = device
         self._local = LayerIndex(layer_ids)
         self.layer_ids = self._local.layer_ids
+        self.layer_num = len(self.layer_ids)
+        self.start_layer = self.layer_ids[0] if self.layer_ids else 0
+        self.end_layer = self.layer_ids[-1] if self.layer_ids else -1
+        self.head_num, self.head_dim, self.v_head_dim = kv_heads, head_dim, v_head_dim
         rows = size + page_size
         per_layer = cache_segments(rows, kv_heads, head_dim, dtype) + cache_segments(rows, kv_heads, v_head_dim, dtype)
         parts = carve(per_layer * len(self.layer_ids), device)  # one allocation for every layer's K and V
@@ -39,27 +45,35 @@ class MHATokenToKVPool:
             self._k.append(CacheTensor.take(parts, dtype))
             self._v.append(CacheTensor.take(parts, dtype))
 
-    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+    def get_key_buffer(self, layer_id: Any) -> torch.Tensor:
         return self._k[self._local(layer_id)].read()
 
-    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+    def get_value_buffer(self, layer_id: Any) -> torch.Tensor:
         return self._v[self._local(layer_id)].read()
 
-    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_kv_buffer(self, layer_id: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
 
-    def get_key_scales(self, layer_id: int) -> torch.Tensor | None:
+    def get_key_scales(self, layer_id: Any) -> torch.Tensor | None:
         """FP4 per-16 scale bytes of K (None for other formats)."""
         return self._k[self._local(layer_id)].scales
 
-    def get_value_scales(self, layer_id: int) -> torch.Tensor | None:
+    def get_value_scales(self, layer_id: Any) -> torch.Tensor | None:
         return self._v[self._local(layer_id)].scales
 
-    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
-        """Write K and V ([n, kv_heads, dim], model dtype) for token indices `loc`."""
-        i = self._local(layer_id)
-        self._k[i].write(loc, cache_k)
-        self._v[i].write(loc, cache_v)
+    def set_kv_buffer(
+        self, layer: Any, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+        k_scale: float | None = None, v_scale: float | None = None, layer_id_override: int | None = None,
+    ) -> None:
+        """Write K and V ([n, kv_heads, dim], model dtype) for token indices `loc` (SGLang 0.5.23's arguments:
+        values are divided by k_scale / v_scale before a narrower store; layer_id_override picks the layer)."""
+        i = self._local(layer if layer_id_override is None else layer_id_override)
+        self._k[i].write(loc, cache_k if k_scale is None else cache_k / k_scale)
+        self._v[i].write(loc, cache_v if v_scale is None else cache_v / v_scale)
+
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        """Bytes of all K buffers and of all V buffers (SGLang 0.5.23)."""
+        return (tensor_bytes(t for c in self._k for t in c.tensors()), tensor_bytes(t for c in self._v for t in c.tensors()))
 
     @property
     def nbytes(self) -> int:

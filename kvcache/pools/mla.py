@@ -6,7 +6,7 @@ is the decoupled RoPE key.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -30,34 +30,50 @@ class MLATokenToKVPool:
         self.qk_rope_head_dim = qk_rope_head_dim
         self._local = LayerIndex(layer_ids)
         self.layer_ids = self._local.layer_ids
+        self.layer_num = len(self.layer_ids)
+        self.start_layer = self.layer_ids[0] if self.layer_ids else 0
+        self.end_layer = self.layer_ids[-1] if self.layer_ids else -1
         rows = size + page_size
         segments = cache_segments(rows, 1, kv_lora_rank + qk_rope_head_dim, dtype)
         parts = carve(segments * len(self.layer_ids), device)  # one allocation for every layer
         self._kv = [CacheTensor.take(parts, dtype) for _ in self.layer_ids]
 
-    def _buffer(self, layer_id: int) -> CacheTensor:
+    def _buffer(self, layer_id: Any) -> CacheTensor:
         return self._kv[self._local(layer_id)]
 
-    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+    def get_key_buffer(self, layer_id: Any) -> torch.Tensor:
         """The whole latent (compressed KV and RoPE key)."""
         return self._buffer(layer_id).read()
 
-    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+    def get_value_buffer(self, layer_id: Any) -> torch.Tensor:
         """The compressed KV part, which attention reads as values."""
         if self.dtype.scale_group:
             raise ValueError("an FP4 MLA latent packs elements in pairs; read get_key_buffer and its scales instead")
         return self._buffer(layer_id).read()[..., : self.kv_lora_rank]
 
-    def get_key_scales(self, layer_id: int) -> torch.Tensor | None:
+    def get_key_scales(self, layer_id: Any) -> torch.Tensor | None:
         return self._buffer(layer_id).scales
 
-    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor) -> None:
-        """Write whole latents ([n, 1, kv_lora_rank + qk_rope_head_dim])."""
-        self._buffer(layer_id).write(loc, cache_k)
+    def get_kv_buffer(self, layer_id: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(whole latent, its compressed-KV part), as SGLang 0.5.23's MLA pool returns them."""
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
 
-    def set_mla_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k_nope: torch.Tensor, cache_k_rope: torch.Tensor) -> None:
+    def set_kv_buffer(
+        self, layer: Any, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor | None = None,
+        layer_id_override: int | None = None,
+    ) -> None:
+        """Write whole latents ([n, 1, kv_lora_rank + qk_rope_head_dim]); cache_v is unused, as in SGLang."""
+        self._buffer(layer if layer_id_override is None else layer_id_override).write(loc, cache_k)
+
+    def set_mla_kv_buffer(
+        self, layer: Any, loc: torch.Tensor, cache_k_nope: torch.Tensor, cache_k_rope: torch.Tensor,
+        layer_id_override: int | None = None,
+    ) -> None:
         """Write the compressed KV and the RoPE key given apart ([n, 1, rank] and [n, 1, rope])."""
-        self.set_kv_buffer(layer_id, loc, torch.cat((cache_k_nope, cache_k_rope), dim=-1))
+        self.set_kv_buffer(layer, loc, torch.cat((cache_k_nope, cache_k_rope), dim=-1), layer_id_override=layer_id_override)
+
+    def get_kv_size_bytes(self) -> int:
+        return self.nbytes
 
     @property
     def nbytes(self) -> int:

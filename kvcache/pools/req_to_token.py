@@ -1,15 +1,30 @@
 """ReqToTokenPool: one int32 row per running request, mapping positions to KV token indices.
 
-Row 0 is padding (never handed out). Hybrid models also map each row to its
-recurrent-state slot (`req_to_state_slot`).
+Row 0 is padding (never handed out: CUDA-graph padded batches point at it). Hybrid
+models also map each row to its recurrent-state slot (`req_to_state_slot`). The API
+is SGLang 0.5.23's: alloc(reqs) binds a row to each request that has none (a chunked
+request keeps its row), free(req) unbinds it, write(indices, values) stores indices.
+Ours also refuses a double free and a row out of range, on the host at no device cost.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from kvcache import device_buffers
 from kvcache.device_buffers import tensor_bytes
+
+
+def kv_record(req: Any) -> Any:
+    """Where a request keeps its row: SGLang 0.5.23's `req.kv` record, or the request itself (older SGLang)."""
+    return getattr(req, "kv", req)
+
+
+def holds_row(req: Any) -> bool:
+    return kv_record(req).req_pool_idx is not None
 
 
 class ReqToTokenPool:
@@ -23,31 +38,76 @@ class ReqToTokenPool:
         parts = device_buffers.carve(segments, device)
         self.req_to_token = parts[0]
         self.req_to_state_slot = parts[1] if with_state_slots else None
-        self._free_slots: list[int] = list(range(size, 0, -1))
+        self.clear()
 
-    def alloc(self, need_size: int = 1) -> list[int] | None:
-        """Request rows, or None when fewer than `need_size` are free."""
+    def alloc(self, reqs: Sequence[Any] | int) -> list[int] | None:
+        """SGLang 0.5.23: a row for every request without one (set on req.kv.req_pool_idx); the rows of all
+        of them in order, or None (binding nothing) when too few are free. An int n takes n unbound rows."""
+        if isinstance(reqs, int):
+            return self.alloc_rows(reqs)
+        unbound = [r for r in reqs if not holds_row(r)]
+        rows = self.alloc_rows(len(unbound))
+        if rows is None:
+            return None
+        for req, row in zip(unbound, rows):
+            kv_record(req).req_pool_idx = row
+        return [kv_record(r).req_pool_idx for r in reqs]
+
+    def alloc_rows(self, need_size: int) -> list[int] | None:
+        """need_size rows bound to no request, or None when fewer are free. O(need_size)."""
+        if need_size < 0:
+            raise ValueError(f"cannot allocate a negative number of request rows ({need_size})")
         if need_size > len(self._free_slots):
             return None
-        taken = self._free_slots[-need_size:] if need_size else []
-        del self._free_slots[len(self._free_slots) - need_size:]
-        return taken[::-1]
+        if need_size == 0:
+            return []
+        rows = self._free_slots[-need_size:]
+        del self._free_slots[-need_size:]
+        for row in rows:
+            self._held[row] = 1
+        return rows
 
-    def free(self, rows: int | list[int]) -> None:
-        for row in [rows] if isinstance(rows, int) else rows:
+    def free(self, req: Any) -> None:
+        """SGLang 0.5.23: give back the request's row and unbind it. A row number or a list of them also works."""
+        if isinstance(req, (int, list)):
+            self.free_rows([req] if isinstance(req, int) else req)
+            return
+        record = kv_record(req)
+        if record.req_pool_idx is None:
+            raise ValueError("free(req) of a request that holds no row (freed twice, or never allocated)")
+        self.free_rows([record.req_pool_idx])
+        record.req_pool_idx = None
+
+    def free_rows(self, rows: Sequence[int]) -> None:
+        """Give back rows; refuses padding row 0, rows out of range and rows already free (nothing changes)."""
+        for row in rows:
             if not 1 <= row <= self.size:
                 raise ValueError(f"request row {row} is not in 1..{self.size}")
-            self._free_slots.append(row)
+            if not self._held[row]:
+                raise ValueError(f"double free: request row {row} is already free")
+        if len(set(rows)) != len(rows):
+            raise ValueError(f"a request row is freed twice in one call: {sorted(rows)}")
+        for row in rows:
+            self._held[row] = 0
+        self._free_slots.extend(rows)
 
     def available_size(self) -> int:
         return len(self._free_slots)
 
     def clear(self) -> None:
-        self._free_slots = list(range(self.size, 0, -1))
+        self._free_slots: list[int] = list(range(1, self.size + 1))
+        self._held = bytearray(self.size + 1)
 
-    def write(self, row: int, positions: slice, token_indices: torch.Tensor) -> None:
-        """Record which KV tokens hold positions `positions` of request `row`."""
-        self.req_to_token[row, positions] = token_indices.to(torch.int32)
+    def write(self, indices: Any, values: torch.Tensor | int, *legacy: torch.Tensor) -> None:
+        """SGLang 0.5.23: req_to_token[indices] = values (indices e.g. (row, slice) or (rows, positions)).
+
+        The older three-argument form write(row, positions, token_indices) still works.
+        """
+        if legacy:
+            indices, values = (indices, values), legacy[0]
+        if isinstance(values, torch.Tensor) and values.dtype != torch.int32:
+            values = values.to(torch.int32)
+        self.req_to_token[indices] = values
 
     @property
     def nbytes(self) -> int:

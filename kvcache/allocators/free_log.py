@@ -1,0 +1,182 @@
+"""FreeLog: the free ids of one pool in an append-only device log; alloc hands out views, free appends.
+
+Layout: an int64 tensor `log` of 2 * capacity entries and host ints head <= tail. The
+free ids are exactly log[head:tail].
+
+- take(n)  returns the view log[head:head+n] and moves head up: no kernel, no sync.
+- put(xs)  copies xs into log[tail:tail+len] and moves tail up: one kernel, no sync.
+  When the log's end is reached, the free ids move to the front of a FRESH log (one
+  copy, at most once per `capacity` freed ids, so O(1) amortized per id).
+
+Nothing ever writes at or below head of a log, and a full log is replaced, never
+rewritten, so a view take() handed out keeps its values for as long as the caller
+holds it (torch keeps the old log alive through the view) -- SGLang 0.5.23's
+allocators give the same guarantee by concatenating into new tensors on every free,
+at O(pool) per call. That is what makes alloc() a view and an alloc+free cycle one
+kernel launch at page size 1, flat in the pool size.
+
+backup() is O(1): the log tensor, head and tail. Since log[head:tail] of that tensor
+is never written again, restore() just reinstates them (indices handed out after the
+backup are void once restored). Only the latest backup is restorable.
+
+Ids are multiples of `stride` (page starts in a paged pool: page p is stored as
+p * page_size). With check=True a bool `is_free` row per id catches double frees,
+out-of-range ids and id 0 (the padding page) at O(n) per call; it costs host syncs, so
+it is opt-in, and restore() then rebuilds the flags (O(capacity)).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from kvcache import device_buffers
+
+_serials = itertools.count(1)
+
+LOG_LENGTH_FACTOR = 2  # log entries per id: room for `capacity` frees between compactions
+
+
+@dataclass(frozen=True, slots=True)
+class FreeLogState:
+    """An opaque backup: which log made it, which backup generation, and the log, head and tail then."""
+
+    owner: int
+    generation: int
+    log: torch.Tensor
+    head: int
+    tail: int
+
+
+class FreeLog:
+    """Ids stride*1 .. stride*capacity, all free at first; a fresh log hands out the lowest first."""
+
+    def __init__(self, *, capacity: int, device: torch.device, unit: str, stride: int = 1, check: bool = False) -> None:
+        if capacity < 1:
+            raise ValueError(f"a free list needs at least one {unit}, got capacity {capacity}")
+        if check and device.type == "meta":
+            raise ValueError("check_frees=True needs real tensors, but a meta allocator holds no index values")
+        self._capacity = capacity
+        self._device = device
+        self._unit = unit
+        self._stride = stride
+        self._log = device_buffers.allocate_zeros((LOG_LENGTH_FACTOR * capacity,), torch.int64, device)
+        self._is_free: torch.Tensor | None = None
+        if check:
+            self._is_free = device_buffers.allocate_zeros((capacity + 1,), torch.bool, device)
+        self._serial = next(_serials)
+        self._generation = 0
+        self._head = self._tail = 0
+        self.reset()
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def available(self) -> int:
+        """How many ids are free."""
+        return self._tail - self._head
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes held for the life of the log (kvcache.allocators.footprint states the formula)."""
+        return device_buffers.tensor_bytes(t for t in (self._log, self._is_free) if t is not None)
+
+    def free_ids(self) -> torch.Tensor:
+        """The free ids, in the order take() would hand them out (a view)."""
+        return self._log[self._head:self._tail]
+
+    def take(self, n: int) -> torch.Tensor | None:
+        """n free ids as a view that is never overwritten, or None (nothing changes) when fewer are free."""
+        if n < 0:
+            raise ValueError(f"cannot allocate a negative number of {self._unit}s ({n})")
+        if n > self._tail - self._head:
+            return None
+        out = self._log[self._head:self._head + n]
+        self._head += n
+        if self._is_free is not None:
+            self._is_free[out // self._stride] = False
+        return out
+
+    def put(self, ids: torch.Tensor, *, multiply: int = 1) -> None:
+        """Return ids * multiply (any integer dtype on this device, 1-D) to the free list: one kernel."""
+        n = ids.numel()
+        if n == 0:
+            return
+        if self._is_free is not None:
+            self._validate(ids * multiply if multiply != 1 else ids)
+        if self._tail - self._head + n > self._capacity:
+            raise ValueError(
+                f"freeing {n} ids ({self._unit}) but only {self._capacity - self.available} are allocated "
+                "(a double free? check_frees=True names the id)"
+            )
+        if self._tail + n > self._log.numel():
+            self._compact()
+        dest = self._log[self._tail:self._tail + n]
+        if multiply == 1:
+            dest.copy_(ids)
+        else:
+            torch.mul(ids, multiply, out=dest)
+        self._tail += n
+        if self._is_free is not None:
+            self._is_free[dest // self._stride] = True
+
+    def _compact(self) -> None:
+        """Move the free ids to the front of a fresh log; views of the old one stay valid."""
+        fresh = torch.empty_like(self._log)
+        count = self._tail - self._head
+        fresh[:count].copy_(self._log[self._head:self._tail])
+        self._log, self._head, self._tail = fresh, 0, count
+
+    def _validate(self, ids: torch.Tensor) -> None:
+        """Raise ValueError naming the first bad id: padding 0, out of range, repeated, or already free."""
+        assert self._is_free is not None
+        unit, stride = self._unit, self._stride
+        ids = ids.reshape(-1).to(torch.int64)
+        if bool((ids == 0).any()):
+            raise ValueError(f"cannot free {unit} 0: it is the padding {unit} and is never handed out")
+        misaligned = ids[ids % stride != 0]
+        if misaligned.numel():
+            raise ValueError(f"token index {int(misaligned[0])} does not start a {unit} of {stride} tokens")
+        ids = ids // stride
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 1 or hi > self._capacity:
+            raise ValueError(f"cannot free {unit} {lo if lo < 1 else hi}: out of range 1..{self._capacity}")
+        ordered = ids.sort().values
+        repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+        if repeated.numel():
+            raise ValueError(f"{unit} {int(repeated[0])} is freed twice in one call")
+        already = ids[self._is_free[ids]]
+        if already.numel():
+            raise ValueError(f"double free: {unit} {int(already[0])} is already free ({already.numel()} such)")
+
+    def _reset_flags(self) -> None:
+        if self._is_free is not None:
+            self._is_free.zero_()
+            self._is_free[self._log[self._head:self._tail] // self._stride] = True
+
+    def reset(self) -> None:
+        """Everything free again, in the fresh order; any backup becomes void."""
+        fresh = torch.arange(1, self._capacity + 1, dtype=torch.int64, device=self._device) * self._stride
+        self._log[:self._capacity].copy_(fresh)
+        self._head, self._tail = 0, self._capacity
+        self._reset_flags()
+        self._generation += 1
+
+    def backup(self) -> FreeLogState:
+        """O(1); voids any earlier backup."""
+        self._generation += 1
+        return FreeLogState(owner=self._serial, generation=self._generation, log=self._log, head=self._head, tail=self._tail)
+
+    def restore(self, state: FreeLogState) -> None:
+        """Make the free set what it was at `state`: O(1) (O(capacity) with check=True)."""
+        if state.owner != self._serial or state.generation != self._generation:
+            raise ValueError(
+                f"allocator state (backup #{state.generation}) is not the latest backup of this allocator "
+                f"(latest is #{self._generation}; a newer backup_state() or a clear() replaced it)"
+            )
+        self._log, self._head, self._tail = state.log, state.head, state.tail
+        self._reset_flags()
