@@ -59,7 +59,7 @@ class DecodeRequests:
         new_lens = [self.seq_lens[r] + 1 for r in rows]
         index = torch.tensor(rows, dtype=torch.int64, device=self.device)
         seq = torch.tensor(new_lens, dtype=torch.int64, device=self.device)
-        loc = self._allocate(index, seq)
+        loc = self._allocate(index, seq, torch.tensor(new_lens, dtype=torch.int64))
         table = self.req_to_token_pool.req_to_token
         table[index, seq - 1] = loc.to(torch.int32)
         for r, n in zip(rows, new_lens):
@@ -67,13 +67,13 @@ class DecodeRequests:
         return DecodeBatch(input_ids=input_ids.to(self.device, torch.int64), positions=seq - 1, req_pool_indices=index,
                            seq_lens=seq.to(torch.int32), out_cache_loc=loc)
 
-    def _allocate(self, index: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
+    def _allocate(self, index: torch.Tensor, seq: torch.Tensor, seq_cpu: torch.Tensor) -> torch.Tensor:
         if self.allocator.page_size == 1:
             loc = self.allocator.alloc(int(index.numel()))
         else:
             table = self.req_to_token_pool.req_to_token
             last = table[index, (seq - 2).clamp(min=0)].to(torch.int64)
-            loc = self.allocator.alloc_decode(seq, torch.where(seq > 1, last, torch.full_like(last, -1)))
+            loc = self.allocator.alloc_decode(seq, seq_cpu, torch.where(seq > 1, last, torch.full_like(last, -1)))
         if loc is None:
             raise OutOfKVSlotsError(f"the KV allocator has no free slot for {int(index.numel())} more tokens")
         return loc.to(torch.int64)
