@@ -150,6 +150,10 @@ def check_tensor_parallel(model: ModelConfig, attention_tp: int) -> None:
     )
 
 
+# Layers that run two mixers side by side (Falcon-H1; Zamba-2's hybrid layers) cache for both.
+PARALLEL_MIXERS: dict[str, tuple[str, str]] = {"attention_mamba2": ("full_attention", "mamba2")}
+
+
 def model_layer_specs(
     model: ModelConfig,
     parallel: ParallelState,
@@ -164,9 +168,10 @@ def model_layer_specs(
     ids = layer_ids if layer_ids is not None else parallel.layer_range(model.num_hidden_layers)
     placements: list[LayerPlacement] = []
     for i in ids:
-        spec = _spec_for(model.layer_kinds[i], model, parallel, kv_dtype, model_dtype, ssm_dtype)
-        if spec is not None:
-            placements.append(LayerPlacement(layer_id=i, spec=spec))
+        for kind in PARALLEL_MIXERS.get(model.layer_kinds[i], (model.layer_kinds[i],)):
+            spec = _spec_for(kind, model, parallel, kv_dtype, model_dtype, ssm_dtype)
+            if spec is not None:
+                placements.append(LayerPlacement(layer_id=i, spec=spec))
     return tuple(placements)
 
 
@@ -222,7 +227,8 @@ def _gated_delta_net_spec(m: ModelConfig, p: ParallelState, conv_dtype: torch.dt
 
 def _mamba2_spec(m: ModelConfig, p: ParallelState, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> RecurrentStateSpec:
     """Mamba-2: conv over x (heads x head_dim), B and C (groups x state); SSM state per head."""
-    assert m.mamba_num_heads and m.mamba_head_dim and m.ssm_state_size and m.mamba_n_groups and m.mamba_conv_kernel
+    assert m.mamba_num_heads and m.mamba_head_dim and m.ssm_state_size and m.mamba_conv_kernel
+    assert m.mamba_n_groups is not None  # 0 for Mamba-1: B and C come after the conv, so it convolves x only
     heads = p.split_per_rank(m.mamba_num_heads, "mamba_num_heads")
     # groups that do not split over TP are extended to one per rank and sharded, as SGLang and vLLM do
     groups = -(-m.mamba_n_groups // p.attention_tp_size)

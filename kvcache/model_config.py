@@ -18,10 +18,12 @@ from kvcache.errors import ConfigError
 from kvcache.models.weights_layout import WeightLayout
 
 LayerKind = Literal[
-    "full_attention", "sliding_attention", "chunked_attention", "mla", "linear_attention", "kda", "mamba2", "mlp",
+    "full_attention", "sliding_attention", "chunked_attention", "mla", "linear_attention", "kda", "mamba2",
+    "attention_mamba2", "mlp",
 ]
-KV_LAYER_KINDS: frozenset[str] = frozenset({"full_attention", "sliding_attention", "chunked_attention", "mla"})
-STATE_LAYER_KINDS: frozenset[str] = frozenset({"linear_attention", "kda", "mamba2"})
+KV_LAYER_KINDS: frozenset[str] = frozenset(
+    {"full_attention", "sliding_attention", "chunked_attention", "mla", "attention_mamba2"})
+STATE_LAYER_KINDS: frozenset[str] = frozenset({"linear_attention", "kda", "mamba2", "attention_mamba2"})
 VisionWeights = Literal["none", "counted", "not_counted"]
 
 

@@ -153,7 +153,8 @@ def moe_block(f: ConfigFields, hidden: int, experts: int, *, score_bias: bool = 
     if shared is None:
         count = f.int("n_shared_experts", "num_shared_experts", default=0, low=0, high=MAX_EXPERTS)
         shared = count * inter
-    return MoE(hidden, experts, inter, shared_intermediate=shared, score_bias=score_bias,
+    latent = f.int("moe_latent_size", default=0, low=0)
+    return MoE(hidden, experts, inter, shared_intermediate=shared, score_bias=score_bias, latent=latent,
                **({"shared_name": "shared_expert", "shared_gate": True} if gate else {}), **names)
 
 
@@ -162,8 +163,13 @@ def moe_layers(f: ConfigFields, n: int) -> Callable[[int], bool]:
     decoder_sparse_step-th / interleave_moe_layer_step-th, never the mlp_only_layers."""
     first_dense = f.int("first_k_dense_replace", "moe_layer_start_index", default=0, low=0, high=MAX_LAYERS)
     dense_only = set(f.int_list("mlp_only_layers") or ())
-    freq = f.int("moe_layer_freq", "moe_layer_interval", default=1, high=MAX_LAYERS)
     step = f.int("decoder_sparse_step", "interleave_moe_layer_step", default=1, high=MAX_LAYERS)
+    if isinstance(f.raw.get("moe_layer_freq"), list):  # one 0/1 flag per layer (MiniMax-M3, MiMo-V2)
+        flags = f.int_list("moe_layer_freq", low=0, high=1) or ()
+        if len(flags) != n:
+            f.fail("moe_layer_freq", f"a list of {len(flags)}", f"one 0/1 flag per layer ({n})")
+        return lambda i: bool(flags[i]) and i not in dense_only
+    freq = f.int("moe_layer_freq", "moe_layer_interval", default=1, high=MAX_LAYERS)
 
     def is_moe(i: int) -> bool:
         return i >= first_dense and i not in dense_only and i % freq == 0 and (i + 1) % step == 0
@@ -205,7 +211,9 @@ def quantization(f: ConfigFields) -> Quantization:
     if q is None or not q.raw:
         return Quantization()
     method = q.text("quant_method", default="unknown")
-    q.int_list("weight_block_size", low=1, high=1 << 16)
+    block = q.int_list("weight_block_size", low=1, high=1 << 16)
+    if block is not None and len(block) != 2:
+        q.fail("weight_block_size", list(block), "two positive integers [rows, columns]")
     exempt = [p for key in ("modules_to_not_convert", "ignored_layers", "ignore") for p in q.text_list(key) or ()]
     return Quantization(method=method, exempt=tuple(exempt))
 

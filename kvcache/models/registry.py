@@ -23,6 +23,9 @@ from kvcache.models.families.deepseek import read_deepseek
 from kvcache.models.families.eagle import read_eagle, read_eagle3
 from kvcache.models.families.gemma import read_gemma
 from kvcache.models.families.gpt_oss import read_gpt_oss
+from kvcache.models.families.kimi_linear import read_kimi_linear
+from kvcache.models.families.llama4 import read_llama4
+from kvcache.models.families.mamba_hybrids import read_bamba, read_falcon_h1, read_granite_hybrid, read_jamba, read_zamba2
 from kvcache.models.families.nemotron_h import read_nemotron_h
 from kvcache.models.families.qwen3_next import read_qwen3_next
 from kvcache.models.fields import ConfigFields
@@ -40,6 +43,10 @@ FAMILIES: dict[str, Reader] = {
     "Qwen3NextForCausalLM": read_qwen3_next, "Qwen3_5ForConditionalGeneration": read_qwen3_next,
     "Qwen3_5MoeForConditionalGeneration": read_qwen3_next, "Qwen3_5ForCausalLM": read_qwen3_next,
     "NemotronHForCausalLM": read_nemotron_h,
+    "Llama4ForConditionalGeneration": read_llama4, "Llama4ForCausalLM": read_llama4,
+    "FalconH1ForCausalLM": read_falcon_h1, "GraniteMoeHybridForCausalLM": read_granite_hybrid,
+    "BambaForCausalLM": read_bamba, "Zamba2ForCausalLM": read_zamba2, "JambaForCausalLM": read_jamba,
+    "KimiLinearForCausalLM": read_kimi_linear,
     "LlamaForCausalLMEagle": read_eagle, "LlamaForCausalLMEagle3": read_eagle3,
 }
 MODEL_TYPES: dict[str, Reader] = {
@@ -47,7 +54,9 @@ MODEL_TYPES: dict[str, Reader] = {
     "deepseek_v2": read_deepseek, "deepseek_v3": read_deepseek, "deepseek_v32": read_deepseek, "kimi_k2": read_deepseek,
     "gpt_oss": read_gpt_oss, "qwen3_next": read_qwen3_next, "qwen3_5": read_qwen3_next,
     "qwen3_5_moe": read_qwen3_next, "qwen3_5_text": read_qwen3_next, "qwen3_5_moe_text": read_qwen3_next,
-    "nemotron_h": read_nemotron_h,
+    "nemotron_h": read_nemotron_h, "llama4": read_llama4, "llama4_text": read_llama4, "falcon_h1": read_falcon_h1,
+    "granitemoehybrid": read_granite_hybrid, "bamba": read_bamba, "zamba2": read_zamba2, "jamba": read_jamba,
+    "kimi_linear": read_kimi_linear,
 }
 # Architectures that look like decoders but whose cache no reader here describes.
 UNSUPPORTED: dict[str, str] = {
@@ -56,7 +65,19 @@ UNSUPPORTED: dict[str, str] = {
     "RwkvForCausalLM": "an RWKV model (a recurrent state this engine does not size)",
     "RecurrentGemmaForCausalLM": "a Griffin model (RG-LRU state this engine does not size)",
     "xLSTMForCausalLM": "an xLSTM model (a recurrent state this engine does not size)",
+    "DeepseekV4ForCausalLM": "DeepSeek-V4 (compressed sparse attention this engine does not size yet)",
+    "Gemma4ForConditionalGeneration": "Gemma-4 (global layers of their own head_dim and KV sharing, not sized yet)",
+    "Gemma4ForCausalLM": "Gemma-4 (global layers of their own head_dim and KV sharing, not sized yet)",
+    "Gemma3nForConditionalGeneration": "Gemma-3n (per-layer embeddings and KV sharing, not sized yet)",
+    "KimiK3ForConditionalGeneration": "Kimi-K3 (attention residuals and a latent MoE, not sized yet)",
+    "MiMoV2FlashForCausalLM": "MiMo-V2-Flash (sliding layers with their own heads, not sized yet)",
+    "DeciLMForCausalLM": "a Nemotron-NAS model (per-layer block_configs, not sized yet)",
+    "MiniMaxM3SparseForCausalLM": "MiniMax-M3 sparse attention (not sized yet)",
+    "MiniMaxM3SparseForConditionalGeneration": "MiniMax-M3 sparse attention (not sized yet)",
 }
+# Fields that mean the cache is not a standard decoder's: the generic reader refuses rather than guess.
+_NON_STANDARD_FIELDS = ("block_configs", "compress_ratios", "swa_num_key_value_heads", "global_head_dim",
+                        "num_kv_shared_layers", "hybrid_layer_pattern", "sparse_attention_config")
 _WRAPPERS = ("text_config", "llm_config", "language_config")
 _DECODER_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "Eagle", "Eagle3")
 
@@ -107,8 +128,16 @@ def reader_for(src: ModelSource) -> Reader:
     if "Eagle3" in src.architecture:
         return read_eagle3
     text_type = src.text.text("model_type", default="")
-    return (FAMILIES.get(src.architecture) or MODEL_TYPES.get(text_type) or MODEL_TYPES.get(src.model_type)
-            or _signalled(src.text) or read_generic)
+    reader = (FAMILIES.get(src.architecture) or MODEL_TYPES.get(text_type) or MODEL_TYPES.get(src.model_type)
+              or _signalled(src.text))
+    if reader is not None:
+        return reader
+    unknown = [f for f in _NON_STANDARD_FIELDS if src.text.has(f)]
+    if unknown:
+        raise UnsupportedModelError(
+            f"{src.name}: architecture {src.architecture!r} has {', '.join(map(repr, unknown))}, so its cache is not a "
+            "standard decoder's and no reader here sizes it; not supported (README: how to add a family)")
+    return read_generic
 
 
 def read_model(hf: Mapping[str, Any], *, name: str) -> ModelConfig:
@@ -120,5 +149,5 @@ def read_model(hf: Mapping[str, Any], *, name: str) -> ModelConfig:
     parts, counted = vision_tower(src.top, model.hidden_size)
     weights = model.weights
     if counted:
-        weights = replace(weights, vision=parts)
+        weights = replace(weights, front=weights.front + parts)
     return msgspec.structs.replace(model, weights=weights, vision_weights="counted" if counted else "not_counted")

@@ -197,15 +197,19 @@ class MoE:
     shared_name: str = "shared_experts"
     shared_gate: bool = False
     gated: bool = True  # False: squared-ReLU experts with up/down only (Nemotron-3)
+    latent: int = 0  # Nemotron-3 Super/Ultra: experts work in a smaller latent, projected in and out
 
     def specs(self, name: str, shard: Shard) -> list[ParamSpec]:
         n, i = self.experts, shard.split(self.intermediate)
         out = linear(f"{name}.{self.router_name}", n, self.hidden, bias=self.router_bias, quantizable=False)
         if self.score_bias:
             out.append(ParamSpec(f"{name}.{self.router_name}.e_score_correction_bias", (n,)))
+        width = self.latent or self.hidden
+        if self.latent:
+            out += linear(f"{name}.fc1_latent_proj", self.latent, self.hidden) + linear(f"{name}.fc2_latent_proj", self.hidden, self.latent)
         up = ("gate_up_proj", 2 * i) if self.gated else ("up_proj", i)
-        out += [ParamSpec(f"{name}.experts.{up[0]}", (n, up[1], self.hidden), True),
-                ParamSpec(f"{name}.experts.down_proj", (n, self.hidden, i), True)]
+        out += [ParamSpec(f"{name}.experts.{up[0]}", (n, up[1], width), True),
+                ParamSpec(f"{name}.experts.down_proj", (n, width, i), True)]
         if self.expert_bias:
             out += [ParamSpec(f"{name}.experts.gate_up_proj_bias", (n, 2 * i)),
                     ParamSpec(f"{name}.experts.down_proj_bias", (n, self.hidden))]

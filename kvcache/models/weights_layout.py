@@ -44,7 +44,8 @@ def _regex_matches(pattern: str, name: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class WeightLayout:
-    """The layers (one `Layer` each, shared objects where layers are alike), the two ends, NEXTN layers, vision."""
+    """The layers (one `Layer` each, shared objects where layers are alike), the two ends, NEXTN layers, and
+    `front`: modules outside the layer stack held with the embedding (a vision tower, Zamba-2's shared blocks)."""
 
     hidden: int
     vocab: int
@@ -56,7 +57,7 @@ class WeightLayout:
     lm_head_name: str = "lm_head"
     lm_head_vocab: int | None = None
     nextn_layers: tuple[Layer, ...] = ()
-    vision: tuple[Part, ...] = ()
+    front: tuple[Part, ...] = ()
     quantization: Quantization = Quantization()
 
     def parameter_specs(
@@ -65,8 +66,8 @@ class WeightLayout:
     ) -> tuple[ParamSpec, ...]:
         """This rank's tensors: layers [layer_start, layer_end), the ends by the flags.
 
-        The final norm lives with lm_head (the last pipeline stage); the vision tower with the
-        embedding (the first). Tied embeddings count once, unless this stage has lm_head
+        The final norm lives with lm_head (the last pipeline stage); `front` with the embedding
+        (the first stage). Tied embeddings count once, unless this stage has lm_head
         without the embedding. nextn=True: only the NEXTN/MTP layers (the range indexes
         them), which share the target's embedding and lm_head.
         """
@@ -86,7 +87,7 @@ class WeightLayout:
         specs: list[ParamSpec] = []
         if include_embedding:
             specs.append(ParamSpec(f"{self.embed_name}.weight", (vocab, self.hidden)))
-            specs += [s for name, block in self.vision for s in block.specs(name, shard)]
+            specs += [s for name, block in self.front for s in block.specs(name, shard)]
         specs += [s for i in ids for s in self.layers[i].specs(self.layer_prefix.format(i=i), shard)]
         if include_lm_head:
             specs += Norm(self.hidden).specs(self.final_norm, shard)

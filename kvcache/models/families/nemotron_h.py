@@ -36,8 +36,17 @@ def mamba2_cache_fields(m: Mamba2Mixer) -> dict[str, int]:
 
 def read_nemotron_h(src: ModelSource) -> ModelConfig:
     t = src.text
-    pattern = t.text("hybrid_override_pattern")
-    n = num_layers(t)
+    listed = t.raw.get("layers_block_type")
+    n = num_layers(t) if not isinstance(listed, list) or t.has("num_hidden_layers") else len(listed)
+    blocks_listed = t.text_list("layers_block_type", length=n)
+    if blocks_listed is not None and not t.has("hybrid_override_pattern"):  # Nemotron-3 Ultra spells it out
+        letters = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+        for i, b in enumerate(blocks_listed):
+            if b not in letters:
+                t.fail(f"layers_block_type[{i}]", b, "one of mamba, attention, mlp, moe")
+        pattern = "".join(letters[b] for b in blocks_listed)
+    else:
+        pattern = t.text("hybrid_override_pattern")
     if len(pattern) != n:
         t.fail("hybrid_override_pattern", f"{len(pattern)} layers", f"one letter per layer (num_hidden_layers is {n})")
     unknown = sorted(set(pattern) - set(_KINDS))

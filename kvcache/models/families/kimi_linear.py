@@ -1,0 +1,66 @@
+"""Kimi-Linear: Kimi delta attention (KDA) layers with a recurrent state, MLA on the others; MoE.
+
+`linear_attn_config` lists the KDA and full-attention layers 1-based. A KDA layer keeps a
+conv window over q, k and v (num_heads x head_dim each) and a head_dim x head_dim state
+per head, as SGLang 0.5.23's KimiLinearStateShape sizes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvcache.model_config import LayerKind, ModelConfig
+from kvcache.models.decoder import Heads, ModelSource, describe, ffn_blocks, hidden_size, num_layers, weight_layout
+from kvcache.models.families.deepseek import mla_attention, mla_cache_fields
+from kvcache.models.fields import MAX_HEAD_DIM, MAX_HEADS
+from kvcache.models.weight_blocks import Layer, Norm, ParamSpec, Shard, linear
+
+
+@dataclass(frozen=True, slots=True)
+class KimiDeltaAttention:
+    """KDA: q/k/v projections each with a short depthwise conv, low-rank forget and output gates, per-head decay."""
+
+    hidden: int
+    heads: int
+    head_dim: int
+    conv_kernel: int
+
+    def specs(self, name: str, shard: Shard) -> list[ParamSpec]:
+        width, d = shard.split(self.heads) * self.head_dim, self.head_dim
+        out: list[ParamSpec] = []
+        for p in ("q", "k", "v"):
+            out += linear(f"{name}.{p}_proj", width, self.hidden)
+            out.append(ParamSpec(f"{name}.{p}_conv1d.weight", (width, 1, self.conv_kernel)))
+        for gate in ("f", "g"):
+            out += linear(f"{name}.{gate}_a_proj", d, self.hidden) + linear(f"{name}.{gate}_b_proj", width, d)
+        return (out + linear(f"{name}.b_proj", shard.split(self.heads), self.hidden)
+                + [ParamSpec(f"{name}.A_log", (shard.split(self.heads),)), ParamSpec(f"{name}.dt_bias", (width,)),
+                   ParamSpec(f"{name}.o_norm.weight", (d,))]
+                + linear(f"{name}.o_proj", self.hidden, width))
+
+
+def read_kimi_linear(src: ModelSource) -> ModelConfig:
+    t = src.text
+    hidden, n = hidden_size(t), num_layers(t)
+    lin = t.section("linear_attn_config")
+    if lin is None:
+        t.fail("linear_attn_config", None, "an object listing kda_layers / full_attn_layers and the KDA heads")
+    full = set(lin.int_list("full_attn_layers", low=1, high=n) or ())
+    kda = set(lin.int_list("kda_layers", low=1, high=n) or ()) or set(range(1, n + 1)) - full
+    if full & kda or len(full | kda) != n:
+        lin.fail("kda_layers", sorted(kda), f"with full_attn_layers, each of the {n} layers (1-based) exactly once")
+    kinds: tuple[LayerKind, ...] = tuple("kda" if i + 1 in kda else "mla" for i in range(n))
+    heads = t.int("num_attention_heads", high=MAX_HEADS)
+    mla = mla_attention(t, hidden, heads)
+    delta = KimiDeltaAttention(hidden, lin.int("num_heads", high=MAX_HEADS), lin.int("head_dim", high=MAX_HEAD_DIM),
+                               lin.int("short_conv_kernel_size", high=64))
+    ffns = ffn_blocks(t, hidden, n, model_type="kimi_linear", score_bias=True)
+    norm = Norm(hidden)
+    made = {(k, f): Layer((("input_layernorm", norm), ("self_attn", mla if k == "mla" else delta),
+                          ("post_attention_layernorm", norm), ("mlp", f))) for k, f in set(zip(kinds, ffns))}
+    weights = weight_layout(src, tuple(made[k] for k in zip(kinds, ffns)), hidden)
+    return describe(src, kinds=kinds, heads=Heads(hidden, heads, heads, mla.nope_dim + mla.rope_dim), weights=weights,
+                    v_head_dim=mla.v_dim, **mla_cache_fields(mla),
+                    linear_num_key_heads=delta.heads, linear_num_value_heads=delta.heads,
+                    linear_key_head_dim=delta.head_dim, linear_value_head_dim=delta.head_dim,
+                    linear_conv_kernel_dim=delta.conv_kernel)

@@ -1,0 +1,41 @@
+"""Llama-4: chunked local attention on RoPE layers, global attention on the NoPE ones; MoE with a shared expert.
+
+`no_rope_layers[i]` is 1 where layer i uses RoPE (and so chunked attention of
+attention_chunk_size tokens) and 0 where it is a global NoPE layer; without the list,
+every 4th layer is NoPE (HF's default). Dense layers use intermediate_size_mlp, experts
+intermediate_size; MoE every interleave_moe_layer_step-th layer.
+"""
+
+from __future__ import annotations
+
+from kvcache.model_config import LayerKind, ModelConfig
+from kvcache.models.decoder import ModelSource, describe, moe_layers, num_layers, read_heads, standard_layers, weight_layout
+from kvcache.models.fields import MAX_EXPERTS, MAX_LAYERS, MAX_POSITIONS
+from kvcache.models.generic import attention_block, text_model_type
+from kvcache.models.weight_blocks import GatedMLP, MoE
+
+_NOPE_INTERVAL = 4
+
+
+def read_llama4(src: ModelSource) -> ModelConfig:
+    t = src.text
+    heads, n = read_heads(t), num_layers(t)
+    uses_rope = t.int_list("no_rope_layers", low=0, high=1)
+    if uses_rope is None:
+        interval = t.int("no_rope_layer_interval", default=_NOPE_INTERVAL, high=MAX_LAYERS)
+        uses_rope = tuple(int((i + 1) % interval != 0) for i in range(n))
+    if len(uses_rope) != n:
+        t.fail("no_rope_layers", f"a list of {len(uses_rope)}", f"one 0/1 entry per layer ({n})")
+    chunk = t.optional_int("attention_chunk_size", high=MAX_POSITIONS)
+    kinds: tuple[LayerKind, ...] = tuple(
+        "chunked_attention" if rope and chunk is not None else "full_attention" for rope in uses_rope)
+    hidden = heads.hidden
+    inter = t.int("intermediate_size")
+    experts = MoE(hidden, t.int("num_local_experts", high=MAX_EXPERTS), inter, shared_intermediate=inter,
+                  router_name="router", shared_name="shared_expert")
+    dense = GatedMLP(hidden, t.int("intermediate_size_mlp", default=inter))
+    is_moe = moe_layers(t, n)
+    ffns = tuple(experts if is_moe(i) else dense for i in range(n))
+    layers = standard_layers(attention_block(t, heads, text_model_type(src), qk_norm=False), ffns, hidden)
+    return describe(src, kinds=kinds, heads=heads, weights=weight_layout(src, layers, hidden),
+                    attention_chunk_size=chunk if "chunked_attention" in kinds else None)

@@ -1,0 +1,174 @@
+"""Mamba hybrids beyond Nemotron-H: Falcon-H1, Granite-4 hybrid, Bamba, Zamba-2 (Mamba-2) and Jamba (Mamba-1).
+
+- Falcon-H1: every layer runs attention and Mamba-2 side by side (cache for both), then an MLP.
+- Granite-4 hybrid (`layer_types` mamba/attention) and Bamba (`attn_layer_indices`): each
+  layer is Mamba-2 or attention, then an MLP (Granite: MoE + shared expert).
+- Zamba-2 (`layers_block_type` mamba/hybrid): hybrid layers add a shared attention block
+  over [hidden, embedding], whose two weight copies (num_mem_blocks) are counted once.
+- Jamba: attention every attn_layer_period-th layer (from attn_layer_offset), Mamba-1
+  elsewhere; MoE every expert_layer_period-th layer. A Mamba-1 state is expressed as
+  Mamba-2 heads of head_dim 1 and no groups (SGLang 0.5.23's full-rank shape).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvcache.model_config import LayerKind, ModelConfig
+from kvcache.models.decoder import (
+    Heads,
+    ModelSource,
+    describe,
+    experts_count,
+    hidden_size,
+    moe_block,
+    num_layers,
+    read_heads,
+    weight_layout,
+)
+from kvcache.models.families.nemotron_h import mamba2_cache_fields, mamba2_mixer
+from kvcache.models.fields import MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, ConfigFields
+from kvcache.models.generic import attention_block, text_model_type
+from kvcache.models.weight_blocks import Attention, Block, GatedMLP, Layer, Linear, Mamba2Mixer, MoE, Norm, ParamSpec, Shard, linear
+
+
+def _mamba2(t: ConfigFields, hidden: int) -> Mamba2Mixer:
+    """Mamba-2 under the mamba_* names: heads x head_dim is mamba_d_ssm (or mamba_expand x hidden)."""
+    heads = t.int("mamba_n_heads", "n_mamba_heads", high=MAX_HEADS)
+    head_dim = t.optional_int("mamba_d_head", "mamba_headdim", high=MAX_HEAD_DIM)
+    if head_dim is None:
+        inner = t.int("mamba_d_ssm", default=t.int("mamba_expand", default=2, high=64) * hidden)
+        if inner % heads:
+            t.fail("mamba_n_heads", heads, f"a divisor of the Mamba width {inner}")
+        head_dim = inner // heads
+    return mamba2_mixer(t, hidden, heads=heads, head_dim=head_dim)
+
+
+def _layers(blocks: dict[str, tuple[tuple[str, Block], ...]], plan: tuple[str, ...]) -> tuple[Layer, ...]:
+    made = {key: Layer(parts) for key, parts in blocks.items()}
+    return tuple(made[key] for key in plan)
+
+
+def read_falcon_h1(src: ModelSource) -> ModelConfig:
+    t = src.text
+    heads, n = read_heads(t), num_layers(t)
+    norm, mamba = Norm(heads.hidden), _mamba2(t, heads.hidden)
+    layer = Layer((("input_layernorm", norm), ("self_attn", attention_block(t, heads, text_model_type(src))),
+                   ("mamba", mamba), ("pre_ff_layernorm", norm),
+                   ("feed_forward", GatedMLP(heads.hidden, t.int("intermediate_size"), t.flag("mlp_bias")))))
+    return describe(src, kinds=("attention_mamba2",) * n, heads=heads,
+                    weights=weight_layout(src, (layer,) * n, heads.hidden), **mamba2_cache_fields(mamba))
+
+
+def _ffn_granite(t: ConfigFields, hidden: int) -> Block:
+    experts = experts_count(t)
+    shared = t.int("shared_intermediate_size", default=0, low=0)
+    if experts == 0:
+        return GatedMLP(hidden, shared or t.int("intermediate_size"))
+    return MoE(hidden, experts, t.int("intermediate_size"), shared_intermediate=shared, shared_name="shared_mlp")
+
+
+def _either_or(src: ModelSource, kinds: tuple[LayerKind, ...], ffn: Block) -> ModelConfig:
+    """Layers that are Mamba-2 or attention, each followed by the same MLP block."""
+    t = src.text
+    heads = read_heads(t)
+    norm, mamba = Norm(heads.hidden), _mamba2(t, heads.hidden)
+    mixers: dict[str, Block] = {"mamba2": mamba, "full_attention": attention_block(t, heads, text_model_type(src))}
+    names = {"mamba2": "mamba", "full_attention": "self_attn"}
+    blocks = {k: (("input_layernorm", norm), (names[k], mixers[k]), ("post_attention_layernorm", norm), ("mlp", ffn))
+              for k in set(kinds)}
+    return describe(src, kinds=kinds, heads=heads, weights=weight_layout(src, _layers(blocks, kinds), heads.hidden),
+                    **mamba2_cache_fields(mamba))
+
+
+def read_granite_hybrid(src: ModelSource) -> ModelConfig:
+    t = src.text
+    n = num_layers(t)
+    types = t.text_list("layer_types", length=n) or ("mamba",) * n
+    kinds: list[LayerKind] = []
+    for i, entry in enumerate(types):
+        if entry not in ("mamba", "attention"):
+            t.fail(f"layer_types[{i}]", entry, "'mamba' or 'attention'")
+        kinds.append("mamba2" if entry == "mamba" else "full_attention")
+    return _either_or(src, tuple(kinds), _ffn_granite(t, hidden_size(t)))
+
+
+def read_bamba(src: ModelSource) -> ModelConfig:
+    t = src.text
+    n = num_layers(t)
+    attention = set(t.int_list("attn_layer_indices", high=n - 1) or ())
+    kinds = tuple[LayerKind, ...]("full_attention" if i in attention else "mamba2" for i in range(n))
+    return _either_or(src, kinds, GatedMLP(hidden_size(t), t.int("intermediate_size")))
+
+
+def read_zamba2(src: ModelSource) -> ModelConfig:
+    t = src.text
+    n = num_layers(t)
+    types = t.text_list("layers_block_type", length=n)
+    if types is None or any(x not in ("mamba", "hybrid") for x in types):
+        t.fail("layers_block_type", types, f"one of 'mamba' / 'hybrid' per layer ({n})")
+    hidden = hidden_size(t)
+    heads_n = t.int("num_attention_heads", high=MAX_HEADS)
+    head_dim = t.int("attention_head_dim", default=2 * hidden // heads_n, high=MAX_HEAD_DIM)
+    heads = Heads(hidden, heads_n, t.int("num_key_value_heads", default=heads_n, high=MAX_HEADS), head_dim)
+    mamba = _mamba2(t, hidden)
+    norm = Norm(hidden)
+    blocks = {"mamba": (("input_layernorm", norm), ("mamba", mamba)),
+              "hybrid": (("input_layernorm", norm), ("mamba", mamba), ("linear", Linear(hidden, hidden)))}
+    shared = Attention(hidden=hidden, heads=heads.heads, kv_heads=heads.kv_heads, head_dim=head_dim, input_size=2 * hidden)
+    mlp = GatedMLP(hidden, t.int("intermediate_size"))
+    copies = t.int("num_mem_blocks", default=1, high=MAX_LAYERS)
+    layers = _layers(blocks, types)
+    shared_parts = tuple(part for k in range(copies) for part in (
+        (f"model.shared_transformer.{k}.input_layernorm", Norm(2 * hidden)), (f"model.shared_transformer.{k}.self_attn", shared),
+        (f"model.shared_transformer.{k}.pre_ff_layernorm", norm), (f"model.shared_transformer.{k}.mlp", mlp)))
+    weights = weight_layout(src, layers, hidden, front=shared_parts)
+    kinds = tuple[LayerKind, ...]("attention_mamba2" if x == "hybrid" else "mamba2" for x in types)
+    return describe(src, kinds=kinds, heads=heads, weights=weights, **mamba2_cache_fields(mamba))
+
+
+@dataclass(frozen=True, slots=True)
+class Mamba1Mixer:
+    """Mamba-1 (Jamba): in_proj to [x, z], a depthwise conv over x, x_proj to [dt, B, C], dt_proj, A, D."""
+
+    hidden: int
+    inner: int
+    state: int
+    conv_kernel: int
+    dt_rank: int
+
+    def specs(self, name: str, shard: Shard) -> list[ParamSpec]:
+        i = shard.split(self.inner)
+        return (linear(f"{name}.in_proj", 2 * i, self.hidden)
+                + [ParamSpec(f"{name}.conv1d.weight", (i, 1, self.conv_kernel)), ParamSpec(f"{name}.conv1d.bias", (i,))]
+                + linear(f"{name}.x_proj", self.dt_rank + 2 * self.state, i)
+                + linear(f"{name}.dt_proj", i, self.dt_rank, bias=True)
+                + [ParamSpec(f"{name}.A_log", (i, self.state)), ParamSpec(f"{name}.D", (i,))]
+                + [ParamSpec(f"{name}.{n}.weight", (d,)) for n, d in
+                   (("dt_layernorm", self.dt_rank), ("b_layernorm", self.state), ("c_layernorm", self.state))]
+                + linear(f"{name}.out_proj", self.hidden, i))
+
+
+def read_jamba(src: ModelSource) -> ModelConfig:
+    t = src.text
+    heads, n = read_heads(t), num_layers(t)
+    hidden = heads.hidden
+    period, offset = t.int("attn_layer_period", high=MAX_LAYERS), t.int("attn_layer_offset", low=0, high=MAX_LAYERS)
+    kinds = tuple[LayerKind, ...]("full_attention" if i % period == offset else "mamba2" for i in range(n))
+    inner = t.int("mamba_expand", default=2, high=64) * hidden
+    state, conv = t.int("mamba_d_state", high=MAX_HEAD_DIM), t.int("mamba_d_conv", high=64)
+    mamba = Mamba1Mixer(hidden, inner, state, conv, t.int("mamba_dt_rank", default=-(-hidden // 16)))
+    experts = t.int("num_experts", default=1, high=MAX_EXPERTS)
+    e_period, e_offset = t.int("expert_layer_period", default=1, high=MAX_LAYERS), t.int("expert_layer_offset", default=0, low=0, high=MAX_LAYERS)
+    dense = GatedMLP(hidden, t.int("intermediate_size"))
+    moe = moe_block(t, hidden, experts, router_name="router") if experts > 1 else dense
+    norm = Norm(hidden)
+    mixers: dict[str, Block] = {"mamba2": mamba, "full_attention": attention_block(t, heads, text_model_type(src))}
+    names = {"mamba2": "mamba", "full_attention": "self_attn"}
+    plan = tuple(f"{k}|{int(i % e_period == e_offset)}" for i, k in enumerate(kinds))
+    blocks = {key: (("input_layernorm", norm), (names[key.split('|')[0]], mixers[key.split('|')[0]]),
+                    ("pre_ff_layernorm", norm), ("feed_forward", moe if key.endswith("|1") else dense))
+              for key in set(plan)}
+    return describe(src, kinds=kinds, heads=heads, weights=weight_layout(src, _layers(blocks, plan), hidden),
+                    mamba_num_heads=inner, mamba_head_dim=1, ssm_state_size=state, mamba_n_groups=0,
+                    mamba_conv_kernel=conv)
