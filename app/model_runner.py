@@ -16,7 +16,7 @@ import torch
 from app.weights import DummyWeightLoader, LoadedWeights, WeightsDoNotFitError as LoaderOutOfMemory
 from app.weights import parameter_specs, quantized_storage_for
 from app.forward import DecodeBatch, DecodeRequests, Decoder, PoolAttention, build_decoder
-from kvcache.byte_units import format_bytes
+from kvcache.byte_units import MiB, format_bytes
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.errors import KVCacheError, WeightsDoNotFitError
 from kvcache.memory_probe import MemoryProbe
@@ -169,5 +169,7 @@ class ModelRunner:
             f"in the {format_bytes(free)} free on {self.device}",
             needed_bytes=needed, available_bytes=free,
             suggestions=(f"--tp-size {tp} (about {format_bytes(needed * current // tp)} per rank)",
-                         "a card with more memory"),
+                         "a card with more memory") if self.device.type != "cpu" else (
+                f"--memory-limit {-(-(self.memory_probe.total_bytes() + needed - free) // MiB)}MiB or more "
+                "(the weights alone need that much; the KV cache needs more)",),
         )

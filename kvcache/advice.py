@@ -10,7 +10,9 @@ from typing import Callable
 
 import msgspec
 
+from kvcache.byte_units import MiB
 from kvcache.errors import DoesNotFitError
+from kvcache.memory_budget import MemoryBudget, compute_budget
 from kvcache.planning import PlanRequest, plan_pool_sizes
 
 
@@ -106,15 +108,50 @@ def suggest_kv_cache_memory(req: PlanRequest, free_after_load: int) -> tuple[str
     return tuple(f"--kv-cache-memory {free_after_load} with {fix}" for fix in others)
 
 
+def budget_at_memory_limit(budget: MemoryBudget, limit: int, fraction: float) -> int:
+    """The KV budget a CPU engine would get with --memory-limit `limit` (its free bytes grow with it), or 0."""
+    grow = limit - budget.total_bytes
+    try:
+        return compute_budget(total_bytes=limit, free_before_load=budget.free_before_load_bytes + grow,
+                              free_after_load=budget.free_after_load_bytes + grow, mem_fraction_static=fraction,
+                              kv_cache_memory=None).budget_bytes
+    except DoesNotFitError:
+        return 0
+
+
+def smallest_fitting_memory_limit(req: PlanRequest, fraction_for_limit: Callable[[int], float]) -> int | None:
+    """On the CPU: the smallest --memory-limit (whole MiB, up to 64x today's) whose budget plans, or None.
+
+    `fraction_for_limit` gives mem_fraction_static for a host budget of that size (the user's value,
+    or SGLang's rule for that size). Not with --kv-cache-memory: a larger limit does not change it.
+    """
+    b = req.budget
+    if b.kv_cache_memory_bytes is not None:
+        return None
+
+    def ok(mib: int) -> bool:
+        budget = budget_at_memory_limit(b, mib * MiB, fraction_for_limit(mib * MiB))
+        return budget > 0 and fits(_with_budget(req, budget))
+
+    mib = smallest_passing(b.total_bytes // MiB + 1, 64 * b.total_bytes // MiB, ok)
+    return None if mib is None else mib * MiB
+
+
 def suggest_fixes(
     req: PlanRequest,
     *,
     budget_for_fraction: Callable[[float], int] | None,
     kv_cache_memory_limit: int | None,
     fp8_request: PlanRequest | None,
+    fraction_for_limit: Callable[[int], float] | None = None,
 ) -> tuple[str, ...]:
-    """Checked alternatives, most direct first."""
+    """Checked alternatives, most direct first. `fraction_for_limit` is given on the CPU: a larger
+    --memory-limit is suggested there, never more devices."""
     out: list[str] = []
+    if fraction_for_limit is not None:
+        limit = smallest_fitting_memory_limit(req, fraction_for_limit)
+        if limit is not None:
+            out.append(f"--memory-limit {limit // MiB}MiB (the least that fits, if the host has it)")
     slots = largest_fitting_state_slots(req)
     if slots is not None and slots != req.state.max_slots:  # type: ignore[union-attr]
         out.append(f"--max-mamba-cache-size {slots}")
@@ -136,5 +173,6 @@ def suggest_fixes(
     if context is not None:
         out.append(f"--context-length {context} (the longest that fits)")
     if not out:
-        out.append("a larger --tp-size (or --pp-size) to spread weights and KV over more devices, or a bigger card")
+        out.append("a host with more memory" if fraction_for_limit is not None else
+                   "a larger --tp-size (or --pp-size) to spread weights and KV over more devices, or a bigger card")
     return tuple(out)

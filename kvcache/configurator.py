@@ -18,10 +18,7 @@ from kvcache.advice import suggest_fixes, suggest_kv_cache_memory
 from kvcache.allocators.protocol import AllocatorFactory, TokenAllocator
 from kvcache.dtypes import KV_CACHE_DTYPES, KVCacheDtype
 from kvcache.errors import ConfigError, DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
-from kvcache.memory_budget import (
-    MemoryBudget, compute_budget, default_chunked_prefill_size, default_cuda_graph_max_bs,
-    derive_mem_fraction_static, runtime_reserve_mib,
-)
+from kvcache.memory_budget import MemoryBudget, compute_budget, derive_mem_fraction_static
 from kvcache.memory_probe import MemoryProbe
 from kvcache.model_config import ModelConfig
 from kvcache.parallel import ParallelState
@@ -30,11 +27,12 @@ from kvcache.pool_builder import KVPool, WorkerPools, build_worker_pools
 from kvcache.pool_config import MemoryPoolConfig
 from kvcache.pool_layout import CacheLayout, worker_cache_layout
 from kvcache.pools import RecurrentStatePool, ReqToTokenPool
+from kvcache.runtime_reserve import RuntimeShape, default_mem_fraction_static
 from kvcache.runtime.eligibility import PostCaptureEligibility, post_capture_eligibility, post_capture_reserve_mib
 from kvcache.sizing_settings import SizingSettings
+from kvcache.speculative_defaults import default_max_running_requests
+from kvcache.state_slots import state_slots_per_request
 from kvcache.streams import ForwardStream
-
-RADIX_STATE_SLOTS_PER_REQUEST = 3
 
 
 class KVCacheConfigResult(msgspec.Struct, frozen=True, kw_only=True, eq=False):
@@ -114,23 +112,21 @@ class KVCacheConfigurator:
             mamba_ssm_dtype=self.settings.mamba_ssm_dtype, layer_ids=self.layer_ids, prefix=self.pool_name_prefix,
         )
 
-    def mem_fraction_static(self) -> float:
-        """The user's value, or SGLang's rule for this card (see kvcache.memory_budget)."""
+    def mem_fraction_static(self, total_bytes: int | None = None) -> float:
+        """The user's value, or SGLang's rule for this card (or one of total_bytes; kvcache.runtime_reserve)."""
         s, p = self.settings, self.parallel_state
         if s.mem_fraction_static is not None:
             return s.mem_fraction_static
-        total = self.memory_probe.total_bytes()
+        total = self.memory_probe.total_bytes() if total_bytes is None else total_bytes
         if self.post_capture_resize().active:  # the resize trims the pools after capture (kvcache.runtime)
             return derive_mem_fraction_static(total, post_capture_reserve_mib(tp_size=p.tp_size, pp_size=p.pp_size))
-        graphs = 0 if self.device.type == "cpu" else (
-            s.cuda_graph_max_bs if s.cuda_graph_max_bs is not None else default_cuda_graph_max_bs(total, p.tp_size))
-        reserve = runtime_reserve_mib(
-            total_bytes=total,
-            chunked_prefill_size=s.chunked_prefill_size or default_chunked_prefill_size(total),
-            cuda_graph_max_bs=graphs, tp_size=p.tp_size, pp_size=p.pp_size,
-            dp_attention_size=p.attention_dp_size, speculative_algorithm=s.speculative_algorithm,
-        )
-        return derive_mem_fraction_static(total, reserve)
+        return default_mem_fraction_static(total, RuntimeShape(
+            cuda_graphs=self.device.type != "cpu" and not s.disable_cuda_graph,
+            chunked_prefill_size=s.chunked_prefill_size, cuda_graph_max_bs=s.cuda_graph_max_bs,
+            tp_size=p.tp_size, pp_size=p.pp_size, attention_dp_size=p.attention_dp_size,
+            uses_mla=any(g.spec.pool_kind == "mla" for g in self.layout().kv_groups),
+            max_total_tokens=s.max_total_tokens, max_running_requests=s.max_running_requests,
+        ))
 
     def post_capture_resize(self) -> PostCaptureEligibility:
         """Whether this worker's pools are resized after CUDA-graph capture, and why (not)."""
@@ -149,14 +145,17 @@ class KVCacheConfigurator:
         state = None
         if layout.state is not None:
             state = layout.state.demand(
-                slots_per_request=1 if a.disable_radix_cache else RADIX_STATE_SLOTS_PER_REQUEST,
+                slots_per_request=state_slots_per_request(
+                    architecture=self.model_config.architecture, disable_radix_cache=a.disable_radix_cache,
+                    page_size=a.page_size, disable_overlap_schedule=a.disable_overlap_schedule),
                 memory_ratio=a.mamba_full_memory_ratio, max_slots=a.max_mamba_cache_size,
             )
         return PlanRequest(
             budget=budget, page_size=a.page_size, context_length=context,
             req_to_token_row_width=context + extra, kv_pools=tuple(g.demand() for g in groups),
             swa_ratio=a.swa_full_tokens_ratio, state=state,
-            max_total_tokens=a.max_total_tokens, max_running_requests=a.max_running_requests,
+            max_total_tokens=a.max_total_tokens,
+            max_running_requests=default_max_running_requests(a.max_running_requests, a.speculative_algorithm),
             attention_dp_size=self.parallel_state.attention_dp_size,
         )
 
@@ -203,7 +202,8 @@ class KVCacheConfigurator:
             fp8_draft = self.draft_layout.with_kv_dtype(fp8_dtype) if self.draft_layout else None
             fp8 = self.plan_request(self.layout(fp8_dtype), request.budget, fp8_draft)
         limit = request.budget.free_after_load_bytes if self.settings.kv_cache_memory is not None else None
-        return suggest_fixes(request, budget_for_fraction=budget_for, kv_cache_memory_limit=limit, fp8_request=fp8)
+        return suggest_fixes(request, budget_for_fraction=budget_for, kv_cache_memory_limit=limit, fp8_request=fp8,
+                             fraction_for_limit=self.mem_fraction_static if self.device.type == "cpu" else None)
 
     def _configure_from_shared(self, layout: CacheLayout, shared: SharedTargetCache) -> KVCacheConfigResult:
         plan = shared.memory_pool_config

@@ -61,6 +61,10 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         "prefill chunk in tokens (sets the activation reserve); default by card size")] | None = None
     cuda_graph_max_bs: Annotated[NonNegativeInt, _doc(
         "largest decode CUDA-graph batch (sets the graph reserve); default by card size and TP")] | None = None
+    disable_cuda_graph: Annotated[bool, _doc(
+        "no decode or prefill CUDA graphs (their reserve is then left out)")] = False
+    disable_overlap_schedule: Annotated[bool, _doc(
+        "no overlap scheduler (hybrid models then keep 3 or 4 state slots per request instead of 5)")] = False
     enable_post_capture_kv_resize: Annotated[bool, _doc(
         "size the KV pools again after CUDA-graph capture (CUDA target workers only)")] = False
     # placement

@@ -27,6 +27,8 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
     kv_cache_memory: int | None = None
     chunked_prefill_size: int | None = None
     cuda_graph_max_bs: int | None = None
+    disable_cuda_graph: bool = False
+    disable_overlap_schedule: bool = False
     disable_radix_cache: bool = False
     swa_full_tokens_ratio: Fraction = Fraction(4, 5)
     mamba_full_memory_ratio: Fraction = Fraction(9, 10)
@@ -43,6 +45,7 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
             max_total_tokens=a.max_total_tokens, max_running_requests=a.max_running_requests,
             mem_fraction_static=a.mem_fraction_static, kv_cache_memory=a.kv_cache_memory,
             chunked_prefill_size=a.chunked_prefill_size, cuda_graph_max_bs=a.cuda_graph_max_bs,
+            disable_cuda_graph=a.disable_cuda_graph, disable_overlap_schedule=a.disable_overlap_schedule,
             disable_radix_cache=a.disable_radix_cache,
             swa_full_tokens_ratio=exact_fraction(a.swa_full_tokens_ratio),
             mamba_full_memory_ratio=exact_fraction(a.mamba_full_memory_ratio),

@@ -104,3 +104,19 @@ def test_a_memory_limit_above_the_host_is_refused_with_its_size(monkeypatch: pyt
 def test_a_memory_limit_no_host_has_is_refused_for_real(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--device", "cpu", "--memory-limit", "1PiB"]) == 2
     assert "is more than this host has" in capsys.readouterr().err
+
+
+def test_on_the_cpu_does_not_fit_suggests_a_memory_limit_that_works(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--device", "cpu", "--memory-limit", "1GiB", "--json"]) == 3
+    suggestions = json.loads(capsys.readouterr().out)["error"]["suggestions"]
+    assert not any("--tp-size" in s for s in suggestions)
+    (limit,) = [s.split()[1] for s in suggestions if s.startswith("--memory-limit")]
+    assert main(["--device", "cpu", "--memory-limit", limit, "--json"]) == 0
+    capsys.readouterr()
+
+
+def test_on_the_cpu_weights_that_do_not_fit_suggest_a_memory_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--model", "Llama-3.1-8B-Instruct", "--device", "cpu", "--json"]) == 3
+    (suggestion,) = json.loads(capsys.readouterr().out)["error"]["suggestions"]
+    # 16,060,522,496 B of bf16 weights beside the default 8 GiB limit, less what is already used
+    assert suggestion.startswith("--memory-limit ") and int(suggestion.split()[1].removesuffix("MiB")) * MiB >= 16_060_522_496

@@ -91,11 +91,15 @@ def test_all_sliding_mistral_holds_every_token_in_one_pool() -> None:
     engine.shutdown_resources()
 
 
-@pytest.mark.parametrize(("radix", "requests"), [(True, 96), (False, 288)])
-def test_qwen3_next_state_slots_cap_requests(radix: bool, requests: int) -> None:
-    # state share = 44 GiB x 0.9 / 1.9 = 22,379,040,121 B -> 289 slots of 77,266,944 B; 288 usable
+@pytest.mark.parametrize(("radix", "overlap", "page", "requests"),
+                         [(True, True, 1, 57), (True, False, 1, 96), (True, False, 64, 72), (False, True, 1, 288)])
+def test_qwen3_next_state_slots_cap_requests(radix: bool, overlap: bool, page: int, requests: int) -> None:
+    # state share = 44 GiB x 0.9 / 1.9 = 22,379,040,121 B -> 289 slots of 77,266,944 B; 288 usable.
+    # SGLang 0.5.23 slots per request with the radix cache: 3, plus tracking slots when it keeps states
+    # mid-sequence (overlap scheduler on, or pages above one token): 2 with overlap (288 // 5 = 57), 1 without
+    # (288 // 4 = 72); without overlap at page 1 no tracking (288 // 3 = 96); without the radix cache 1.
     engine = bootstrap("Qwen3-Next-80B-A3B-Thinking", device="meta", probe_gib=2000, kv_cache_memory=44 * GiB,
-                       disable_radix_cache=not radix)
+                       disable_radix_cache=not radix, disable_overlap_schedule=not overlap, page_size=page)
     plan = engine.engine().target.memory_pool_config
     assert plan.state_pool is not None
     assert plan.state_pool.bytes_per_slot == 77_266_944

@@ -1,4 +1,4 @@
-"""The KV budget: the exact formula, kv_cache_memory, and SGLang's derived mem_fraction_static."""
+"""The KV budget: the exact formula, kv_cache_memory, and how a derived mem_fraction_static is rounded."""
 
 from __future__ import annotations
 
@@ -8,10 +8,7 @@ import pytest
 
 from kvcache.byte_units import GiB, MiB
 from kvcache.errors import DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
-from kvcache.memory_budget import (
-    compute_budget, default_chunked_prefill_size, default_cuda_graph_max_bs, derive_mem_fraction_static,
-    exact_fraction, runtime_reserve_mib,
-)
+from kvcache.memory_budget import compute_budget, derive_mem_fraction_static, exact_fraction
 
 
 def budget(free_before: int, free_after: int, fraction: float | None = None, kv: int | None = None,
@@ -92,78 +89,7 @@ def test_one_byte_of_budget_is_a_budget() -> None:
     assert budget(100, 51, 0.5).budget_bytes == 1
 
 
-# ---- SGLang's card-size defaults --------------------------------------------------------
-
-@pytest.mark.parametrize(
-    ("mib", "chunked"),
-    [(16 * 1024, 2048), (35 * 1024 - 1, 2048), (35 * 1024, 4096), (60 * 1024 - 1, 4096), (60 * 1024, 8192),
-     (81920, 8192), (160 * 1024 - 1, 8192), (160 * 1024, 16384), (196592, 16384)],
-)
-def test_default_chunked_prefill_size(mib: int, chunked: int) -> None:
-    assert default_chunked_prefill_size(mib * MiB) == chunked
-
-
-@pytest.mark.parametrize(
-    ("mib", "tp", "bs"),
-    [(16 * 1024, 1, 8), (24576, 1, 24), (24576, 4, 80), (40960, 2, 32), (40960, 8, 160),
-     (81920, 1, 256), (81920, 4, 512), (143771, 1, 256), (183359, 1, 512)],
-)
-def test_default_cuda_graph_max_bs(mib: int, tp: int, bs: int) -> None:
-    assert default_cuda_graph_max_bs(mib * MiB, tp) == bs
-
-
-def reserve(mib: int, *, chunked: int | None = None, bs: int | None = None, tp: int = 1, pp: int = 1, dp: int = 1,
-            spec: str = "none") -> Fraction:
-    total = mib * MiB
-    return runtime_reserve_mib(
-        total_bytes=total, chunked_prefill_size=chunked if chunked is not None else default_chunked_prefill_size(total),
-        cuda_graph_max_bs=bs if bs is not None else default_cuda_graph_max_bs(total, tp), tp_size=tp, pp_size=pp,
-        dp_attention_size=dp, speculative_algorithm=spec,
-    )
-
-
-@pytest.mark.parametrize(
-    ("mib", "kwargs", "reserve_mib", "fraction"),
-    [
-        # 80 GiB (81,920 MiB): chunked 8,192, graphs 256:
-        # 512 + 1.5 x 8,192 + 2 x 256 + 1 x 1 / 8 x 1,024 = 13,440; round(68,480 / 81,920, 3) = round(0.8359375) = 0.836
-        (81920, {}, 13440, 0.836),
-        # H200 as nvidia-smi shows it, 143,771 MiB: the same 13,440; 130,331 / 143,771 = 0.90652 -> 0.907
-        (143771, {}, 13440, 0.907),
-        # a 24 GiB card: chunked 2,048, graphs 24: 512 + 3,072 + 48 + 128 = 3,760; 20,816 / 24,576 = 0.84701 -> 0.847
-        (24576, {}, 3760, 0.847),
-        # a 40 GiB card: chunked 4,096, graphs 32: 512 + 6,144 + 64 + 128 = 6,848; 34,112 / 40,960 = 0.83281 -> 0.833
-        (40960, {}, 6848, 0.833),
-        # TP8 on 80 GiB: graphs 512 (tp >= 4): 512 + 12,288 + 1,024 + 8 / 8 x 1,024 = 14,848; 67,072 / 81,920 = 0.81875 -> 0.819
-        (81920, {"tp": 8}, 14848, 0.819),
-        # TP2 x PP2: 512 + 12,288 + 512 + 4 / 8 x 1,024 = 13,824; 68,096 / 81,920 = 0.83125 -> 0.831
-        (81920, {"tp": 2, "pp": 2}, 13824, 0.831),
-        # the 10 GiB floor above 60 GiB: 512 + 1.5 x 2,048 + 2 x 8 + 128 = 3,728 -> 10,240; 71,680 / 81,920 = 0.875
-        (81920, {"chunked": 2048, "bs": 8}, 10240, 0.875),
-        # exactly 60 GiB is not above it: 3,728 stays; 57,712 / 61,440 = 0.93932 -> 0.939
-        (61440, {"chunked": 2048, "bs": 8}, 3728, 0.939),
-        # one MiB above 60 GiB: the floor applies; 51,201 / 61,441 = 0.83334 -> 0.833
-        (61441, {"chunked": 2048, "bs": 8}, 10240, 0.833),
-        # chunked prefill below 2,048 counts as 2,048
-        (40960, {"chunked": 512, "bs": 32}, 512 + 3072 + 64 + 128, 0.908),
-        # speculative: a draft model adds 2 GiB, STANDALONE 6 GiB, after the floor
-        (81920, {"spec": "EAGLE"}, 13440 + 2048, 0.811),  # 66,432 / 81,920 = 0.81094
-        (81920, {"spec": "NEXTN"}, 13440 + 2048, 0.811),
-        (81920, {"spec": "STANDALONE"}, 13440 + 6144, 0.761),  # 62,336 / 81,920 = 0.76094
-        (81920, {"chunked": 2048, "bs": 8, "spec": "EAGLE3"}, 10240 + 2048, 0.85),  # 69,632 / 81,920 = 0.85
-        # DP attention (TP8, DP8): 14,848 + 3 x 512 x 8 = 12,288, and bs 512 > 300 adds 1.5 x 512 x 8 = 6,144:
-        # 33,280; 48,640 / 81,920 = 0.59375 -> 0.594
-        (81920, {"tp": 8, "dp": 8}, 33280, 0.594),
-        # bs 256 (<= 300): only 3 x 256 x 4 = 3,072 on top of 512 + 12,288 + 512 + 1,024 = 14,336 -> 17,408
-        # 64,512 / 81,920 = 0.7875 -> 0.788 (0.7875 is exact; rounding half to even gives 0.788)
-        (81920, {"tp": 8, "dp": 4, "bs": 256}, 17408, 0.788),
-    ],
-)
-def test_derived_mem_fraction_static(mib: int, kwargs: dict, reserve_mib: int, fraction: float) -> None:
-    r = reserve(mib, **kwargs)
-    assert r == reserve_mib
-    assert derive_mem_fraction_static(mib * MiB, r) == fraction
-
+# ---- the derived fraction's rounding (the reserve itself: test_runtime_reserve.py) ------------------
 
 def test_derived_fraction_is_rounded_in_exact_arithmetic() -> None:
     # 81,920 MiB card, reserve 13,440 MiB: 68,480 / 81,920 = 107 / 128 = 0.8359375 exactly

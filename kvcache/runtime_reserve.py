@@ -1,0 +1,117 @@
+"""The derived mem_fraction_static: the memory a running engine keeps outside weights + KV.
+
+Follows SGLang 0.5.23 (`arg_groups/memory_hook.py`: `handle_gpu_memory_settings`,
+`reserve_for_graph_mb`; `cuda_graph_hook.py`: `generate_prefill_cuda_graph_batch_sizes`),
+for a CUDA engine that is not disaggregated, with no DeepEP, no VLM and no post-capture
+sizing (that one is `kvcache.runtime.eligibility`). All sizes are in MiB of the card,
+as SGLang reads them from nvidia-smi; the arithmetic is exact (Fractions).
+
+    reserve = 512 + 1.5 * max(chunked_prefill, 2048) + tp * pp / 8 * 1024 + graphs
+    graphs  = 2 * decode_max_bs                                    (decode CUDA graphs)
+            + 3 * decode_max_bs * dp (+ 1.5 * decode_max_bs * dp above bs 300)  (DP attention)
+            + 8 * len(prefill graph sizes), or 1536 with MLA       (prefill graphs; none with PP > 1)
+    at least 10 GiB on cards above 60 GiB;  fraction = round((card - reserve) / card, 3)
+
+Checked against SGLang 0.5.23's own `handle_gpu_memory_settings` (run with the card size
+stubbed): L4 0.684, A10 0.684, RTX-4090 0.704, A100-40GB 0.823, H100-80GB 0.830, H200
+(143,771 MiB) 0.903, B200 0.854. Earlier 0.5 releases (and this project before) added
+2 GiB (6 GiB for STANDALONE) for a draft model, had no prefill-graph term and gave 20-35
+GiB cards chunked prefill 2048 and batch 24 (L4 0.837); 0.5.23 has none of these.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import msgspec
+
+from kvcache.byte_units import MiB
+from kvcache.memory_budget import derive_mem_fraction_static
+
+GiB_IN_MIB = 1024
+MLA_PREFILL_GRAPH_RESERVE_MIB = 1536
+PREFILL_GRAPH_MIB_PER_SIZE = 8
+
+
+class RuntimeShape(msgspec.Struct, frozen=True, kw_only=True):
+    """What the reserve depends on besides the card. None means SGLang's default for the card."""
+
+    cuda_graphs: bool  # False on the CPU and with --disable-cuda-graph
+    chunked_prefill_size: int | None = None
+    cuda_graph_max_bs: int | None = None
+    tp_size: int = 1
+    pp_size: int = 1
+    attention_dp_size: int = 1
+    uses_mla: bool = False
+    max_total_tokens: int | None = None
+    max_running_requests: int | None = None
+
+
+def _card_mib(total_bytes: int) -> Fraction:
+    return Fraction(total_bytes, MiB)
+
+
+def default_chunked_prefill_size(total_bytes: int) -> int:
+    """SGLang 0.5.23 by card size: 2048 below 20 GiB, 4096 below 60 GiB, 8192 below 160 GiB, else 16384."""
+    mib = _card_mib(total_bytes)
+    for below_gib, size in ((20, 2048), (60, 4096), (160, 8192)):
+        if mib < below_gib * GiB_IN_MIB:
+            return size
+    return 16384
+
+
+def default_cuda_graph_max_bs(total_bytes: int, tp_size: int) -> int:
+    """SGLang 0.5.23's decode CUDA-graph batch cap by card size (and TP below 4 or not)."""
+    mib, small_tp = _card_mib(total_bytes), tp_size < 4
+    if mib < 20 * GiB_IN_MIB:
+        return 8
+    for below_gib, small, large in ((35, 48, 160), (60, 32, 160), (160, 256, 512)):
+        if mib < below_gib * GiB_IN_MIB:
+            return small if small_tp else large
+    return 512
+
+
+def decode_cuda_graph_max_bs(total_bytes: int, shape: RuntimeShape) -> int:
+    """The user's value, else the card default capped by --max-running-requests; 0 without graphs."""
+    if not shape.cuda_graphs:
+        return 0
+    if shape.cuda_graph_max_bs is not None:
+        return shape.cuda_graph_max_bs
+    bs = default_cuda_graph_max_bs(total_bytes, shape.tp_size)
+    return min(bs, shape.max_running_requests) if shape.max_running_requests is not None else bs
+
+
+def prefill_cuda_graph_sizes(max_tokens: int) -> tuple[int, ...]:
+    """The token counts SGLang 0.5.23 captures prefill graphs for, up to max_tokens."""
+    steps = ((4, 32, 4), (48, 256, 16), (288, 512, 32), (576, 1024, 64), (1280, 4096, 256), (4608, max_tokens, 512))
+    return tuple(n for start, stop, step in steps for n in range(start, stop + 1, step) if n <= max_tokens)
+
+
+def prefill_graph_reserve_mib(total_bytes: int, shape: RuntimeShape) -> int:
+    """Prefill CUDA graphs (SGLang 0.5.23 captures them by default on CUDA, not with PP > 1)."""
+    if not shape.cuda_graphs or shape.pp_size > 1:
+        return 0
+    if shape.uses_mla:
+        return MLA_PREFILL_GRAPH_RESERVE_MIB
+    max_tokens = shape.chunked_prefill_size or default_chunked_prefill_size(total_bytes)
+    if shape.max_total_tokens is not None:
+        max_tokens = min(max_tokens, shape.max_total_tokens)
+    return PREFILL_GRAPH_MIB_PER_SIZE * len(prefill_cuda_graph_sizes(max_tokens))
+
+
+def runtime_reserve_mib(total_bytes: int, shape: RuntimeShape) -> Fraction:
+    """The reserve in MiB (exact), as in the module docstring."""
+    chunk = shape.chunked_prefill_size or default_chunked_prefill_size(total_bytes)
+    bs, dp = decode_cuda_graph_max_bs(total_bytes, shape), shape.attention_dp_size
+    reserve = 512 + Fraction(3, 2) * max(chunk, 2048) + Fraction(shape.tp_size * shape.pp_size, 8) * GiB_IN_MIB
+    reserve += 2 * bs + prefill_graph_reserve_mib(total_bytes, shape)
+    if dp > 1:
+        reserve += 3 * bs * dp + (Fraction(3, 2) * bs * dp if bs > 300 else 0)
+    if _card_mib(total_bytes) > 60 * GiB_IN_MIB:
+        reserve = max(reserve, Fraction(10 * GiB_IN_MIB))
+    return reserve
+
+
+def default_mem_fraction_static(total_bytes: int, shape: RuntimeShape) -> float:
+    """SGLang 0.5.23's mem_fraction_static for a card of total_bytes (see the module docstring)."""
+    return derive_mem_fraction_static(total_bytes, runtime_reserve_mib(total_bytes, shape))
