@@ -16,6 +16,7 @@ import torch
 
 from kvcache.advice import suggest_fixes, suggest_kv_cache_memory
 from kvcache.allocators.protocol import AllocatorFactory, TokenAllocator
+from kvcache.device_buffers import Arena
 from kvcache.dtypes import KV_CACHE_DTYPES, KVCacheDtype
 from kvcache.errors import ConfigError, DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
 from kvcache.memory_budget import MemoryBudget, compute_budget, derive_mem_fraction_static
@@ -45,7 +46,12 @@ class KVCacheConfigResult(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     token_to_kv_pool: Any  # KVPool
     token_to_kv_pool_allocator: Any  # TokenAllocator
     state_pool: RecurrentStatePool | None
-    allocated_bytes: int  # bytes this worker allocated (shared objects excluded)
+    arena: Arena  # the one allocation every buffer this worker built is a view of
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes this worker allocated: its arena (shared objects excluded)."""
+        return self.arena.nbytes
 
     @property
     def max_total_num_tokens(self) -> int:
@@ -235,7 +241,7 @@ class KVCacheConfigurator:
         return KVCacheConfigResult(
             memory_pool_config=plan, model_dtype=self.model_dtype, kv_cache_dtype=self.kv_cache_dtype,
             req_to_token_pool=req_pool, token_to_kv_pool=pools.token_to_kv_pool,
-            token_to_kv_pool_allocator=allocator, state_pool=pools.state_pool, allocated_bytes=pools.nbytes,
+            token_to_kv_pool_allocator=allocator, state_pool=pools.state_pool, arena=pools.arena,
         )
 
 

@@ -1,29 +1,41 @@
 """The one place the engine gets device memory from, and how its bytes are counted.
 
-Every buffer is allocated at `allocation_size(nbytes)`: up to 1 MiB in 512-byte
-blocks (PyTorch's CUDA caching allocator's small pool), above that in 2 MiB multiples.
-The allocator hands a large block out whole, unsplit, when what would be left over is
-1 MiB or less; with every large buffer a 2 MiB multiple, the leftover is 0 or at least
-2 MiB, so the planned bytes equal torch.cuda.memory_allocated's growth exactly
-(measured on an H200: benchmarks/RESULTS.md). The tensor is a
-view of the first nbytes. Tests make the N-th allocation fail through this module.
+Every buffer takes `allocation_size(nbytes)`: up to 1 MiB in 512-byte blocks (PyTorch's
+CUDA caching allocator's small pool), above that in 2 MiB multiples, the size the
+caching allocator would give it. The tensor is a view of the first nbytes.
+
+A worker's KV cache (pools, request table, allocator lists, state) is carved from ONE
+`Arena`: a single allocation of `arena_size(total)` bytes, a 2 MiB multiple of at least
+10 MiB. The CUDA caching allocator serves a request of 10 MiB or more from a segment of
+exactly that size (smaller ones share 2 MiB or 20 MiB segments), so the arena lowers
+cudaMemGetInfo's free bytes by exactly its size, not only torch.cuda.memory_allocated.
+While an arena is `active()`, `allocate_zeros` and `carve` take slots from it instead of
+allocating, so pools and allocators need no knowledge of it. Tests make the N-th
+allocation fail through this module.
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import contextvars
 import mmap
+import weakref
 from math import prod
 from itertools import accumulate
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
 from kvcache.byte_units import MiB
+from kvcache.errors import PlanMismatchError
 
 BLOCK_ROUND = 512
 LARGE_ROUND = 2 * MiB
 SMALL_UP_TO = 1 * MiB
 HOST_MAP_THRESHOLD = 1 * MiB
+OWN_SEGMENT_FROM = 10 * MiB  # the caching allocator's kMinLargeAlloc: requests this big get their own segment
+WEIGHT_ALIGN = 512
 
 
 def allocation_size(nbytes: int) -> int:
@@ -34,22 +46,91 @@ def allocation_size(nbytes: int) -> int:
     return -(-rounded // LARGE_ROUND) * LARGE_ROUND if rounded > SMALL_UP_TO else rounded
 
 
-def allocate_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero-initialised buffer of `shape` (on `meta`, a shape with no memory behind it).
+def arena_size(slot_bytes: int) -> int:
+    """Bytes of one arena holding `slot_bytes` of slots: a 2 MiB multiple, at least 10 MiB (0 for none)."""
+    if slot_bytes <= 0:
+        return 0
+    return max(-(-slot_bytes // LARGE_ROUND) * LARGE_ROUND, OWN_SEGMENT_FROM)
 
-    Large host buffers come from an anonymous mapping, whose pages the kernel hands out
-    already zeroed when first touched: a multi-GiB CPU pool builds in microseconds
-    instead of a memset that faults in every page.
-    """
+
+def weight_slot_size(nbytes: int) -> int:
+    """Weights pack tightly in their arena, each tensor 512-byte aligned."""
+    return -(-nbytes // WEIGHT_ALIGN) * WEIGHT_ALIGN
+
+
+def _flat(size: int, device: torch.device, *, zeroed: bool) -> torch.Tensor:
+    """`size` bytes in one allocation. Large host buffers come from an anonymous mapping, whose
+    pages the kernel hands out already zeroed when first touched (no memset faulting in every page)."""
+    if device.type == "cpu" and size >= HOST_MAP_THRESHOLD:
+        return torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8)
+    if zeroed:
+        return torch.zeros(size, dtype=torch.uint8, device=device)
+    return torch.empty(size, dtype=torch.uint8, device=device)
+
+
+_ARENAS: "weakref.WeakValueDictionary[int, Arena]" = weakref.WeakValueDictionary()
+_ACTIVE: contextvars.ContextVar["Arena | None"] = contextvars.ContextVar("active_arena", default=None)
+
+
+class Arena:
+    """One allocation that buffers are carved from back to back, each in a slot of `slot_size(n)` bytes."""
+
+    def __init__(self, nbytes: int, device: torch.device, *, slot_size: Callable[[int], int] = allocation_size,
+                 zeroed: bool = True) -> None:
+        self.nbytes = nbytes
+        self.device = device
+        self._slot_size = slot_size
+        self._flat = _flat(nbytes, device, zeroed=zeroed)
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        _ARENAS[self._flat.untyped_storage()._cdata] = self
+
+    @property
+    def used(self) -> int:
+        """Bytes of the slots handed out so far."""
+        return self._ends[-1] if self._ends else 0
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The next slot, viewed as `shape`; PlanMismatchError when the arena has no room left for it."""
+        if torch.device(device) != self.device:
+            raise PlanMismatchError(f"a buffer for {device} was asked of the arena on {self.device}")
+        nbytes = prod(shape) * dtype.itemsize
+        start, size = self.used, self._slot_size(nbytes)
+        if start + size > self.nbytes:
+            raise PlanMismatchError(
+                f"a {nbytes:,} B buffer does not fit in the KV arena: {start:,} of {self.nbytes:,} B are taken; "
+                "something allocates more than the plan lists"
+            )
+        self._starts.append(start)
+        self._ends.append(start + size)
+        return self._flat[start:start + nbytes].view(dtype).view(shape)
+
+    def slot_at(self, offset: int) -> tuple[int, int]:
+        """(start, bytes) of the slot holding byte `offset`."""
+        i = bisect.bisect_right(self._starts, offset) - 1
+        return self._starts[i], self._ends[i] - self._starts[i]
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator["Arena"]:
+        """While inside, allocate_zeros and carve take slots from this arena."""
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+
+def allocate_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-initialised buffer of `shape`: a slot of the active arena, else its own allocation of
+    allocation_size bytes (on `meta`, a shape with no memory behind it)."""
+    arena = _ACTIVE.get()
+    if arena is not None:
+        return arena.take(shape, dtype, device)
     nbytes = prod(shape) * dtype.itemsize
     size = allocation_size(nbytes)
     if size == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
-    if device.type == "cpu" and size >= HOST_MAP_THRESHOLD:
-        flat = torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8)
-    else:
-        flat = torch.zeros(size, dtype=torch.uint8, device=device)
-    return flat[:nbytes].view(dtype).view(shape)
+    return _flat(size, device, zeroed=True)[:nbytes].view(dtype).view(shape)
 
 
 def carve(segments: Sequence[tuple[tuple[int, ...], torch.dtype]], device: torch.device) -> list[torch.Tensor]:
@@ -72,6 +153,15 @@ def carve(segments: Sequence[tuple[tuple[int, ...], torch.dtype]], device: torch
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Exact bytes behind these tensors: each distinct storage once, rounding included, on any device."""
-    storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}  # views share one
-    return sum(storages.values())
+    """Exact bytes behind these tensors, rounding included, on any device: each distinct storage
+    once, or, for views into an arena, each distinct arena slot once."""
+    held: dict[tuple[int, int], int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        arena = _ARENAS.get(storage._cdata)
+        if arena is None:
+            held[(storage._cdata, -1)] = storage.nbytes()  # views share one storage
+        else:
+            start, size = arena.slot_at(t.storage_offset() * t.element_size())
+            held[(storage._cdata, start)] = size
+    return sum(held.values())

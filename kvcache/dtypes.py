@@ -1,8 +1,9 @@
 """Element formats: the model dtype and the KV cache dtype, and the bytes each takes.
 
-`KVCacheDtype.bytes_for(n)` is the one formula for the bytes of n cached elements:
-whole-byte formats take n * size; FP4 takes n / 2 bytes of data plus one scale byte
-per 16 elements.
+`KVCacheDtype.row_bytes(heads, dim)` is the one formula for the bytes of cached values,
+the sum of the buffers a pool allocates for them (`row_buffers`): whole-byte formats take
+heads * dim * size; FP4 packs each head's dim values into dim / 2 bytes plus one scale byte
+per 16 values, so a head dim that is not a multiple of 16 is refused (ConfigError).
 """
 
 from __future__ import annotations
@@ -30,27 +31,39 @@ class KVCacheDtype:
     bits: int
     scale_group: int = 0
 
-    def bytes_for(self, elements: int) -> int:
-        """Bytes that `elements` values take in the cache, scales included."""
+    def check_packs(self, elements: int) -> None:
+        """ConfigError unless `elements` values (one head vector) pack whole: FP4 needs a multiple of 16."""
         if (elements * self.bits) % 8 or (self.scale_group and elements % self.scale_group):
+            group = max(self.scale_group, 8 // self.bits if self.bits < 8 else 1)
             raise ConfigError(
-                f"{elements} elements cannot be stored as {self.name}: "
-                f"the count must be a multiple of {max(self.scale_group, 8 // self.bits if self.bits < 8 else 1)}"
+                f"{elements} elements cannot be stored as {self.name}: the count must be a multiple of {group} "
+                f"(a head dimension of {elements} needs --kv-cache-dtype fp8_e4m3 or the model dtype)"
             )
-        return elements * self.bits // 8 + (elements // self.scale_group if self.scale_group else 0)
 
     def data_elements(self, elements: int) -> int:
         """Storage elements of the data part for `elements` values (FP4 packs two per byte)."""
+        self.check_packs(elements)
         return elements * self.bits // (8 * self.storage_dtype.itemsize)
 
     def scale_elements(self, elements: int) -> int:
         """Storage elements (bytes) of the per-group scales; 0 for formats without scales."""
+        self.check_packs(elements)
         return elements // self.scale_group if self.scale_group else 0
 
     def row_buffers(self, heads: int, dim: int) -> tuple[int, ...]:
-        """Bytes per row of the buffers holding [heads, dim] values: (data,) or (data, scales) for FP4."""
+        """Bytes per row of the buffers holding [heads, dim] values: (data,) or (data, scales) for FP4.
+        Each head's vector packs on its own, so `dim` must pack (check_packs)."""
         data = heads * self.data_elements(dim) * self.storage_dtype.itemsize
         return (data, heads * self.scale_elements(dim)) if self.scale_group else (data,)
+
+    def row_bytes(self, heads: int, dim: int) -> int:
+        """Bytes one token's [heads, dim] values take in the cache, scales included: THE byte formula,
+        the sum of the buffers a pool allocates (row_buffers)."""
+        return sum(self.row_buffers(heads, dim))
+
+    def bytes_for(self, elements: int) -> int:
+        """Bytes of one vector of `elements` values (row_bytes of one head)."""
+        return self.row_bytes(1, elements)
 
     @property
     def stored_as_bytes(self) -> bool:

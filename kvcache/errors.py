@@ -78,3 +78,7 @@ class PoolBuildError(KVCacheError):
 
 class WeightsDoNotFitError(DoesNotFitError):
     """The model's weights alone are larger than the memory free before loading."""
+
+
+class PlanMismatchError(KVCacheError):
+    """What was built differs from the plan (a buffer's bytes, or the arena's): a bug, never a silently wrong number."""

@@ -23,7 +23,7 @@ INDEX_SCALE_BLOCK = 128  # the DSA indexer key's fp8 values per float32 scale
 
 def kv_bytes_per_token(kv_heads: int, head_dim: int, v_head_dim: int, dtype: KVCacheDtype) -> int:
     """K and V of one token in one MHA/GQA layer."""
-    return dtype.bytes_for(kv_heads * head_dim) + dtype.bytes_for(kv_heads * v_head_dim)
+    return dtype.row_bytes(kv_heads, head_dim) + dtype.row_bytes(kv_heads, v_head_dim)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +81,7 @@ class MLASpec:
 
     @property
     def bytes_per_token(self) -> int:
-        return self.dtype.bytes_for(self.kv_lora_rank + self.qk_rope_head_dim) + self.index_bytes_per_token
+        return self.dtype.row_bytes(1, self.kv_lora_rank + self.qk_rope_head_dim) + self.index_bytes_per_token
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,17 +1,20 @@
 """plan_pool_sizes: pure integer sizing, numbers in and a MemoryPoolConfig out. No device.
 
-The cost of holding T tokens (T a multiple of page_size) is
+The cost of holding T tokens (T a multiple of page_size) is the total of the plan the
+planner would return for T, `candidate_plan(req, T).total_bytes`: each worker's arena
+(kvcache.device_buffers.arena_size) holding its buffers, every buffer at
+A(n) = allocation_size(n):
 
-    cost(T) = sum over pools of A((tokens_p(T) + page_size) * bytes_per_token_p)
-            + allocator_index_bytes(T, page, swa tokens)      # free lists (+ SWA map)
-            + A((R(T) + 1) * (row_width [+ 1]) * 4)            # req_to_token (+ state-slot column)
-            + [A(slots * slot_bytes)]                          # hybrids: recurrent state
+    pools       A((tokens_p(T) + page_size) * bytes_per_token_p)
+    allocator   allocator_index_bytes(T, page, swa tokens)         # free lists (+ SWA map)
+    table       A((R(T) + 1) * (row_width [+ 1]) * 4)               # req_to_token (+ state-slot column)
+    state       [A(slots * slot_bytes)]                             # hybrids: recurrent state
 
-each pool one allocation charged at A(n) = kvcache.device_buffers.allocation_size(n),
-the bytes the device allocator really takes for it; tokens_p(T) is T for pools that hold every token and align_down(T * swa_ratio)
-for sliding-window pools, and R(T) is the running-request cap. cost is monotone in T,
-so the plan is the largest T with cost(T) <= budget, found by bisection: nothing is
-allocated beyond the budget, and one more page would not fit.
+tokens_p(T) is T for pools that hold every token and align_down(T * swa_ratio) for
+sliding-window pools, and R(T) is the running-request cap. The cost is monotone in T,
+so the plan is the largest T whose cost fits the budget, found by bisection: nothing
+is allocated beyond the budget, and one more page would not fit. There is no second
+cost formula: what the bisection charges is what MemoryPoolConfig says is allocated.
 """
 
 from __future__ import annotations
@@ -22,12 +25,10 @@ from typing import Literal
 
 import msgspec
 
-from kvcache.allocators.footprint import allocator_index_bytes
 from kvcache.byte_units import format_bytes
-from kvcache.device_buffers import allocation_size
 from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, DoesNotFitError
 from kvcache.memory_budget import MemoryBudget
-from kvcache.pool_config import REQ_TO_TOKEN_ELEMENT_BYTES, KVPoolPlan, MemoryPoolConfig, PoolKind, StatePoolPlan
+from kvcache.pool_config import KVPoolPlan, MemoryPoolConfig, PoolKind, StatePoolPlan
 
 DEFAULT_REQUESTS_PER_CONTEXT = 512
 MIN_DEFAULT_RUNNING_REQUESTS = 2048
@@ -109,18 +110,32 @@ def running_requests(req: PlanRequest, tokens: int, state_slots: int) -> int:
     return max(cap, 1)
 
 
-def plan_cost(req: PlanRequest, tokens: int, state_slots: int) -> int:
-    """Bytes of every buffer when the full pools hold `tokens` tokens (the module formula)."""
+def candidate_plan(req: PlanRequest, tokens: int, state_slots: int) -> MemoryPoolConfig:
+    """The plan for `tokens` tokens in the pools that hold every token (fitting or not)."""
     page = req.page_size
-    kv = sum(allocation_size((_pool_tokens(req, p, tokens) + page) * p.bytes_per_token) for p in req.kv_pools)
-    paired = [p for p in req.kv_pools if p.share == "swa"]
-    swa_tokens = _pool_tokens(req, paired[0], tokens) if paired else None
-    index = allocator_index_bytes(tokens, page, swa_tokens)
-    rows = running_requests(req, tokens, state_slots) + 1
-    table_row = req.req_to_token_row_width + (1 if req.state else 0)  # hybrids: + the state-slot column
-    table = allocation_size(rows * table_row * REQ_TO_TOKEN_ELEMENT_BYTES)
-    state = allocation_size(state_slots * req.state.bytes_per_slot) if req.state else 0
-    return kv + index + table + state
+    pools = tuple(
+        KVPoolPlan(
+            name=p.name, kind=p.kind, num_layers=p.num_layers, bytes_per_token=p.bytes_per_token,
+            num_tokens=_pool_tokens(req, p, tokens), page_size=page, holds_every_token=p.share == "all",
+        )
+        for p in req.kv_pools
+    )
+    state_plan = None
+    if req.state is not None:
+        state_plan = StatePoolPlan(
+            num_layers=req.state.num_layers, bytes_per_slot=req.state.bytes_per_slot,
+            num_slots=state_slots, slots_per_request=req.state.slots_per_request,
+        )
+    return MemoryPoolConfig(
+        budget=req.budget, page_size=page, context_length=req.context_length,
+        max_total_num_tokens=tokens, max_running_requests=running_requests(req, tokens, state_slots),
+        req_to_token_row_width=req.req_to_token_row_width, kv_pools=pools, state_pool=state_plan,
+    )
+
+
+def plan_cost(req: PlanRequest, tokens: int, state_slots: int) -> int:
+    """Bytes the plan for `tokens` allocates: its own total, the one cost formula."""
+    return candidate_plan(req, tokens, state_slots).total_bytes
 
 
 def _largest_fitting_tokens(req: PlanRequest, state_slots: int) -> int:
@@ -170,24 +185,7 @@ def plan_pool_sizes(req: PlanRequest) -> MemoryPoolConfig:
             needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
         )
     _check_windows_fit(req, tokens, slots)
-    pools = tuple(
-        KVPoolPlan(
-            name=p.name, kind=p.kind, num_layers=p.num_layers, bytes_per_token=p.bytes_per_token,
-            num_tokens=_pool_tokens(req, p, tokens), page_size=page, holds_every_token=p.share == "all",
-        )
-        for p in req.kv_pools
-    )
-    state_plan = None
-    if req.state is not None:
-        state_plan = StatePoolPlan(
-            num_layers=req.state.num_layers, bytes_per_slot=req.state.bytes_per_slot,
-            num_slots=slots, slots_per_request=req.state.slots_per_request,
-        )
-    return MemoryPoolConfig(
-        budget=req.budget, page_size=page, context_length=req.context_length,
-        max_total_num_tokens=tokens, max_running_requests=running_requests(req, tokens, slots),
-        req_to_token_row_width=req.req_to_token_row_width, kv_pools=pools, state_pool=state_plan,
-    )
+    return candidate_plan(req, tokens, slots)
 
 
 def _one_request_tokens(req: PlanRequest) -> int:

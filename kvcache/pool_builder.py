@@ -1,7 +1,14 @@
-"""Build the pools a plan describes, on any device; free everything if any step fails."""
+"""Build the pools a plan describes, on any device, from one arena; check them against the plan.
+
+Each worker's buffers are carved from one allocation (kvcache.device_buffers.Arena) of
+the plan's `arena_bytes`; after the build a guard compares every buffer's bytes, and
+the arena's use, with the plan and raises PlanMismatchError when they differ. If any
+step fails, nothing stays allocated.
+"""
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,7 +16,8 @@ import torch
 
 from kvcache.allocators.protocol import AllocatorFactory, TokenAllocator
 from kvcache.byte_units import format_bytes
-from kvcache.errors import PoolBuildError
+from kvcache.device_buffers import Arena
+from kvcache.errors import PlanMismatchError, PoolBuildError
 from kvcache.layer_specs import FullAttentionSpec, MLASpec, SlidingWindowSpec
 from kvcache.pool_config import MemoryPoolConfig
 from kvcache.pool_layout import CacheLayout, KVPoolGroup
@@ -20,8 +28,10 @@ KVPool = MHATokenToKVPool | MLATokenToKVPool | HybridSWAKVPool
 
 @dataclass(frozen=True, slots=True)
 class WorkerPools:
-    """What one worker allocated: its attention pool, state pool, and (target only) table and allocator."""
+    """What one worker allocated: its arena, attention pool, state pool, and (target only) table and allocator."""
 
+    arena: Arena
+    kv_pools: dict[str, MHATokenToKVPool | MLATokenToKVPool]
     token_to_kv_pool: KVPool
     state_pool: RecurrentStatePool | None
     req_to_token_pool: ReqToTokenPool | None
@@ -29,15 +39,20 @@ class WorkerPools:
 
     @property
     def nbytes(self) -> int:
-        """Bytes this worker allocated (shared objects it did not build count zero)."""
-        total = self.token_to_kv_pool.nbytes
-        if self.state_pool is not None:
-            total += self.state_pool.nbytes
+        """Bytes this worker allocated: its one arena (shared objects it did not build count zero)."""
+        return self.arena.nbytes
+
+    def buffer_bytes(self) -> dict[str, int]:
+        """Each buffer's bytes as built, named as MemoryPoolConfig.worker_buffers names them."""
+        out: dict[str, int] = {}
         if self.req_to_token_pool is not None:
-            total += self.req_to_token_pool.nbytes
+            out["req_to_token"] = self.req_to_token_pool.nbytes
         if self.allocator is not None:
-            total += int(self.allocator.nbytes)
-        return total
+            out["allocator_index"] = int(self.allocator.nbytes)
+        if self.state_pool is not None:
+            out["state"] = self.state_pool.nbytes
+        out.update({f"kv_{name}": pool.nbytes for name, pool in self.kv_pools.items()})
+        return out
 
 
 def _build_kv_group(group: KVPoolGroup, plan: MemoryPoolConfig, device: torch.device) -> MHATokenToKVPool | MLATokenToKVPool:
@@ -59,55 +74,83 @@ def build_worker_pools(
     *, plan: MemoryPoolConfig, layout: CacheLayout, device: torch.device, allocator_factory: AllocatorFactory,
     shared_req_to_token_pool: ReqToTokenPool | None = None, shared_allocator: TokenAllocator | None = None,
 ) -> WorkerPools:
-    """Allocate this worker's pools from the plan. A target builds the table and allocator;
-    a draft is given the target's. On any failure, drop everything built and raise PoolBuildError."""
-    built: list[Any] = []
+    """Allocate this worker's pools from the plan in one arena. A target builds the table and
+    allocator; a draft is given the target's. On any failure, drop everything and raise
+    PoolBuildError (PlanMismatchError when what was built differs from the plan)."""
+    draft = shared_req_to_token_pool is not None
+    arena: Arena | None = None
     try:
-        req_pool = shared_req_to_token_pool
-        if req_pool is None:
-            req_pool = ReqToTokenPool(
-                size=plan.max_running_requests, max_context_len=plan.req_to_token_row_width, device=device,
-                with_state_slots=plan.state_pool is not None,
-            )
-            built.append(req_pool)
-        kv_pools = {g.name: _build_kv_group(g, plan, device) for g in layout.kv_groups}
-        built.extend(kv_pools.values())
-        state_pool = None
-        if layout.state is not None:
-            assert plan.state_pool is not None
-            state_pool = RecurrentStatePool(
-                num_slots=plan.state_pool.num_slots, spec=layout.state.spec,
-                layer_ids=layout.state.layer_ids, device=device,
-            )
-            built.append(state_pool)
-        allocator = shared_allocator
-        if allocator is None:
-            allocator = allocator_factory(plan=plan, device=device)
-            built.append(allocator)
-        token_pool = _attention_pool(layout, kv_pools, allocator)
-    except (torch.OutOfMemoryError, RuntimeError, MemoryError) as exc:
-        built.clear()
-        kv_pools = {}
+        arena = Arena(plan.arena_bytes(draft=draft), device)
+        with arena.active():
+            pools = _build_in(arena, plan, layout, device, allocator_factory, shared_req_to_token_pool, shared_allocator)
+        check_against_plan(pools, plan, draft=draft)
+    except (torch.OutOfMemoryError, RuntimeError, MemoryError, PlanMismatchError) as exc:
+        arena = pools = None  # type: ignore[assignment]
+        traceback.clear_frames(exc.__traceback__)  # the error keeps no buffer alive
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        if isinstance(exc, PlanMismatchError):
+            raise
         raise PoolBuildError(
             f"building the KV pools ({format_bytes(plan.total_bytes)} planned) failed part-way on {device}: "
             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; everything built so far was freed. "
             "Lower --mem-fraction-static (e.g. by 0.05) or set --kv-cache-memory below what is free"
         ) from exc
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # temporaries of the build (the allocator's initial ids) leave no cached segment
+    return pools
+
+
+def _build_in(
+    arena: Arena, plan: MemoryPoolConfig, layout: CacheLayout, device: torch.device, allocator_factory: AllocatorFactory,
+    shared_req_to_token_pool: ReqToTokenPool | None, shared_allocator: TokenAllocator | None,
+) -> WorkerPools:
+    req_pool = shared_req_to_token_pool
+    if req_pool is None:
+        req_pool = ReqToTokenPool(
+            size=plan.max_running_requests, max_context_len=plan.req_to_token_row_width, device=device,
+            with_state_slots=plan.state_pool is not None,
+        )
+    kv_pools = {g.name: _build_kv_group(g, plan, device) for g in layout.kv_groups}
+    state_pool = None
+    if layout.state is not None:
+        assert plan.state_pool is not None
+        state_pool = RecurrentStatePool(
+            num_slots=plan.state_pool.num_slots, spec=layout.state.spec, layer_ids=layout.state.layer_ids, device=device,
+        )
+    allocator = shared_allocator if shared_allocator is not None else allocator_factory(plan=plan, device=device)
     return WorkerPools(
-        token_to_kv_pool=token_pool, state_pool=state_pool,
+        arena=arena, kv_pools=kv_pools, token_to_kv_pool=_attention_pool(layout, kv_pools, allocator),
+        state_pool=state_pool,
         req_to_token_pool=req_pool if shared_req_to_token_pool is None else None,
         allocator=allocator if shared_allocator is None else None,
     )
 
 
-def _attention_pool(layout: CacheLayout, pools: dict[str, Any], allocator: Any) -> KVPool:
+def check_against_plan(pools: WorkerPools, plan: MemoryPoolConfig, *, draft: bool) -> None:
+    """The guard: every buffer's bytes and the arena's size and use equal the plan's, or PlanMismatchError."""
+    planned = plan.worker_buffers(draft=draft)
+    built = pools.buffer_bytes()
+    if built != planned:
+        diff = {k: (built.get(k), planned.get(k)) for k in sorted(set(built) | set(planned)) if built.get(k) != planned.get(k)}
+        raise PlanMismatchError(
+            "the KV buffers built differ from the plan (name: built, planned bytes): "
+            + ", ".join(f"{k}: {b}, {p}" for k, (b, p) in diff.items())
+        )
+    arena = pools.arena
+    if arena.nbytes != plan.arena_bytes(draft=draft) or arena.used != sum(planned.values()):
+        raise PlanMismatchError(
+            f"the KV arena holds {arena.used:,} B of buffers in {arena.nbytes:,} B, but the plan has "
+            f"{sum(planned.values()):,} B in {plan.arena_bytes(draft=draft):,} B"
+        )
+
+
+def _attention_pool(layout: CacheLayout, pools: dict[str, Any], allocator: TokenAllocator) -> KVPool:
     swa = [g for g in layout.kv_groups if g.paired_with_full]
     if swa:
         full = next(g for g in layout.kv_groups if not g.paired_with_full)
         return HybridSWAKVPool(full=pools[full.name], swa=pools[swa[0].name],
-                               full_to_swa=allocator.full_to_swa_index_mapping)
+                               full_to_swa=allocator.full_to_swa_index_mapping)  # type: ignore[attr-defined]
     if len(pools) != 1:
         raise PoolBuildError(f"expected one attention pool, got {sorted(pools)}")
     return next(iter(pools.values()))

@@ -11,11 +11,12 @@ from typing import Literal
 import msgspec
 
 from kvcache.allocators.footprint import allocator_index_bytes
-from kvcache.device_buffers import allocation_size
+from kvcache.device_buffers import allocation_size, arena_size
 from kvcache.memory_budget import MemoryBudget
 
 PoolKind = Literal["full", "swa", "mla"]
 REQ_TO_TOKEN_ELEMENT_BYTES = 4  # int32 token indices
+DRAFT_POOL_PREFIX = "draft_"  # a draft worker's pools, which the target's plan pays for
 
 
 class KVPoolPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -28,6 +29,10 @@ class KVPoolPlan(msgspec.Struct, frozen=True, kw_only=True):
     num_tokens: int
     page_size: int
     holds_every_token: bool = True
+
+    @property
+    def of_draft_worker(self) -> bool:
+        return self.name.startswith(DRAFT_POOL_PREFIX)
 
     @property
     def num_rows(self) -> int:
@@ -103,24 +108,38 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
         window = self.paired_window_pool
         return allocator_index_bytes(self.max_total_num_tokens, self.page_size, window.num_tokens if window else None)
 
+    def worker_buffers(self, *, draft: bool = False) -> dict[str, int]:
+        """The buffers one worker carves from its arena, by name: the target's request table,
+        allocator lists, state and pools; a draft worker's own pools."""
+        out: dict[str, int] = {}
+        if not draft:
+            out = {"req_to_token": self.req_to_token_bytes, "allocator_index": self.allocator_index_bytes}
+            if self.state_pool is not None:
+                out["state"] = self.state_pool.total_bytes
+        for p in self.kv_pools:
+            if p.of_draft_worker == draft:
+                out[f"kv_{p.name}"] = p.total_bytes
+        return out
+
+    def arena_bytes(self, *, draft: bool = False) -> int:
+        """The one allocation a worker makes for its buffers (kvcache.device_buffers.arena_size)."""
+        return arena_size(sum(self.worker_buffers(draft=draft).values()))
+
     @property
     def buffers(self) -> dict[str, int]:
-        """Every buffer the configurator allocates, by name, in bytes."""
-        out = {"req_to_token": self.req_to_token_bytes, "allocator_index": self.allocator_index_bytes}
-        if self.state_pool is not None:
-            out["state"] = self.state_pool.total_bytes
-        for p in self.kv_pools:
-            out[f"kv_{p.name}"] = p.total_bytes
-        return out
+        """Every buffer the configurator allocates, by name, in bytes (target's, then any draft's)."""
+        return {**self.worker_buffers(), **self.worker_buffers(draft=True)}
 
     @property
     def total_bytes(self) -> int:
-        return sum(self.buffers.values())
+        """What the plan costs: each worker's arena (its buffers plus the arena's rounding)."""
+        return self.arena_bytes() + self.arena_bytes(draft=True)
 
     def to_dict(self) -> dict:
         """A JSON-ready dict, derived numbers included."""
         data = msgspec.to_builtins(self)
-        data.update(bytes_per_token=self.bytes_per_token, buffers=self.buffers, total_bytes=self.total_bytes)
+        data.update(bytes_per_token=self.bytes_per_token, buffers=self.buffers, total_bytes=self.total_bytes,
+                    arena_bytes={"target": self.arena_bytes(), "draft": self.arena_bytes(draft=True)})
         for d, p in zip(data["kv_pools"], self.kv_pools):
             d.update(num_rows=p.num_rows, total_bytes=p.total_bytes)
         if self.state_pool is not None:

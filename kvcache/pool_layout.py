@@ -20,8 +20,7 @@ from kvcache.layer_specs import LayerPlacement, RecurrentStateSpec, SlidingWindo
 from kvcache.model_config import ModelConfig
 from kvcache.parallel import ParallelState
 from kvcache.planning import KVPoolDemand, StateDemand
-
-DRAFT_POOL_PREFIX = "draft_"
+from kvcache.pool_config import DRAFT_POOL_PREFIX
 SSM_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

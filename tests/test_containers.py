@@ -43,7 +43,8 @@ def test_overriding_the_probe_on_an_instance_changes_the_plan(make_engine) -> No
     weights = runner.weights.total_bytes
     # tiny model: embed + head 2 x 256 x 64, per layer q/o 64x64, k/v 32x64, mlp 3 x 64 x 128, 2 norms; final norm
     assert runner.weights.parameter_count == 2 * 256 * 64 + 2 * (2 * 4096 + 2 * 2048 + 3 * 8192 + 2 * 64) + 64
-    assert weights == runner.weights.parameter_count * 2
+    assert runner.weights.tensor_bytes == runner.weights.parameter_count * 2
+    assert weights == 10 * MiB  # the weights' one allocation: the smallest arena (its own CUDA segment)
     assert plan.budget.free_after_load_bytes == GiB - weights
     assert plan.budget.budget_bytes == GiB - weights - GiB // 2
     assert plan.total_bytes <= plan.budget.budget_bytes

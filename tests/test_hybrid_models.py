@@ -127,7 +127,7 @@ def test_fp4_kv_takes_nine_sixteenths_of_a_byte_per_value() -> None:
 
 def test_fp4_pool_on_cpu_holds_packed_values_and_scales() -> None:
     engine = EngineContainer(server_args=ServerArgs.from_mapping(
-        {"device": "cpu", "kv_cache_memory": 4 * MiB, "kv_cache_dtype": "fp4_e2m1", "context_length": 256}),
+        {"device": "cpu", "kv_cache_memory": 16 * MiB, "kv_cache_dtype": "fp4_e2m1", "context_length": 256}),
         model_config=load_model_config("SmolLM2-135M"))
     engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
     result = engine.target.configurator().configure(pre_model_load_memory=GiB)

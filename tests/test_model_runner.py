@@ -37,7 +37,8 @@ def test_dummy_weights_are_real_tensors_on_cpu_and_nothing_on_meta(make_engine) 
     cpu.memory_probe.override(FixedMemoryProbe(total_bytes=4 * GiB))
     weights = cpu.engine().target.load_weights()
     assert weights.parameter_count == 134_515_008  # SmolLM2-135M, tied embeddings
-    assert weights.total_bytes == 134_515_008 * 2
+    assert weights.tensor_bytes == 134_515_008 * 2
+    assert weights.total_bytes == 129 * 2 * MiB  # one arena: the 512-aligned tensors rounded up to 2 MiB
     assert next(iter(weights.tensors.values())).device.type == "cpu"
     meta = make_engine(device="meta", model=load_model_config("SmolLM2-135M"))
     meta.memory_probe.override(FixedMemoryProbe(total_bytes=4 * GiB))

@@ -31,6 +31,7 @@ from kvcache.planning import (
     KVPoolDemand, PlanRequest, StateDemand, align_down, plan_cost, plan_pool_sizes, running_requests,
 )
 from kvcache.pool_config import MemoryPoolConfig
+from kvcache.device_buffers import arena_size
 from kvcache.pool_layout import DRAFT_POOL_PREFIX, worker_cache_layout
 from kvcache.presets import load_model_config
 from kvcache.server_args import ServerArgs
@@ -91,16 +92,18 @@ def slots_of(plan: MemoryPoolConfig) -> int:
 # ---- by hand ----------------------------------------------------------------------------
 
 def test_a_tiny_plan_by_hand() -> None:
-    # one pool of 256 B/token, page 1, 7 requests of a 256-token row, a 1 MiB budget:
+    # one pool of 256 B/token, page 1, 7 requests of a 256-token row, a 10 MiB budget (the smallest arena):
     #   request table: (7 + 1) x 256 x 4 = 8,192 B (a multiple of 512)
-    #   pool: A((T + 1) x 256), allocator index (a free log of 2 T int64): A(16 T)
-    #   T = 3,823: A(3,824 x 256) = 978,944 (1,912 x 512), index A(61,168) = 61,440: 1,048,576 <= 1,048,576
-    #   T = 3,824: A(3,825 x 256) = A(979,200) = 979,456, index 61,440: 1,049,088 > budget
-    req = request(1 << 20, (full(256),), max_running_requests=7)
+    #   pool: A((T + 1) x 256), allocator index (a free log of 2 T int64): A(16 T); the arena: their sum
+    #   rounded up to 2 MiB
+    #   T = 32,767: pool A(8 MiB) = 8 MiB, index A(524,272) = 524,288: 8,921,088 B -> a 10 MiB arena
+    #   T = 32,768: pool A(8 MiB + 256) = 10 MiB, so the arena would be 12 MiB > budget
+    req = request(10 * MiB, (full(256),), max_running_requests=7)
     plan = plan_pool_sizes(req)
-    assert (plan.max_total_num_tokens, plan.max_running_requests) == (3_823, 7)
-    assert plan.buffers == {"req_to_token": 8_192, "allocator_index": 61_440, "kv_full": 978_944}
-    assert plan.total_bytes == 1_048_576
+    assert (plan.max_total_num_tokens, plan.max_running_requests) == (32_767, 7)
+    assert plan.buffers == {"req_to_token": 8_192, "allocator_index": 524_288, "kv_full": 8 * MiB}
+    assert plan.total_bytes == plan.arena_bytes() == 10 * MiB
+    assert plan_cost(req, 32_768, 0) == 12 * MiB
 
 
 def test_llama_8b_with_10_gib_by_hand() -> None:
@@ -223,7 +226,8 @@ def test_tokens_fill_the_budget_to_a_page(page: int) -> None:
 def test_every_buffer_is_in_the_plan(model: str, args: dict[str, Any], buffers: set[str]) -> None:
     req, plan = plan_for(model, 40 * GiB, **args)
     assert set(plan.buffers) == buffers
-    assert plan.total_bytes == sum(plan.buffers.values()) == plan_cost(req, plan.max_total_num_tokens, slots_of(plan))
+    assert plan.total_bytes == arena_size(sum(plan.buffers.values())) == plan_cost(req, plan.max_total_num_tokens, slots_of(plan))
+    assert plan.total_bytes % (2 * MiB) == 0
     assert plan.total_bytes <= 40 * GiB
     r, width = plan.max_running_requests, plan.req_to_token_row_width + (1 if plan.state_pool else 0)
     assert plan.buffers["req_to_token"] == allocation_size((r + 1) * width * 4)

@@ -72,7 +72,7 @@ def test_the_draft_weights_are_inside_the_measured_use() -> None:
 
 
 def test_an_index_from_the_shared_allocator_is_valid_in_both_pools() -> None:
-    args = {"device": "cpu", "kv_cache_memory": 8 * MiB, "speculative_algorithm": "EAGLE",
+    args = {"device": "cpu", "kv_cache_memory": 24 * MiB, "speculative_algorithm": "EAGLE",
             "speculative_draft_model": "SmolLM2-135M"}
     engine = EngineContainer(server_args=ServerArgs.from_mapping(args), model_config=tiny_model_config())
     engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))

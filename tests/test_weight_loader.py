@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import torch
 
+from kvcache.byte_units import MiB
+
 import app.weights.loader as loader_module
 from app.weights import (
     DummyWeightLoader,
@@ -35,7 +37,10 @@ def preset(name: str) -> dict[str, Any]:
 def test_cpu_load_of_smollm2_has_exact_bytes() -> None:
     specs = parameter_specs(preset("SmolLM2-135M"))
     weights = DummyWeightLoader(device=CPU, dtype=torch.bfloat16).load(specs)
-    assert weights.total_bytes == 134_515_008 * 2 == bytes_needed(specs, torch.bfloat16, None)
+    assert weights.tensor_bytes == 134_515_008 * 2
+    # one allocation: every tensor 512-byte aligned (the 576-value norms take 1,536 B), rounded up to 2 MiB
+    assert weights.total_bytes == 129 * 2 * MiB == bytes_needed(specs, torch.bfloat16, None)
+    assert len({t.untyped_storage().data_ptr() for t in weights.tensors.values()}) == 1
     assert weights.parameter_count == 134_515_008
     q = weights.tensors["model.layers.0.self_attn.q_proj.weight"]
     assert q.device == CPU and q.dtype == torch.bfloat16 and q.shape == (576, 576)
@@ -92,7 +97,8 @@ def test_fp8_on_cpu_stores_random_bytes_and_block_scales() -> None:
     w = weights.tensors["w"]
     assert w.dtype == torch.uint8 and w.unique().numel() > 200
     assert weights.tensors["w_scale_inv"].shape == (3, 3)
-    assert weights.total_bytes == 300 * 260 + 9 * 4 + 260 * 2 == bytes_needed(specs, torch.bfloat16, "fp8")
+    assert weights.tensor_bytes == 300 * 260 + 9 * 4 + 260 * 2
+    assert weights.total_bytes == 10 * MiB == bytes_needed(specs, torch.bfloat16, "fp8")  # the smallest arena
 
 
 def test_fp8_per_tensor_scale_without_blocks() -> None:
@@ -120,26 +126,19 @@ def test_quantized_storage_for(quantization: dict[str, Any] | None, expected: st
 
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory"), RuntimeError("allocator failed")])
-def test_part_way_failure_frees_everything(monkeypatch: pytest.MonkeyPatch, error: RuntimeError) -> None:
+def test_a_failed_allocation_leaves_nothing(monkeypatch: pytest.MonkeyPatch, error: RuntimeError) -> None:
     specs = parameter_specs(preset("SmolLM2-135M"))
-    made: list[weakref.ref[torch.Tensor]] = []
-    real_empty = loader_module._empty
+    asked: list[int] = []
 
-    def empty_then_fail(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        if len(made) == 10:
-            raise error
-        tensor = real_empty(shape, dtype, device)
-        made.append(weakref.ref(tensor))
-        return tensor
+    def fail(nbytes: int, device: torch.device) -> None:
+        asked.append(nbytes)
+        raise error
 
-    monkeypatch.setattr(loader_module, "_empty", empty_then_fail)
-    expected_allocated = sum(s.numel * 2 for s in specs[:10])
+    monkeypatch.setattr(loader_module, "_arena", fail)
     with pytest.raises(WeightsDoNotFitError) as caught:
         DummyWeightLoader(device=CPU, dtype=torch.bfloat16).load(specs)
     failure = caught.value
-    assert failure.needed_bytes == bytes_needed(specs, torch.bfloat16, None)
-    assert failure.allocated_bytes == expected_allocated
+    assert asked == [failure.needed_bytes] == [bytes_needed(specs, torch.bfloat16, None)]  # one allocation, all or nothing
+    assert failure.allocated_bytes == 0
     assert "0.25 GiB" in str(failure) and "--tp-size" in str(failure)
     assert failure.__cause__ is error
-    gc.collect()
-    assert len(made) == 10 and all(ref() is None for ref in made)

@@ -14,6 +14,10 @@ are stored narrow:
 
 `storage_of` is the one formula for what holds a parameter; `bytes_needed` (the
 up-front figure) and `load` (the allocation) both go through it, so they agree.
+All tensors are carved from ONE allocation (kvcache.device_buffers.Arena, each tensor
+512-byte aligned, the whole a 2 MiB multiple of at least 10 MiB): on CUDA it takes a
+segment of its own, so the reported weight bytes are exactly what cudaMemGetInfo loses
+(and what a dry run debits), with no shared caching-allocator segments left half used.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Literal
 import torch
 
 from app.weights.shapes import ParamSpec
+from kvcache.device_buffers import Arena, arena_size, weight_slot_size
 
 QuantizedStorage = Literal["fp8", "mxfp4"]
 MXFP4_GROUP = 32
@@ -94,26 +99,26 @@ def storage_of(spec: ParamSpec, dtype: torch.dtype, quantized_storage: Quantized
 
 def bytes_needed(specs: Sequence[ParamSpec], dtype: torch.dtype, quantized_storage: QuantizedStorage | None,
                  fp8_block_size: tuple[int, int] | None = (128, 128)) -> int:
-    """Exact bytes `load` will allocate for these specs, scales included."""
-    return sum(t.nbytes for spec in specs for t in storage_of(spec, dtype, quantized_storage, fp8_block_size))
+    """Exact bytes `load` will allocate for these specs, scales included: the one arena."""
+    stored = [t for spec in specs for t in storage_of(spec, dtype, quantized_storage, fp8_block_size)]
+    return arena_size(sum(weight_slot_size(t.nbytes) for t in stored))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadedWeights:
-    """The allocated tensors (read-only mapping), their exact bytes, and the model's parameter count.
-
-    total_bytes is the sum of numel * element_size; on CUDA the caching allocator may hold
-    a little more (block rounding: ~0.2% for gpt-oss-20b, none for Llama-3.1-8B).
-    """
+    """The allocated tensors (read-only mapping), the bytes their one allocation took
+    (`total_bytes`, alignment included), the bytes of the tensors themselves, and the
+    model's parameter count."""
 
     tensors: Mapping[str, torch.Tensor]
     total_bytes: int
+    tensor_bytes: int
     parameter_count: int
 
 
-def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The one allocation call (tests replace it to fail part-way)."""
-    return torch.empty(shape, dtype=dtype, device=device)
+def _arena(nbytes: int, device: torch.device) -> Arena:
+    """The one allocation call (tests replace it to fail)."""
+    return Arena(nbytes, device, slot_size=weight_slot_size, zeroed=False)
 
 
 def _noise(dtype: torch.dtype, device: torch.device, generator: torch.Generator) -> torch.Tensor:
@@ -162,37 +167,23 @@ class DummyWeightLoader:
         needed = self.bytes_needed(specs)
         stored = [t for spec in specs
                   for t in storage_of(spec, self.dtype, self.quantized_storage, self.fp8_block_size)]
-        tensors: dict[str, torch.Tensor] = {}
         try:
-            self._allocate_into(tensors, stored, needed)
-        except BaseException:
-            tensors.clear()
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            raise
-        total = sum(t.numel() * t.element_size() for t in tensors.values())
-        return LoadedWeights(tensors=MappingProxyType(tensors), total_bytes=total,
+            arena = _arena(needed, self.device)
+        except RuntimeError as error:  # torch.OutOfMemoryError is a RuntimeError
+            raise WeightsDoNotFitError(needed_bytes=needed, allocated_bytes=0, device=self.device) from error
+        tensors = {t.name: arena.take(t.shape, t.dtype, self.device) for t in stored}
+        if self.device.type != "meta":
+            self._fill_all(tensors)
+        return LoadedWeights(tensors=MappingProxyType(tensors), total_bytes=arena.nbytes,
+                             tensor_bytes=sum(t.nbytes for t in stored),
                              parameter_count=sum(spec.numel for spec in specs))
 
-    def _allocate_into(self, tensors: dict[str, torch.Tensor], stored: Sequence[StoredTensor], needed: int) -> None:
-        """Fill `tensors` one stored tensor at a time; an allocator failure becomes WeightsDoNotFitError."""
-        real = self.device.type != "meta"
-        generator = torch.Generator(device=self.device).manual_seed(self.seed) if real else None
+    def _fill_all(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Tile one block of noise per dtype over every tensor."""
+        generator = torch.Generator(device=self.device).manual_seed(self.seed)
         noise: dict[torch.dtype, torch.Tensor] = {}
-        allocated = 0
-        try:
-            for t in stored:
-                try:
-                    tensor = _empty(t.shape, t.dtype, self.device)
-                    if real and t.dtype not in noise:
-                        noise[t.dtype] = _noise(t.dtype, self.device, generator)
-                except RuntimeError as error:  # torch.OutOfMemoryError is a RuntimeError
-                    raise WeightsDoNotFitError(needed_bytes=needed, allocated_bytes=allocated,
-                                               device=self.device) from error
-                tensors[t.name] = tensor
-                allocated += tensor.numel() * tensor.element_size()
-                if real and tensor.numel():
-                    _fill(tensor, noise[t.dtype])
-                del tensor
-        finally:
-            noise.clear()
+        for tensor in tensors.values():
+            if tensor.dtype not in noise:
+                noise[tensor.dtype] = _noise(tensor.dtype, self.device, generator)
+            if tensor.numel():
+                _fill(tensor, noise[tensor.dtype])

@@ -1,0 +1,139 @@
+"""One plan: the planner's cost is the plan's total, each worker's buffers come from one arena
+of exactly the plan's bytes, a guard refuses any difference, and FP4 has one byte formula."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import pytest
+import torch
+
+from kvcache import device_buffers
+from kvcache.allocators import TokenToKVPoolAllocator
+from kvcache.byte_units import GiB, MiB
+from kvcache.device_buffers import Arena, arena_size
+from kvcache.errors import ConfigError, PlanMismatchError
+from kvcache.memory_probe import FixedMemoryProbe
+from kvcache.planning import candidate_plan, plan_cost, plan_pool_sizes
+from kvcache.pools import MHATokenToKVPool
+from kvcache.dtypes import KV_CACHE_DTYPES
+from kvcache.presets import load_model_config
+from kvcache.testing import tiny_model_config
+
+META = torch.device("meta")
+
+
+def configured(make_engine: Any, model: Any, **args: Any) -> Any:
+    engine = make_engine(model=model, **args)
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=8 * GiB))
+    return engine.target.configurator().configure(pre_model_load_memory=8 * GiB)
+
+
+@pytest.mark.parametrize(
+    ("model", "args"),
+    [
+        ("Llama-3.1-8B-Instruct", {"context_length": 8192}),
+        ("DeepSeek-V2-Lite", {"page_size": 64, "context_length": 4096}),
+        ("gpt-oss-20b", {"page_size": 16, "context_length": 8192}),
+        ("Qwen3-Next-80B-A3B-Thinking", {"context_length": 8192}),
+    ],
+)
+def test_a_worker_allocates_one_arena_of_exactly_the_plan(make_engine: Any, model: str, args: dict[str, Any]) -> None:
+    result = configured(make_engine, load_model_config(model), device="meta", kv_cache_memory=3 * GiB, **args)
+    plan = result.memory_pool_config
+    assert result.allocated_bytes == plan.arena_bytes() == plan.total_bytes <= 3 * GiB
+    assert plan.total_bytes == arena_size(sum(plan.buffers.values())) and plan.total_bytes % (2 * MiB) == 0
+    tensors = [*result.req_to_token_pool.__dict__.values()]
+    storages = {t.untyped_storage()._cdata for t in tensors if isinstance(t, torch.Tensor)}
+    assert len(storages) == 1  # the request table is a slot of the one arena
+    assert result.token_to_kv_pool_allocator.nbytes == plan.allocator_index_bytes
+
+
+def test_the_planner_charges_what_the_plan_it_returns_allocates() -> None:
+    from tests.test_planning import full, request  # the hand-built requests of the planner's own tests
+
+    req = request(64 * MiB, (full(4096),), max_running_requests=16)
+    plan = plan_pool_sizes(req)
+    t, page = plan.max_total_num_tokens, plan.page_size
+    assert plan_cost(req, t, 0) == plan.total_bytes == candidate_plan(req, t, 0).total_bytes <= 64 * MiB
+    assert candidate_plan(req, t + page, 0).total_bytes > 64 * MiB  # one more page would not fit
+
+
+def test_a_draft_worker_has_its_own_arena_and_the_target_pays_for_both(make_engine: Any) -> None:
+    engine = make_engine(device="meta", kv_cache_memory=2 * GiB, speculative_algorithm="EAGLE",
+                         speculative_draft_model="EAGLE3-LLaMA3.1-Instruct-8B",
+                         model=load_model_config("Llama-3.1-8B-Instruct"), context_length=4096)
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=80 * GiB))
+    runtime = engine.engine()
+    runtime.bootstrap()
+    plan = runtime.target.memory_pool_config
+    draft_arena = plan.arena_bytes(draft=True)
+    assert set(plan.worker_buffers(draft=True)) == {"kv_draft_full"}
+    assert runtime.draft.kv_cache.allocated_bytes == draft_arena >= 10 * MiB
+    assert runtime.target.kv_cache.allocated_bytes + draft_arena == plan.total_bytes <= 2 * GiB
+
+
+def _checking_allocator(*, plan: Any, device: torch.device) -> TokenToKVPoolAllocator:
+    """An allocator with is-free flags the plan did not pay for."""
+    return TokenToKVPoolAllocator(size=plan.max_total_num_tokens, device=device, check_frees=True)
+
+
+def _undersized_allocator(*, plan: Any, device: torch.device) -> TokenToKVPoolAllocator:
+    """An allocator over half the plan's tokens: smaller index buffers than planned."""
+    return TokenToKVPoolAllocator(size=plan.max_total_num_tokens // 2, device=device)
+
+
+@pytest.mark.parametrize("factory", [_checking_allocator, _undersized_allocator])
+def test_the_guard_refuses_a_build_that_differs_from_the_plan(make_engine: Any, factory: Any) -> None:
+    from dependency_injector import providers
+
+    engine = make_engine(kv_cache_memory=64 * MiB)
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
+    engine.target.allocator_factory.override(providers.Callable(factory))
+    gc.collect()
+    arenas_before = len(device_buffers._ARENAS)
+    with pytest.raises(PlanMismatchError, match="plan"):
+        engine.target.configurator().configure(pre_model_load_memory=GiB)
+    gc.collect()
+    assert len(device_buffers._ARENAS) == arenas_before  # the arena, and every view of it, is gone
+
+
+def test_an_arena_refuses_a_buffer_beyond_its_size() -> None:
+    arena = Arena(10 * MiB, torch.device("cpu"))
+    with arena.active():
+        device_buffers.allocate_zeros((8 * MiB,), torch.uint8, torch.device("cpu"))  # 8 MiB slot
+        with pytest.raises(PlanMismatchError, match="does not fit in the KV arena: 8,388,608 of 10,485,760 B"):
+            device_buffers.allocate_zeros((3 * MiB,), torch.uint8, torch.device("cpu"))  # a 4 MiB slot
+    assert arena.used == 8 * MiB
+
+
+def test_views_of_an_arena_count_their_slots() -> None:
+    arena = Arena(10 * MiB, META)
+    with arena.active():
+        pool = MHATokenToKVPool(size=1000, page_size=1, dtype=KV_CACHE_DTYPES["bfloat16"], kv_heads=2, head_dim=64,
+                                v_head_dim=64, layer_ids=range(3), device=META)
+        small = device_buffers.allocate_zeros((100,), torch.int64, META)
+    # 1,001 rows x 3 layers x (K + V) x 2 heads x 64 x 2 B = 1,537,536 B -> a 2 MiB slot; 800 B -> 1,024 B
+    assert pool.nbytes == 2 * MiB and device_buffers.tensor_bytes([small]) == 1024
+    assert arena.used == 2 * MiB + 1024
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 48, 64, 80, 96, 112, 128, 192, 256])
+@pytest.mark.parametrize("kv_heads", [1, 3])
+def test_fp4_plan_equals_allocation_for_every_head_dim(make_engine: Any, head_dim: int, kv_heads: int) -> None:
+    model = tiny_model_config(head_dim=head_dim, num_key_value_heads=kv_heads, num_attention_heads=3 * kv_heads)
+    result = configured(make_engine, model, device="meta", kv_cache_memory=32 * MiB, kv_cache_dtype="fp4_e2m1")
+    plan = result.memory_pool_config
+    # per layer and token: K and V, each kv_heads x (head_dim / 2 data + head_dim / 16 scale bytes)
+    assert plan.bytes_per_token == 2 * 2 * kv_heads * (head_dim // 2 + head_dim // 16)
+    assert result.token_to_kv_pool.nbytes == plan.pool("full").total_bytes  # the guard checked it too
+
+
+@pytest.mark.parametrize("head_dim", [8, 24, 72])
+def test_fp4_refuses_head_dims_it_cannot_pack(make_engine: Any, head_dim: int) -> None:
+    model = tiny_model_config(head_dim=head_dim, num_key_value_heads=2, num_attention_heads=4)
+    engine = make_engine(model=model, device="meta", kv_cache_memory=32 * MiB, kv_cache_dtype="fp4_e2m1",
+                         probe=FixedMemoryProbe(total_bytes=GiB))
+    with pytest.raises(ConfigError, match=f"{head_dim} elements cannot be stored as fp4_e2m1: .* multiple of 16"):
+        engine.target.configurator().configure(pre_model_load_memory=GiB)
