@@ -165,7 +165,7 @@ def test_families_without_a_reference_decode_are_refused():
 
 
 def test_the_runner_decodes_through_its_own_pools(make_engine):
-    runner = make_engine(model=MODELS["llama"](), kv_cache_memory=1 << 22, max_running_requests=4).engine().target
+    runner = make_engine(model=MODELS["llama"](), kv_cache_memory=16 << 20, max_running_requests=4).engine().target
     runner.initialize()
     requests = runner.decode_requests()
     rows = requests.add(2)
