@@ -151,7 +151,8 @@ def moe_block(f: ConfigFields, hidden: int, experts: int, *, score_bias: bool = 
     if shared is None:
         shared = f.optional_int("moe_shared_expert_intermediate_size", low=0)
     if shared is None:
-        count = f.int("n_shared_experts", "num_shared_experts", default=0, low=0, high=MAX_EXPERTS)
+        count = f.int("n_shared_experts", "num_shared_experts", "moe_num_shared_experts", "num_shared_expert",
+                      default=0, low=0, high=MAX_EXPERTS)
         shared = count * inter
     latent = f.int("moe_latent_size", default=0, low=0)
     return MoE(hidden, experts, inter, shared_intermediate=shared, score_bias=score_bias, latent=latent,

@@ -10,7 +10,8 @@ from __future__ import annotations
 from kvcache.models.fields import MAX_HEADS, MAX_LAYERS, ConfigFields
 from kvcache.models.weight_blocks import Attention, Linear, Norm, Part, PlainMLP
 
-_SHAPE_FIELDS = (("hidden_size", "embed_dim", "width"), ("num_hidden_layers", "depth", "layers"),
+# embed_dim first: Qwen2-VL's vision hidden_size is the projector's output, its width is embed_dim
+_SHAPE_FIELDS = (("embed_dim", "hidden_size", "width"), ("num_hidden_layers", "depth", "layers"),
                  ("num_attention_heads", "num_heads", "heads"))
 
 

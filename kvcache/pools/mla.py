@@ -1,7 +1,8 @@
 """MLATokenToKVPool: one latent buffer per MLA layer, [rows, 1, kv_lora_rank + qk_rope_head_dim].
 
 The first kv_lora_rank elements are the compressed KV (the 'value' view); the rest
-is the decoupled RoPE key.
+is the decoupled RoPE key. DeepSeek-V3.2 (sparse attention) adds per layer the indexer's
+key buffer, [rows, index_row_bytes] of uint8: fp8 keys and their float32 scales.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class MLATokenToKVPool:
 
     def __init__(
         self, *, size: int, page_size: int, dtype: KVCacheDtype, kv_lora_rank: int, qk_rope_head_dim: int,
-        layer_ids: Sequence[int], device: torch.device,
+        layer_ids: Sequence[int], device: torch.device, index_row_bytes: int = 0,
     ) -> None:
         self.size = size
         self.page_size = page_size
@@ -35,8 +36,15 @@ class MLATokenToKVPool:
         self.end_layer = self.layer_ids[-1] if self.layer_ids else -1
         rows = size + page_size
         segments = cache_segments(rows, 1, kv_lora_rank + qk_rope_head_dim, dtype)
+        if index_row_bytes:
+            segments.append(((rows, index_row_bytes), torch.uint8))
         parts = carve(segments * len(self.layer_ids), device)  # one allocation for every layer
-        self._kv = [CacheTensor.take(parts, dtype) for _ in self.layer_ids]
+        self._kv: list[CacheTensor] = []
+        self._index: list[torch.Tensor] = []
+        for _ in self.layer_ids:
+            self._kv.append(CacheTensor.take(parts, dtype))
+            if index_row_bytes:
+                self._index.append(parts.pop(0))
 
     def _buffer(self, layer_id: Any) -> CacheTensor:
         return self._kv[self._local(layer_id)]
@@ -75,6 +83,12 @@ class MLATokenToKVPool:
     def get_kv_size_bytes(self) -> int:
         return self.nbytes
 
+    def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
+        """The sparse-attention indexer's key rows of one layer (SGLang's name); DSA models only."""
+        if not self._index:
+            raise ValueError("this MLA pool has no indexer buffer (the model is not a DeepSeek-V3.2 sparse-attention model)")
+        return self._index[self._local(layer_id)]
+
     @property
     def nbytes(self) -> int:
-        return tensor_bytes(t for c in self._kv for t in c.tensors())
+        return tensor_bytes([*(t for c in self._kv for t in c.tensors()), *self._index])
