@@ -7,6 +7,7 @@ Exit codes: 0 success, 2 bad input, 3 does not fit, 1 a bug (see app/failures.py
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 
@@ -28,6 +29,7 @@ from kvcache.server_args import ServerArgs, read_settings_file
 from kvcache.speculative_defaults import with_speculative_defaults
 
 EXIT_OK = 0
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose pipe closed
 COMMANDS = frozenset({"bootstrap", "plan", "presets", "-h", "--help"})
 
 
@@ -109,6 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(build_parser().parse_args(args))
     except SystemExit as done:  # --help
         return done.code if isinstance(done.code, int) else EXIT_OK
+    except BrokenPipeError:  # the reader went away (`| head`): nothing left to report to
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python's documented way to stop a second EPIPE at exit
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         print("kvcache: interrupted", file=sys.stderr)
         return 130

@@ -8,6 +8,7 @@ from app.engine import Engine, draft_runner_for
 from app.parallel_setup import parallel_state_resource
 from kvcache.configurator import SharedTargetCache
 from kvcache.devices import resolve_device
+from kvcache.draft_pairing import paired_draft
 from kvcache.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.memory_probe import probe_for_device
 from kvcache.model_config import ModelConfig
@@ -34,7 +35,9 @@ class EngineContainer(containers.DeclarativeContainer):
     kv_cache_dtype = providers.Callable(resolve_kv_cache_dtype, server_args.provided.kv_cache_dtype, model_dtype)
 
     # The one place the speculative algorithm is read: no draft, the target's own MTP layer, or a checkpoint.
-    draft_checkpoint = providers.Callable(load_model_config, server_args.provided.speculative_draft_model)
+    draft_checkpoint = providers.Callable(  # checked against the target (kvcache.draft_pairing)
+        paired_draft, providers.Callable(load_model_config, server_args.provided.speculative_draft_model),
+        target=model_config, algorithm=server_args.provided.speculative_algorithm)
     draft_model_config = providers.Selector(
         server_args.provided.speculative_algorithm,
         none=providers.Object(None),

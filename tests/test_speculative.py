@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from dependency_injector import providers
@@ -11,7 +14,7 @@ from kvcache.byte_units import GiB, MiB
 from kvcache.dtypes import KV_CACHE_DTYPES
 from kvcache.errors import ConfigError
 from kvcache.memory_probe import FixedMemoryProbe
-from kvcache.presets import load_model_config
+from kvcache.presets import PRESET_DIR, load_model_config
 from kvcache.server_args import ServerArgs
 from kvcache.testing import tiny_model_config
 
@@ -71,9 +74,12 @@ def test_the_draft_weights_are_inside_the_measured_use() -> None:
     engine.shutdown_resources()
 
 
-def test_an_index_from_the_shared_allocator_is_valid_in_both_pools() -> None:
-    args = {"device": "cpu", "kv_cache_memory": 24 * MiB, "speculative_algorithm": "EAGLE",
-            "speculative_draft_model": "SmolLM2-135M"}
+def test_an_index_from_the_shared_allocator_is_valid_in_both_pools(tmp_path: Path) -> None:
+    # a draft of another shape (SmolLM2-135M's 3 KV heads of 64) that shares the tiny model's 256-token vocabulary
+    draft = json.loads((PRESET_DIR / "SmolLM2-135M.json").read_text()) | {"vocab_size": 256}
+    (tmp_path / "config.json").write_text(json.dumps(draft))
+    args = {"device": "cpu", "kv_cache_memory": 24 * MiB, "speculative_algorithm": "STANDALONE",
+            "speculative_draft_model": str(tmp_path)}
     engine = EngineContainer(server_args=ServerArgs.from_mapping(args), model_config=tiny_model_config())
     engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
     runtime = engine.engine()
