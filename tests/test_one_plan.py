@@ -61,7 +61,7 @@ def test_the_planner_charges_what_the_plan_it_returns_allocates() -> None:
 
 
 def test_a_draft_worker_has_its_own_arena_and_the_target_pays_for_both(make_engine: Any) -> None:
-    engine = make_engine(device="meta", kv_cache_memory=2 * GiB, speculative_algorithm="EAGLE",
+    engine = make_engine(device="meta", kv_cache_memory=2 * GiB, speculative_algorithm="EAGLE3",
                          speculative_draft_model="EAGLE3-LLaMA3.1-Instruct-8B",
                          model=load_model_config("Llama-3.1-8B-Instruct"), context_length=4096)
     engine.memory_probe.override(FixedMemoryProbe(total_bytes=80 * GiB))
