@@ -1,14 +1,27 @@
-"""Allocator cost against pool size: ours (a free stack) vs SGLang's approach (a concatenated free list).
+"""Allocator steps side by side in one run: ours vs SGLang 0.5.23's real allocators vs vLLM 0.34.0's BlockPool.
 
-SGLang's allocators free with `torch.cat((free_pages, freed))`, which copies the
-whole free list on every free, so a call's cost grows with the pool. Ours pushes
-onto a preallocated stack and should stay flat. Each case keeps the pool half full
-(as a busy server does) and times one alloc + free cycle, averaged over --repeat.
-On CUDA both are mostly kernel-launch overhead in wall time, so the table adds the
-GPU kernel time of a cycle (torch.profiler): the reference's grows with the pool.
+Each step is what a busy server does per scheduler iteration, with half the pool held:
 
-    python benchmarks/bench_allocator.py [--device cuda] [--sizes 1e4 1e5 1e6 1e7]
-                                         [--page-size 1 16] [--repeat 200] [--trials 5] [--json out.json]
+- page 1:  alloc(256) and free the result (SGLang: TokenToKVPoolAllocator; vLLM: a
+           BlockPool of 1-token blocks, get_new_blocks(256) + free_blocks).
+- decode:  256 requests, 1/page_size of them starting a page (the phase rotates each
+           step); alloc_decode(seq_lens, seq_lens_cpu, last_loc), then free_page_ids of
+           the pages it took (vLLM: get_new_blocks(k) + free_blocks).
+- extend:  8 requests of 256 new tokens, half continuing a partial page;
+           alloc_extend(...) with SGLang 0.5.23's arguments, then free_segments of the
+           fresh pages (vLLM: get_new_blocks(k) + free_blocks).
+
+vLLM's numbers are host bookkeeping only (its block ids never touch the device here),
+so they are the floor for host work. On CUDA each step also counts host syncs
+(torch.cuda.set_sync_debug_mode("warn")) and checks that SGLang's Triton kernels ran
+and agree with ours. Times are microseconds of host wall time per step, the mean of a
+time-boxed run, best of --trials.
+
+    python benchmarks/bench_allocator.py --reference-src /path/to/site-packages [--device cuda]
+        [--sizes 1e4 1e5 1e6 1e7] [--page-sizes 1 16 64] [--trials 3] [--json out.json]
+
+--reference-src holds sglang/ and vllm/ source trees (pip install --no-deps of the two
+wheels into a scratch venv, or a copy of the few files benchmarks/reference_allocators.py names).
 """
 
 from __future__ import annotations
@@ -18,89 +31,37 @@ import json
 import platform
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator  # noqa: E402
+from reference_allocators import load_sglang, load_vllm_block_pool  # noqa: E402
 
-ALLOC_TOKENS = 64
 DECODE_BATCH = 256
-WARMUP = 10
-GPU_PROFILE_CYCLES = 50
-
-
-class ConcatFreeList:
-    """The reference: alloc slices the front of a free-page tensor, free concatenates onto it (SGLang's way)."""
-
-    def __init__(self, *, size: int, page_size: int, device: torch.device) -> None:
-        self.size = size
-        self.page_size = page_size
-        self.device = device
-        self.free_pages = torch.arange(1, size // page_size + 1, dtype=torch.int64, device=device)
-
-    def _take(self, n: int) -> torch.Tensor | None:
-        if n > self.free_pages.numel():
-            return None
-        pages, self.free_pages = self.free_pages[:n], self.free_pages[n:]
-        return pages
-
-    def alloc(self, need_size: int) -> torch.Tensor | None:
-        pages = self._take(need_size // self.page_size)
-        if pages is None or self.page_size == 1:
-            return pages
-        offsets = torch.arange(self.page_size, dtype=torch.int64, device=self.device)
-        return (pages[:, None] * self.page_size + offsets).reshape(-1)
-
-    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
-        starts = (seq_lens - 1) % self.page_size == 0
-        pages = self._take(int(starts.sum()))
-        return None if pages is None else (last_loc + 1).masked_scatter(starts, pages * self.page_size)
-
-    def free(self, indices: torch.Tensor) -> None:
-        pages = indices if self.page_size == 1 else torch.unique(indices // self.page_size)
-        self.free_pages = torch.cat((self.free_pages, pages))
-
-
-Allocator = TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator | ConcatFreeList
+EXTEND_BATCH, EXTEND_TOKENS = 8, 256
+TIME_BOX_S = 0.25
+MAX_STEPS = 2000
+VLLM_MAX_BLOCKS = 2_000_000  # a Python object per block: larger pools take minutes to build
 
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """One measured case: microseconds of one alloc + free cycle, ours and the reference.
-
-    *_us is host wall time; *_gpu_us (CUDA only) is the kernel time the cycle puts on the
-    GPU, which wall time hides when both are bound by kernel-launch overhead.
-    """
-
-    page_size: int
     workload: str
+    page_size: int
     pool_tokens: int
     ours_us: float
-    concat_us: float
-    ours_gpu_us: float | None = None
-    concat_gpu_us: float | None = None
-
-
-def ours(size: int, page_size: int, device: torch.device) -> Allocator:
-    if page_size == 1:
-        return TokenToKVPoolAllocator(size=size, device=device)
-    return PagedTokenToKVPoolAllocator(size=size, page_size=page_size, device=device)
-
-
-def workloads(page_size: int, device: torch.device) -> dict[str, Callable[[Allocator], torch.Tensor | None]]:
-    """name -> one allocation; its result is freed right after. Decode: every request starts a page."""
-    if page_size == 1:
-        return {f"alloc {ALLOC_TOKENS}": lambda a: a.alloc(ALLOC_TOKENS),
-                f"decode batch {DECODE_BATCH}": lambda a: a.alloc(DECODE_BATCH)}
-    seq_lens = torch.arange(DECODE_BATCH, dtype=torch.int64, device=device) * page_size + 1
-    last_loc = torch.full((DECODE_BATCH,), -1, dtype=torch.int64, device=device)
-    return {f"alloc {ALLOC_TOKENS}": lambda a: a.alloc(ALLOC_TOKENS),
-            f"decode batch {DECODE_BATCH}": lambda a: a.alloc_decode(seq_lens, last_loc)}
+    sglang_us: float | None
+    vllm_us: float | None
+    ours_syncs: float | None = None  # host syncs per step (CUDA only)
+    sglang_syncs: float | None = None
 
 
 def sync(device: torch.device) -> None:
@@ -108,57 +69,151 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def gpu_kernel_seconds(a: Allocator, step: Callable[[Allocator], torch.Tensor | None], cycles: int) -> float:
-    """Mean GPU kernel time of step + free, summed from the profiler's CUDA activity."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(cycles):
-            a.free(step(a))  # type: ignore[arg-type]
-        torch.cuda.synchronize()
-    total_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
-                   for e in prof.key_averages())
-    return total_us * 1e-6 / cycles
+def run_time(step: Callable[[int], None], device: torch.device, first: int) -> float:
+    """Mean seconds per step over one time-boxed run."""
+    sync(device)
+    start, n = time.perf_counter(), 0
+    while n < MAX_STEPS and (n < 20 or time.perf_counter() - start < TIME_BOX_S):
+        step(first + n)
+        n += 1
+    sync(device)
+    return (time.perf_counter() - start) / n
 
 
-def cycle_seconds(a: Allocator, step: Callable[[Allocator], torch.Tensor | None], repeat: int,
-                  trials: int, device: torch.device) -> tuple[float, float | None]:
-    """Mean wall time of step + free over `repeat` cycles, best of `trials`, half the pool held
-    throughout; and on CUDA the mean GPU kernel time of a cycle.
-
-    Best of several means, as timeit reports, because a shared machine only ever adds noise.
-    """
-    held = a.alloc(a.size // 2 // a.page_size * a.page_size)
-    assert held is not None
-    for _ in range(WARMUP):
-        out = step(a)
-        assert out is not None
-        a.free(out)
-    best = float("inf")
-    for _ in range(trials):
-        sync(device)
-        start = time.perf_counter()
-        for _ in range(repeat):
-            a.free(step(a))  # type: ignore[arg-type]
-        sync(device)
-        best = min(best, (time.perf_counter() - start) / repeat)
-    gpu = gpu_kernel_seconds(a, step, min(repeat, GPU_PROFILE_CYCLES)) if device.type == "cuda" else None
-    return best, gpu
+def step_times(steps: dict[str, tuple[Callable[[int], None], torch.device]], trials: int) -> dict[str, float]:
+    """Best-of-trials mean seconds per step of each, trials interleaved so load on a shared machine hits all alike."""
+    for step, _ in steps.values():
+        for i in range(5):
+            step(i)
+    best = dict.fromkeys(steps, float("inf"))
+    for trial in range(trials):
+        for name, (step, device) in steps.items():
+            best[name] = min(best[name], run_time(step, device, 5 + trial * MAX_STEPS))
+    return best
 
 
-def measure(sizes: list[int], page_sizes: list[int], repeat: int, trials: int, device: torch.device) -> list[Row]:
-    rows = []
-    for page_size in page_sizes:
-        for name, step in workloads(page_size, device).items():
+def syncs_per_step(step: Callable[[int], None], device: torch.device, steps: int = 20) -> float | None:
+    """Host syncs per step, counted by torch's sync debug mode (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for i in range(steps):
+                step(1000 + i)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message).lower() for w in caught) / steps
+
+
+class Batches:
+    """Per-phase decode and extend inputs (device tensors and their CPU copies), built once."""
+
+    def __init__(self, page_size: int, held_pages: torch.Tensor, device: torch.device) -> None:
+        ps = page_size
+        self.device = device
+        self.decode: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        req = torch.arange(DECODE_BATCH)
+        page_of = held_pages[req % held_pages.numel()]
+        for phase in range(ps):
+            seq = 8 * ps + (req - phase) % ps + 1  # requests with (req - phase) % ps == 0 start a page
+            last = page_of * ps + (seq - 2) % ps
+            starting = ((seq - 1) % ps == 0).nonzero().squeeze(1)
+            self.decode.append((seq.to(device), seq, last.to(device), starting.to(device)))
+        prefix = torch.tensor([ps * 4 + (ps // 2 if i % 2 else 0) for i in range(EXTEND_BATCH)])
+        seq = prefix + EXTEND_TOKENS
+        kept = (prefix + ps - 1) // ps
+        self.extend_args = (prefix.to(device), prefix, seq.to(device), seq, (held_pages[:EXTEND_BATCH] * ps +
+                            (prefix - 1) % ps).to(device), EXTEND_TOKENS * EXTEND_BATCH)
+        # the fresh part of each request's new tokens: out[offset + cont : offset + len], from position kept * ps
+        self.fresh_segments = [(i * EXTEND_TOKENS + int(kept[i] * ps - prefix[i]), (i + 1) * EXTEND_TOKENS,
+                                int(kept[i] * ps)) for i in range(EXTEND_BATCH)]
+        self.extend_new_pages = int(((seq + ps - 1) // ps - kept).sum())
+
+
+def our_allocator(size: int, ps: int, device: torch.device) -> Any:
+    if ps == 1:
+        return TokenToKVPoolAllocator(size=size, device=device)
+    return PagedTokenToKVPoolAllocator(size=size, page_size=ps, device=device)
+
+
+def sglang_allocator(sglang: Any, size: int, ps: int, device: torch.device) -> Any:
+    if ps == 1:
+        return sglang.TokenToKVPoolAllocator(size, torch.int64, str(device), None, False)
+    return sglang.PagedTokenToKVPoolAllocator(size, ps, torch.int64, str(device), None, False)
+
+
+def token_steps(a: Any, ps: int, batches: Batches | None, workload: str) -> Callable[[int], None]:
+    """One step of `workload` on an SGLang-API allocator (ours or SGLang's)."""
+    if workload == "page 1":
+        def step(i: int) -> None:
+            a.free(a.alloc(DECODE_BATCH))
+        return step
+    assert batches is not None
+    if workload == "decode":
+        def step(i: int) -> None:
+            seq, seq_cpu, last, starting = batches.decode[i % ps]
+            out = a.alloc_decode(seq, seq_cpu, last)
+            a.free_page_ids(torch.index_select(out, 0, starting) // ps)
+        return step
+
+    def step(i: int) -> None:
+        out = a.alloc_extend(*batches.extend_args)
+        for lo, hi, pos in batches.fresh_segments:  # each request's fresh pages, as its row segment
+            a.free_segment(out[lo:hi], start_pos=pos)
+    return step
+
+
+def vllm_step(pool: Any, count: int) -> Callable[[int], None]:
+    def step(i: int) -> None:
+        pool.free_blocks(pool.get_new_blocks(count))
+    return step
+
+
+def agree(ours: Any, theirs: Any, batches: Batches, ps: int) -> bool:
+    """Fresh allocators of both kinds hand out the same indices for the same decode and extend batches."""
+    seq, seq_cpu, last, _ = batches.decode[0]
+    same = torch.equal(ours.alloc_decode(seq, seq_cpu, last), theirs.alloc_decode(seq, seq_cpu, last))
+    return same and torch.equal(ours.alloc_extend(*batches.extend_args), theirs.alloc_extend(*batches.extend_args))
+
+
+def measure(sizes: list[int], page_sizes: list[int], trials: int, device: torch.device, root: Path) -> tuple[list[Row], dict[str, Any]]:
+    sglang = load_sglang(root, use_triton=device.type == "cuda")
+    BlockPool = load_vllm_block_pool(root)
+    rows, checks = [], {}
+    for ps in page_sizes:
+        for workload in (["page 1"] if ps == 1 else ["decode", "extend"]):
             for size in sizes:
-                size = size // page_size * page_size
-                ours_s, ours_gpu = cycle_seconds(ours(size, page_size, device), step, repeat, trials, device)
-                ref_s, ref_gpu = cycle_seconds(ConcatFreeList(size=size, page_size=page_size, device=device),
-                                               step, repeat, trials, device)
-                rows.append(Row(page_size, name, size, ours_s * 1e6, ref_s * 1e6,
-                                None if ours_gpu is None else ours_gpu * 1e6,
-                                None if ref_gpu is None else ref_gpu * 1e6))
-    return rows
+                size = size // ps * ps
+                steps: dict[str, tuple[Callable[[int], None], torch.device]] = {}
+                for name in ("ours", "sglang"):
+                    a = our_allocator(size, ps, device) if name == "ours" else sglang_allocator(sglang, size, ps, device)
+                    held = a.alloc(size // 2 // ps * ps)
+                    batches = None if ps == 1 else Batches(ps, (held[::ps] // ps).cpu(), device)
+                    steps[name] = (token_steps(a, ps, batches, workload), device)
+                    if name == "sglang" and batches is not None and device.type == "cuda" and workload == "decode":
+                        checks[f"page {ps}, {size:,} tokens: SGLang (Triton) and ours agree"] = agree(
+                            our_allocator(size, ps, device), sglang_allocator(sglang, size, ps, device), batches, ps)
+                if size // ps <= VLLM_MAX_BLOCKS:
+                    pool = BlockPool(num_gpu_blocks=size // ps + 1, enable_caching=False, hash_block_size=ps)
+                    pool.get_new_blocks(size // 2 // ps)
+                    count = {"page 1": DECODE_BATCH, "decode": DECODE_BATCH // ps}.get(workload)
+                    if count is None:
+                        count = Batches(ps, torch.arange(1, EXTEND_BATCH + 1), torch.device("cpu")).extend_new_pages
+                    steps["vllm"] = (vllm_step(pool, count), torch.device("cpu"))
+                best = step_times(steps, trials)
+                syncs = {name: syncs_per_step(steps[name][0], device) for name in ("ours", "sglang")}
+                vllm_us = best["vllm"] * 1e6 if "vllm" in best else None
+                rows.append(Row(workload, ps, size, best["ours"] * 1e6, best["sglang"] * 1e6, vllm_us,
+                                syncs["ours"], syncs["sglang"]))
+                print(rows[-1], flush=True)
+    if device.type == "cuda":
+        ran = {name: bool(getattr(sglang.kernels, name).device_caches) if hasattr(getattr(sglang.kernels, name), "device_caches")
+               else bool(getattr(getattr(sglang.kernels, name), "cache", {}))
+               for name in ("alloc_decode_kernel", "alloc_extend_kernel")}
+        checks["SGLang Triton kernels compiled and ran"] = ran
+    return rows, checks
 
 
 def describe(device: torch.device) -> str:
@@ -166,43 +221,42 @@ def describe(device: torch.device) -> str:
     return f"torch {torch.__version__}, device {device} ({where}), {torch.get_num_threads()} torch threads"
 
 
-def markdown(rows: list[Row], repeat: int, trials: int) -> str:
-    gpu = any(r.ours_gpu_us is not None for r in rows)
-    lines = [
-        f"alloc + free of the result, pool half full; microseconds per cycle, host wall time as the "
-        f"mean of {repeat} cycles, best of {trials} trials"
-        + (f"; GPU kernel time from the profiler over {min(repeat, GPU_PROFILE_CYCLES)} cycles" if gpu else ""),
-        "",
-        "| page size | workload | pool tokens | free stack (ours) | cat free list (SGLang-style) | cat / ours |"
-        + (" ours GPU | cat GPU |" if gpu else ""),
-        "|---:|:---|---:|---:|---:|---:|" + ("---:|---:|" if gpu else ""),
-    ]
+def markdown(rows: list[Row], gpu: bool) -> str:
+    fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    head = "| workload | page | pool tokens | ours | SGLang 0.5.23 | vLLM BlockPool (host only) | SGLang / ours |"
+    rule = "|:---|---:|---:|---:|---:|---:|---:|"
+    if gpu:
+        head, rule = head + " syncs/step ours | syncs/step SGLang |", rule + "---:|---:|"
+    lines = ["microseconds of host wall time per step (mean of a time-boxed run, best of trials)", "", head, rule]
     for r in rows:
-        line = (f"| {r.page_size} | {r.workload} | {r.pool_tokens:,} | {r.ours_us:.1f} | {r.concat_us:.1f} "
-                f"| {r.concat_us / r.ours_us:.1f}x |")
+        ratio = "-" if r.sglang_us is None else f"{r.sglang_us / r.ours_us:.1f}x"
+        line = (f"| {r.workload} | {r.page_size} | {r.pool_tokens:,} | {fmt(r.ours_us)} | {fmt(r.sglang_us)} "
+                f"| {fmt(r.vllm_us)} | {ratio} |")
         if gpu:
-            line += f" {r.ours_gpu_us:.1f} | {r.concat_gpu_us:.1f} |"
+            line += f" {fmt(r.ours_syncs)} | {fmt(r.sglang_syncs)} |"
         lines.append(line)
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference-src", type=Path, required=True, help="directory holding sglang/ and vllm/")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (or cuda:N)")
     parser.add_argument("--sizes", nargs="+", type=float, default=[1e4, 1e5, 1e6, 1e7], help="pool sizes in tokens")
-    parser.add_argument("--page-size", nargs="+", type=int, default=[1, 16], dest="page_sizes")
-    parser.add_argument("--repeat", type=int, default=200, help="cycles per trial")
-    parser.add_argument("--trials", type=int, default=5, help="report the best trial's mean")
+    parser.add_argument("--page-sizes", nargs="+", type=int, default=[1, 16, 64])
+    parser.add_argument("--trials", type=int, default=3, help="report the best trial's mean")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     ns = parser.parse_args()
     device = torch.device(ns.device)
-    rows = measure([int(s) for s in ns.sizes], ns.page_sizes, ns.repeat, ns.trials, device)
+    rows, checks = measure([int(s) for s in ns.sizes], ns.page_sizes, ns.trials, device, ns.reference_src)
     print(describe(device))
     print()
-    print(markdown(rows, ns.repeat, ns.trials))
+    print(markdown(rows, device.type == "cuda"))
+    for name, value in checks.items():
+        print(f"check: {name}: {value}")
     if ns.json:
-        ns.json.write_text(json.dumps({"setup": describe(device), "repeat": ns.repeat, "trials": ns.trials,
-                                       "rows": [asdict(r) for r in rows]}, indent=2))
+        ns.json.write_text(json.dumps({"setup": describe(device), "rows": [asdict(r) for r in rows],
+                                       "checks": {k: str(v) for k, v in checks.items()}}, indent=2))
 
 
 if __name__ == "__main__":

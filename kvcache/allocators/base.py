@@ -135,6 +135,10 @@ class FreeListAllocator(SegmentFrees):
     def full_available_size(self) -> int:
         return self.available_size()
 
+    def get_all_free_pages(self) -> torch.Tensor:
+        """The free page ids (token indices at page size 1), for censuses and debugging (SGLang 0.5.23's name)."""
+        return self._log.free_ids() // self._page_size
+
     def get_extend_allocation_demand(
         self, prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, *, conservative_num_tokens: int,
         shard_size: int = 1,
@@ -151,11 +155,14 @@ class FreeListAllocator(SegmentFrees):
         if free_index.numel() == 0:
             return
         reject_meta(self._device, "free")
-        ids, dedup = self._set_ids(as_indices(free_index, self._device, "free_index"))
+        indices = as_indices(free_index, self._device, "free_index")
         if self._group.is_open:
+            ids, dedup = self._set_ids(indices)
             self._group.defer((ids.to(torch.int64, copy=True), dedup))
+        elif self._page_size == 1:  # the hot path: token indices are ids, appended as they are
+            self._log.put(indices)
         else:
-            self._release([(ids, dedup)])
+            self._release([self._set_ids(indices)])
 
     def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         """Free kv_row[start_pos : start_pos + n] of one request: start_pos is page-aligned, the last page may be partial."""

@@ -36,6 +36,8 @@ def ceil_div(a: torch.Tensor, b: int) -> torch.Tensor:
 
 def host_lengths(lengths: torch.Tensor, what: str) -> torch.Tensor:
     """A flat int64 CPU tensor (a device tensor is copied, which waits for the device: pass CPU copies)."""
+    if lengths.dtype == torch.int64 and lengths.dim() == 1 and lengths.device.type == "cpu":
+        return lengths
     if lengths.dtype == torch.bool or lengths.is_floating_point():
         raise ValueError(f"{what} must be an integer tensor, got dtype {lengths.dtype}")
     return lengths.reshape(-1).to(device="cpu", dtype=torch.int64)
@@ -70,8 +72,10 @@ def plan_extend(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, page_size: in
     if num_tokens == 0:
         return ExtendPlan(num_new_pages, 0, False, torch.empty((2, 0), dtype=torch.int64))
     lengths = seq_lens - prefix_lens
-    req = torch.repeat_interleave(torch.arange(batch), lengths, output_size=num_tokens)
-    pos = torch.arange(num_tokens) + (prefix_lens - (torch.cumsum(lengths, 0) - lengths))[req]
+    ends = torch.cumsum(lengths, 0)
+    token = torch.arange(num_tokens)
+    req = torch.searchsorted(ends, token, right=True)  # which request each new token belongs to
+    pos = token + (prefix_lens - (ends - lengths))[req]  # (repeat_interleave is ms-slow on the CPU)
     page_rel = pos // page_size - ceil_div(prefix_lens, page_size)[req]  # < 0: still in the partial page
     continues = bool((page_rel < 0).any())
     first_fresh = torch.cumsum(fresh, 0) - fresh

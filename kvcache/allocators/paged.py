@@ -111,26 +111,31 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
         return self._decode_with(*self._plan_decode(seq_lens_cpu, last_loc))
 
     def _plan_decode(self, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor) -> tuple[torch.Tensor, int, torch.Tensor]:
-        """Which requests start a page (CPU), how many, and last_loc on the device."""
+        """Which requests start a page (CPU positions), the batch size, and last_loc on the device."""
         seq = host_lengths(seq_lens_cpu, "seq_lens_cpu")
         last = as_indices(last_loc, self._device, "last_loc")
         if last.numel() != seq.numel():
             raise ValueError(f"last_loc has {last.numel()} entries for {seq.numel()} requests")
         if self._checking and seq.numel() and int(seq.min()) < 1:
             raise ValueError(f"seq_lens must be >= 1 (they include the new token), got {int(seq.min())}")
-        starting = decode_starts_page(seq, self._page_size)
-        return starting, int(starting.sum()), last
+        starting = decode_starts_page(seq, self._page_size).nonzero().squeeze(1)
+        return starting, seq.numel(), last
 
-    def _decode_with(self, starting: torch.Tensor, count: int, last: torch.Tensor) -> torch.Tensor | None:
+    def _decode_with(self, starting: torch.Tensor, batch: int, last: torch.Tensor) -> torch.Tensor | None:
+        """starting: CPU positions of the requests that start a page."""
+        count = starting.numel()
         starts = self._log.take(count)
         if starts is None:
             return None
-        if count == starting.numel():  # every request starts a page (a view, never overwritten)
+        if count == batch:  # every request starts a page (a view, never overwritten)
             return starts
-        out = torch.empty(starting.numel(), dtype=torch.int64, device=self._device)
-        torch.add(last, 1, out=out)
+        if last.dtype == torch.int64:
+            out = last + 1
+        else:
+            out = torch.empty(batch, dtype=torch.int64, device=self._device)
+            torch.add(last, 1, out=out)
         if count:
-            out.index_copy_(0, to_device_async(starting.nonzero().squeeze(1), self._device), starts)
+            out.index_copy_(0, to_device_async(starting, self._device), starts)
         return out
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:

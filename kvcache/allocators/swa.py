@@ -196,11 +196,13 @@ class SWATokenToKVPoolAllocator(SegmentFrees):
     def alloc_decode(self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
         """Paged decode on both sides; the full indices, or None allocating nothing."""
         full_side, swa_side = self._paged_sides("alloc_decode")
-        starting, count, last = full_side._plan_decode(seq_lens_cpu, last_loc)
-        if count * self._page_size > self.available_size():
+        starting, batch, last = full_side._plan_decode(seq_lens_cpu, last_loc)
+        if starting.numel() * self._page_size > self.available_size():
             return None
-        swa_last = self._swa_last_loc(last, ~starting)
-        full, swa = full_side._decode_with(starting, count, last), swa_side._decode_with(starting, count, swa_last)
+        continues = torch.ones(batch, dtype=torch.bool)
+        continues[starting] = False
+        swa_last = self._swa_last_loc(last, continues)
+        full, swa = full_side._decode_with(starting, batch, last), swa_side._decode_with(starting, batch, swa_last)
         assert full is not None and swa is not None
         self._map.write(full, swa)
         return full

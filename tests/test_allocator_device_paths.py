@@ -1,0 +1,145 @@
+"""The device work of the hot paths: how many kernels a step launches (on the CPU, counted by
+torch's dispatcher, independent of pool size) and, on CUDA, that steady-state steps never
+synchronize the host (torch.cuda.set_sync_debug_mode("error") raises on any sync)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+
+CPU = torch.device("cpu")
+
+
+def _storage(t: Any) -> int | None:
+    return t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) else None
+
+
+class KernelLog(TorchDispatchMode):
+    """The aten ops that would launch a kernel on the device (views, which launch nothing, left out).
+
+    On the CPU every tensor is a host tensor, so the log follows the data: an op is a device
+    op when it reads a tensor stored where the device tensors are (the allocator's free log,
+    the device arguments) or one a device op wrote. Host work (the plan from the CPU
+    lengths) stays out of the log.
+    """
+
+    def __init__(self, device_tensors: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+        self.device = {_storage(t) for t in device_tensors}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        inputs = [*args, *kwargs.values()]
+        flat = [x for a in inputs for x in (a if isinstance(a, (list, tuple)) else [a])]
+        out = func(*args, **kwargs)
+        on_device = any(_storage(x) in self.device for x in flat)
+        if on_device:
+            for t in out if isinstance(out, (list, tuple)) else [out]:
+                self.device.add(_storage(t))
+            if not func.is_view:
+                self.ops.append(func.overloadpacket.__name__)
+        return out
+
+
+def kernels(step: Callable[[], object], allocator: Any, *device_args: torch.Tensor) -> list[str]:
+    """Device ops of step; device_args are the tensors that would live on the device."""
+    logs = [s._log for s in (allocator, getattr(allocator, "full_attn_allocator", None),
+                             getattr(allocator, "swa_attn_allocator", None)) if s is not None and hasattr(s, "_log")]
+    with KernelLog([log._log for log in logs] + list(device_args)) as log:
+        step()
+    return log.ops
+
+
+SYNCING = {"_local_scalar_dense", "nonzero", "unique", "_unique2", "unique_dim", "unique_consecutive", "item",
+           "is_nonzero", "equal", "masked_select"}
+
+
+def half_full(a: Any) -> Any:
+    assert a.alloc(a.size // 2 // a.page_size * a.page_size) is not None
+    return a
+
+
+@pytest.mark.parametrize("size", [1_000, 1_000_000])
+def test_page_1_alloc_free_cycle_is_one_kernel_at_any_pool_size(size: int) -> None:
+    a = half_full(TokenToKVPoolAllocator(size=size, device=CPU))
+    assert kernels(lambda: a.free(a.alloc(256)), a) == ["copy_"]  # alloc is a view; free appends
+
+
+def test_a_full_log_moves_to_a_fresh_tensor_and_handed_out_views_keep_their_values() -> None:
+    a = TokenToKVPoolAllocator(size=8, device=CPU)
+    kept = a.alloc(3)
+    assert kept is not None
+    snapshot, ops = kept.clone(), []
+    for _ in range(40):  # 40 frees of 1 into a log of 16 entries: several moves
+        ops += kernels(lambda: a.free(a.alloc(1)), a)
+    assert ops.count("empty_like") >= 2 and torch.equal(kept, snapshot)
+    assert a.available_size() == 5
+
+
+@pytest.mark.parametrize("size", [4_096, 1_048_576])
+def test_paged_steps_launch_the_same_few_kernels_at_any_pool_size(size: int) -> None:
+    ps = 16
+    a = half_full(PagedTokenToKVPoolAllocator(size=size, page_size=ps, device=CPU))
+    seq = torch.tensor([17, 18, 33, 40])  # requests 0 and 2 start a page
+    last = torch.tensor([ps * 3 + 15, ps * 5, ps * 7 + 15, ps * 9 + 6])
+    decode = kernels(lambda: a.alloc_decode(seq, seq, last), a, last)
+    prefix, new = torch.tensor([8, 32]), torch.tensor([40, 50])
+    ext_last = torch.tensor([ps * 3 + 7, ps * 5 + 15])
+    out: list[torch.Tensor] = []
+    extend = kernels(lambda: out.append(a.alloc_extend(prefix, prefix, new, new, ext_last, 50)), a, ext_last)
+    segment = kernels(lambda: a.free_segment(out[0][8:32], start_pos=16), a, out[0])
+    page_ids = torch.tensor([2, 3])
+    by_id = kernels(lambda: a.free_page_ids(page_ids), a, page_ids)
+    # on the device: an add and an index_copy_ (decode); two copies into a source, a gather and an
+    # add (extend; on CUDA also the plan's one asynchronous copy); one append per free
+    assert decode == ["add", "index_copy_"]
+    assert extend == ["add", "copy_", "index_select", "add_"]
+    assert segment == ["copy_"] and by_id == ["mul"]
+    assert not SYNCING & {*decode, *extend, *segment, *by_id}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_steady_state_steps_never_sync_the_host_on_cuda() -> None:
+    dev = torch.device("cuda")
+    token = half_full(TokenToKVPoolAllocator(size=1 << 20, device=dev))
+    paged = half_full(PagedTokenToKVPoolAllocator(size=1 << 20, page_size=16, device=dev))
+    swa = SWATokenToKVPoolAllocator(full_size=1 << 16, swa_size=1 << 14, page_size=16, device=dev)
+    seq_cpu = torch.arange(256) * 16 + 1 + (torch.arange(256) % 3)  # some start a page, most continue
+    seq = seq_cpu.to(dev)
+    last = paged.alloc(256 * 16)[::16].clone() + (seq - 2) % 16  # type: ignore[index]
+    prefix_cpu, new_cpu = torch.tensor([0, 8, 16, 3]), torch.tensor([40, 30, 64, 4])
+    prefix, new = prefix_cpu.to(dev), new_cpu.to(dev)
+    ext_last = torch.tensor([-1, 7, 31, 2], device=dev) + 16 * 100
+    torch.cuda.synchronize()
+
+    def steps() -> None:
+        token.free(token.alloc(256))
+        token.free_group_begin()
+        token.free_segment(token.alloc(64), start_pos=0)
+        token.free_group_end()
+        out = paged.alloc_decode(seq, seq_cpu, last)
+        paged.free_page_ids(out[seq_cpu.sub(1).remainder(16).eq(0).nonzero().squeeze(1).to(dev)] // 16)
+        ext = paged.alloc_extend(prefix, prefix_cpu, new, new_cpu, ext_last, int((new_cpu - prefix_cpu).sum()))
+        paged.free_segment(ext[:40], start_pos=0)
+        full = swa.alloc_extend(prefix[:1], prefix_cpu[:1], new[:1], new_cpu[:1], ext_last[:1], 40)
+        swa.free_swa_segment(full[:16], start_pos=0)
+        swa.free_full_segment(full[:16], start_pos=0)
+        swa.free_segment(full[16:], start_pos=16)
+
+    steps()  # warm up (first pinned buffers, kernels)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(5):
+            steps()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert paged.available_size() == (1 << 20) // 2 - 256 * 16
+    assert swa.available_size() == 1 << 14
