@@ -11,14 +11,21 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+import msgspec
 import torch
 
 from app.weights import DummyWeightLoader, LoadedWeights, WeightsDoNotFitError as LoaderOutOfMemory
 from app.weights import parameter_specs, quantized_storage_for
 from app.forward import DecodeBatch, DecodeRequests, Decoder, PoolAttention, build_decoder
+from app.forward.graphs import DecodeGraphs, GraphCapture, decode_graph_batch_sizes
+from app.forward.post_capture import apply_post_capture_resize
+from kvcache.device_buffers import cuda_backing
+from kvcache.runtime import PostCaptureKVResize
+from kvcache.vmm_storage import VmmBacking
 from kvcache.byte_units import MiB, format_bytes
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.errors import KVCacheError, WeightsDoNotFitError
+from kvcache.runtime_reserve import default_cuda_graph_max_bs
 from kvcache.memory_probe import MemoryProbe
 from kvcache.model_config import ModelConfig
 from kvcache.parallel import ParallelState
@@ -45,6 +52,9 @@ class ModelRunner:
         self.weights: LoadedWeights | None = None
         self._kv_cache: KVCacheConfigResult | None = None
         self._decoder: Decoder | None = None  # app.forward, built on first decode
+        self._vmm_backing: VmmBacking | None = None  # resizable pools (post-capture resize)
+        self.decode_graphs: DecodeGraphs | None = None
+        self.graph_capture: GraphCapture | None = None
 
     # ---- phases ---------------------------------------------------------
     def load_weights(self) -> LoadedWeights:
@@ -76,7 +86,7 @@ class ModelRunner:
             raise KVCacheError(f"{self.role} worker: load_weights() must run before init_memory_pool()")
         start = time.perf_counter()
         configurator = self._configurator_factory()
-        self._kv_cache = configurator.configure(pre_model_load_memory=self.pre_model_load_memory)
+        self._kv_cache = self._configure_kv_cache(configurator, self.pre_model_load_memory)
         self._synchronize()
         self.timings["configure_kv_cache_s"] = time.perf_counter() - start
         return self._kv_cache
@@ -153,6 +163,52 @@ class ModelRunner:
         """A minimal scheduler over this worker's request table and allocator (tests, benchmarks)."""
         return DecodeRequests(req_to_token_pool=self.req_to_token_pool, allocator=self.token_to_kv_pool_allocator,
                               device=self.device)
+
+    # ---- CUDA graphs and the post-capture resize (app.forward) ------------
+    def capture_decode_graphs(self, max_bs: int | None = None) -> GraphCapture:
+        """Capture forward_decode for SGLang's batch sizes up to max_bs (--cuda-graph-max-bs, at most
+        max_running_requests) on one graph pool; returns what capture took (free memory before/after)."""
+        if self.device.type != "cuda":
+            raise KVCacheError(f"CUDA graphs need a CUDA device; the {self.role} worker runs on {self.device}")
+        args = self._configurator_factory().settings
+        limit = max_bs or args.cuda_graph_max_bs or default_cuda_graph_max_bs(self.memory_probe.total_bytes(),
+                                                                             self.parallel_state.tp_size)
+        limit = min(limit, self.max_running_requests)
+        graphs = DecodeGraphs(forward=self.forward_decode, device=self.device, max_bs=limit)
+        start = time.perf_counter()
+        self.graph_capture = graphs.capture(decode_graph_batch_sizes(limit), self.memory_probe.free_bytes)
+        self.timings["capture_decode_graphs_s"] = time.perf_counter() - start
+        self.decode_graphs = graphs
+        return self.graph_capture
+
+    def post_capture_resize_kv_pool(self) -> PostCaptureKVResize:
+        """After capture: shrink the pools to what is free less the fraction's headroom (never grow),
+        release each buffer's tail, rebuild the allocator; the new plan replaces the old."""
+        configurator = self._configurator_factory()
+        eligibility = configurator.post_capture_resize()
+        if not eligibility.active or self._vmm_backing is None:
+            raise KVCacheError(f"the {self.role} worker's KV pools are not resizable: {eligibility.reason}")
+        start = time.perf_counter()
+        resize, allocator, released = apply_post_capture_resize(
+            kv_cache=self.kv_cache, backing=self._vmm_backing, settings=configurator.settings,
+            parallel_state=self.parallel_state, memory_probe=self.memory_probe,
+            pre_model_load_memory=self.pre_model_load_memory or 0,
+            captured_max_bs=self.graph_capture.max_bs if self.graph_capture else 0,
+        )
+        self._kv_cache = msgspec.structs.replace(
+            self.kv_cache, memory_pool_config=resize.after, token_to_kv_pool_allocator=allocator,
+        )
+        self.timings["post_capture_released_bytes"] = released
+        self.timings["post_capture_resize_s"] = time.perf_counter() - start
+        return resize
+
+    def _configure_kv_cache(self, configurator: KVCacheConfigurator, pre_model_load_memory: int) -> KVCacheConfigResult:
+        """Configure; pools that the post-capture resize will trim are built on VMM storage."""
+        if not configurator.post_capture_resize().active:
+            return configurator.configure(pre_model_load_memory=pre_model_load_memory)
+        self._vmm_backing = VmmBacking()
+        with cuda_backing(self._vmm_backing):
+            return configurator.configure(pre_model_load_memory=pre_model_load_memory)
 
     # ---- internals -----------------------------------------------------
     def _synchronize(self) -> None:

@@ -58,11 +58,30 @@ def weight_slot_size(nbytes: int) -> int:
     return -(-nbytes // WEIGHT_ALIGN) * WEIGHT_ALIGN
 
 
+CudaBacking = Callable[[int, torch.device], torch.Tensor]
+_CUDA_BACKING: contextvars.ContextVar["CudaBacking | None"] = contextvars.ContextVar("cuda_backing", default=None)
+
+
+@contextlib.contextmanager
+def cuda_backing(allocate: CudaBacking) -> Iterator[None]:
+    """Inside, large CUDA allocations (an arena among them) come from `allocate(nbytes, device)`, a uint8
+    tensor, not the caching allocator: kvcache.vmm_storage backs pools resized after CUDA-graph capture."""
+    token = _CUDA_BACKING.set(allocate)
+    try:
+        yield
+    finally:
+        _CUDA_BACKING.reset(token)
+
+
 def _flat(size: int, device: torch.device, *, zeroed: bool) -> torch.Tensor:
     """`size` bytes in one allocation. Large host buffers come from an anonymous mapping, whose
     pages the kernel hands out already zeroed when first touched (no memset faulting in every page)."""
     if device.type == "cpu" and size >= HOST_MAP_THRESHOLD:
         return torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8)
+    backing = _CUDA_BACKING.get()
+    if device.type == "cuda" and backing is not None and size > SMALL_UP_TO:
+        flat = backing(size, device)
+        return flat.zero_() if zeroed else flat
     if zeroed:
         return torch.zeros(size, dtype=torch.uint8, device=device)
     return torch.empty(size, dtype=torch.uint8, device=device)

@@ -99,6 +99,6 @@ def paged_decode_attention_triton(
         out.stride(0), out.stride(1), req_to_token.stride(0),
         GROUP=group, BLOCK_H=max(MIN_DOT, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N, DK=main,
         DPE=rest, BLOCK_DPE=triton.next_power_of_2(rest) if rest else 0, DV=dv,
-        BLOCK_DV=max(MIN_DOT, triton.next_power_of_2(dv)),
+        BLOCK_DV=max(MIN_DOT, triton.next_power_of_2(dv)), num_warps=8 if main >= 256 else 4,
     )
     return out

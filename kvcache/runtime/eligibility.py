@@ -55,7 +55,7 @@ def post_capture_eligibility(
 
 
 def is_post_capture_kv_active(
-    *, server_args: ServerArgs, device_type: str, is_draft_worker: bool, layout: CacheLayout,
+    *, server_args: ServerArgs | SizingSettings, device_type: str, is_draft_worker: bool, layout: CacheLayout,
     kv_cache_dtype: KVCacheDtype,
 ) -> bool:
     """True when this worker's pools are built resizable and shrunk after capture."""

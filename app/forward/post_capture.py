@@ -1,0 +1,62 @@
+"""Apply the post-capture resize to a worker's live pools (the decision itself is pure: kvcache.runtime).
+
+Measure what is free after capture, decide the smaller plan, rebuild the allocator with
+the same tokens in use (refused if any sit in the tail), then unmap every per-layer
+buffer's tail in the VMM allocations. Addresses do not move, so captured graphs stay valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvcache.configurator import KVCacheConfigResult
+from kvcache.runtime_reserve import RuntimeShape, runtime_reserve_mib
+from kvcache.memory_probe import MemoryProbe
+from kvcache.parallel import ParallelState
+from kvcache.runtime import PostCaptureKVResize, compute_post_capture_kv_resize, post_capture_headroom_bytes
+from kvcache.runtime.shrink import complement, pool_buffers, released_address_ranges, shrink_allocator
+from kvcache.sizing_settings import SizingSettings
+from kvcache.vmm_storage import VmmAllocation, VmmBacking
+
+
+def eager_activation_reserve_mib(settings: SizingSettings, parallel_state: ParallelState, total_bytes: int) -> Any:
+    """SGLang 0.5.23's pre-capture activation reserve: the runtime reserve without any graph term."""
+    return runtime_reserve_mib(total_bytes, RuntimeShape(
+        cuda_graphs=False, chunked_prefill_size=settings.chunked_prefill_size, tp_size=parallel_state.tp_size,
+        pp_size=parallel_state.pp_size,
+    ))
+
+
+def apply_post_capture_resize(
+    *, kv_cache: KVCacheConfigResult, backing: VmmBacking, settings: SizingSettings, parallel_state: ParallelState,
+    memory_probe: MemoryProbe, pre_model_load_memory: int, captured_max_bs: int,
+) -> tuple[PostCaptureKVResize, Any, int]:
+    """(the decision, the allocator to use from now on, device bytes released).
+
+    The slack taken off the budget covers whole granules kept at each buffer's end and the
+    new allocator's lists, allocated beside the old ones (which stay in the worker's arena).
+    """
+    plan = kv_cache.memory_pool_config
+    pool = kv_cache.token_to_kv_pool
+    buffers = pool_buffers(pool)
+    total = memory_probe.total_bytes()
+    headroom = post_capture_headroom_bytes(
+        plan=plan, pre_model_load_bytes=pre_model_load_memory, cuda_graph_max_bs=captured_max_bs,
+        activation_reserve_mib=eager_activation_reserve_mib(settings, parallel_state, total),
+    )
+    resize = compute_post_capture_kv_resize(
+        plan=plan, free_after_capture_bytes=memory_probe.free_bytes(), headroom_bytes=headroom,
+        mapping_slack_bytes=2 * backing.granularity * len(buffers) + plan.allocator_index_bytes,
+    )
+    if not resize.changed:
+        return resize, kv_cache.token_to_kv_pool_allocator, 0
+    allocator = shrink_allocator(kv_cache.token_to_kv_pool_allocator, resize.tokens_after)
+    tails: dict[int, tuple[VmmAllocation, list[tuple[int, int]]]] = {}
+    for start, end in released_address_ranges(buffers, resize.tokens_after + plan.page_size):
+        allocation = backing.allocation_at(start)
+        tails.setdefault(id(allocation), (allocation, []))[1].append((start - allocation.base, end - allocation.base))
+    # everything else in an allocation (the request table and allocator lists share the arena) stays mapped
+    by_allocation = {key: (a, complement(ranges, 0, a.reserved)) for key, (a, ranges) in tails.items()}
+    released = sum(allocation.keep_only(ranges) for allocation, ranges in by_allocation.values())
+    pool.size = resize.tokens_after
+    return resize, allocator, released

@@ -1,0 +1,48 @@
+"""On a CUDA device: VMM storage keeps what it is told, graph replay equals eager decode, the resize keeps
+the headroom and the outputs. Skipped without CUDA (measured on an H200: benchmarks/RESULTS.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from containers import EngineContainer
+from kvcache.presets import load_model_config
+from kvcache.server_args import ServerArgs
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_a_vmm_allocation_releases_what_is_not_kept_and_keeps_its_bytes():
+    from kvcache.vmm_storage import VmmAllocation
+
+    alloc = VmmAllocation(64 << 20, torch.device("cuda"), chunk_bytes=16 << 20)
+    view = alloc.view(0, 64 << 20)
+    view.copy_(torch.arange(64 << 20, device="cuda").remainder(251).to(torch.uint8))
+    keep = [(0, (17 << 20) + 3)]
+    expected = view[: keep[0][1]].clone()
+    assert alloc.keep_only(keep) == (64 << 20) - (16 << 20) - alloc.granularity
+    assert torch.equal(alloc.view(0, keep[0][1]), expected)
+
+
+def test_graph_replay_equals_eager_decode_and_survives_the_resize():
+    args = ServerArgs.from_mapping({"device": "cuda", "enable_post_capture_kv_resize": True, "cuda_graph_max_bs": 16,
+                                    "max_running_requests": 16, "context_length": 4096})
+    engine = EngineContainer(server_args=args, model_config=load_model_config("Llama-3.2-1B-Instruct"))
+    engine.engine().bootstrap()
+    runner = engine.engine().target
+    requests = runner.decode_requests()
+    rows = requests.add(5)
+    for _ in range(3):
+        runner.forward_decode(requests.step(rows, torch.arange(5, device="cuda")))
+    batch = requests.step(rows, torch.arange(5, device="cuda"))
+    eager = runner.forward_decode(batch).clone()
+    runner.capture_decode_graphs()
+    replayed = runner.decode_graphs.replay(batch).clone()
+    assert torch.equal(replayed, eager)
+    del requests
+    resize = runner.post_capture_resize_kv_pool()
+    assert resize.tokens_after <= resize.tokens_before
+    assert runner.memory_probe.free_bytes() >= resize.headroom_bytes
+    assert torch.equal(runner.decode_graphs.replay(batch), replayed)
+    engine.shutdown_resources()

@@ -1,0 +1,119 @@
+"""Applying a resize on CPU: the smaller allocator keeps exactly the tokens in use; live tokens in the tail refuse it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvcache.dtypes import KV_CACHE_DTYPES
+from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool
+from kvcache.runtime.shrink import (
+    LiveTokensInTailError, complement, pool_buffers, released_address_ranges, shrink_allocator,
+)
+
+CPU = torch.device("cpu")
+
+
+def _allocator(size: int, page: int):  # type: ignore[no-untyped-def]
+    if page == 1:
+        return TokenToKVPoolAllocator(size=size, device=CPU, check_frees=True)
+    return PagedTokenToKVPoolAllocator(size=size, page_size=page, device=CPU, check_frees=True)
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_the_smaller_allocator_keeps_the_tokens_in_use_and_frees_the_rest(page):
+    old = _allocator(64 * page, page)
+    held = old.alloc(8 * page)  # the first 8 pages of a fresh allocator
+    smaller = shrink_allocator(old, 32 * page)
+    assert smaller.size == 32 * page and smaller.available_size() == 24 * page
+    rest = smaller.alloc(24 * page)
+    assert set(rest.tolist()).isdisjoint(held.tolist())
+    assert max(rest.tolist()) < 33 * page  # pages 1..32 only
+    assert smaller.alloc(page) is None
+    smaller.free(held)  # what was in use is in use in the new allocator, so it can be freed once
+    assert smaller.available_size() == 8 * page
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_live_tokens_in_the_tail_refuse_the_resize_and_change_nothing(page):
+    old = _allocator(64 * page, page)
+    old.alloc(40 * page)  # pages 1..40: pages 33..40 would be cut off
+    with pytest.raises(LiveTokensInTailError, match=f"{8 * page} KV tokens in use lie past token {32 * page}"):
+        shrink_allocator(old, 32 * page)
+    assert old.available_size() == 24 * page and old.size == 64 * page
+
+
+def test_each_pool_buffer_keeps_its_first_rows():
+    fp8 = KV_CACHE_DTYPES["fp8_e4m3"]
+    mha = MHATokenToKVPool(size=64, page_size=16, dtype=fp8, kv_heads=2, head_dim=8, v_head_dim=8,
+                           layer_ids=range(3), device=CPU)
+    buffers = pool_buffers(mha)
+    assert len(buffers) == 6  # K and V of three layers
+    ranges = released_address_ranges(buffers, 16 + 16)
+    assert [e - s for s, e in ranges] == [(80 - 32) * 2 * 8] * 6  # rows 32..79 of 2 heads x 8 one-byte values
+    assert ranges[1][0] == buffers[1].data_ptr() + 32 * 16
+    assert complement([(10, 20), (30, 40)], 0, 50) == [(0, 10), (20, 30), (40, 50)]
+    assert complement([(0, 20), (15, 50)], 0, 50) == []
+    mla = MLATokenToKVPool(size=64, page_size=1, dtype=KV_CACHE_DTYPES["fp4_e2m1"], kv_lora_rank=32,
+                           qk_rope_head_dim=16, layer_ids=range(2), device=CPU)
+    assert [t.shape[-1] for t in pool_buffers(mla)] == [24, 3, 24, 3]  # packed data and per-16 scales
+
+
+class FakeAllocation:
+    """Stands in for a VmmAllocation over a CPU pool's one storage: records what keep_only is asked to keep."""
+
+    granularity = 4096
+
+    def __init__(self, storage: torch.UntypedStorage) -> None:
+        self.base, self.reserved = storage.data_ptr(), storage.nbytes()
+        self.kept: list[tuple[int, int]] = []
+
+    def keep_only(self, ranges):  # type: ignore[no-untyped-def]
+        self.kept = list(ranges)
+        return self.reserved - sum(e - s for s, e in ranges)
+
+
+class FakeBacking:
+    granularity = FakeAllocation.granularity
+
+    def __init__(self, pool) -> None:  # type: ignore[no-untyped-def]
+        self.allocation = FakeAllocation(pool_buffers(pool)[0].untyped_storage())
+
+    def allocation_at(self, address: int) -> FakeAllocation:
+        assert self.allocation.base <= address < self.allocation.base + self.allocation.reserved
+        return self.allocation
+
+
+def test_applying_a_resize_shrinks_the_allocator_and_keeps_each_buffers_first_rows(make_engine):
+    from app.forward.post_capture import apply_post_capture_resize
+    from kvcache.sizing_settings import SizingSettings
+    from kvcache.testing import FixedMemoryProbe, tiny_model_config
+
+    engine = make_engine(model=tiny_model_config(), mem_fraction_static=0.5, memory_limit=1 << 30, page_size=16,
+                         max_running_requests=8)
+    probe = FixedMemoryProbe(total_bytes=1 << 30)
+    engine.memory_probe.override(probe)
+    runner = engine.engine().target
+    runner.initialize()
+    kv = runner.kv_cache
+    before = kv.memory_pool_config
+    held = kv.token_to_kv_pool_allocator.alloc(64)
+    probe.note_allocation(probe.free_bytes() - 40 * 1024 * 1024)  # 40 MiB free after "capture"
+    backing = FakeBacking(kv.token_to_kv_pool)
+    settings = SizingSettings.from_server_args(engine.server_args())
+    resize, allocator, released = apply_post_capture_resize(
+        kv_cache=kv, backing=backing, settings=settings, parallel_state=runner.parallel_state,
+        memory_probe=probe, pre_model_load_memory=runner.pre_model_load_memory, captured_max_bs=8)
+    headroom = (1 << 30) // 2  # what mem_fraction_static 0.5 keeps back of the 1 GiB free before load
+    assert resize.headroom_bytes == headroom and resize.changed
+    assert resize.after.total_bytes <= before.total_bytes + 40 * 1024 * 1024 - headroom
+    assert allocator.size == resize.tokens_after == kv.token_to_kv_pool.size
+    assert allocator.available_size() == resize.tokens_after - 64
+    allocator.free(held)  # still in use in the new allocator
+    rows = resize.tokens_after + 16
+    buffers = pool_buffers(kv.token_to_kv_pool)
+    base, end = backing.allocation.base, backing.allocation.base + backing.allocation.reserved
+    tails = [(t.data_ptr() + rows * 64, t.data_ptr() + t.shape[0] * 64) for t in buffers]  # 2 heads x 16 x bf16
+    assert backing.allocation.kept == [(s - base, e - base) for s, e in complement(tails, base, end)]
+    assert released == sum(e - s for s, e in tails)  # the request table and allocator lists stay
