@@ -18,7 +18,7 @@ from typing import Any, NoReturn, Sequence
 import msgspec
 
 from app.failures import UsageError, failure_of
-from app.server_args_flags import add_server_args_flags, server_args_values
+from app.server_args_flags import add_server_args_flags, server_args_values, sizes_read
 from containers import EngineContainer
 from kvcache.byte_units import SIZE_UNITS_HELP
 from kvcache.cards import KNOWN_CARDS, SimulatedCard, card_named, card_of_size
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def server_args_from(ns: argparse.Namespace, *, device: str | None = None) -> ServerArgs:
     """ServerArgs from --config (if any) overlaid with the flags that were given."""
-    data: dict[str, Any] = read_settings_file(ns.config) if ns.config else {}
+    data: dict[str, Any] = sizes_read(read_settings_file(ns.config)) if ns.config else {}
     data.update(server_args_values(ns))
     if device is not None:
         data["device"] = device

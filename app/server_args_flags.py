@@ -16,6 +16,7 @@ from typing import Any, Callable
 from msgspec import inspect as mi
 
 from kvcache.byte_units import parse_bytes
+from kvcache.errors import ConfigError
 from kvcache.server_args import ServerArgs
 
 
@@ -121,3 +122,16 @@ def server_args_values(ns: argparse.Namespace) -> dict[str, Any]:
     """The ServerArgs fields the command line set (flags not given are left out)."""
     return {f.field: getattr(ns, f.field) for f in server_args_fields() if getattr(ns, f.field, None) is not None}
 
+
+
+def sizes_read(data: dict[str, Any]) -> dict[str, Any]:
+    """A settings mapping with size strings ("20GiB") in byte fields read as bytes, as the flags read them."""
+    out = dict(data)
+    for f in server_args_fields():
+        value = out.get(f.field)
+        if f.is_bytes and isinstance(value, str):
+            try:
+                out[f.field] = parse_bytes(value)
+            except ValueError as exc:
+                raise ConfigError(f"{f.field} in the config file: {exc}") from None
+    return out

@@ -15,6 +15,7 @@ from kvcache.byte_units import GiB, MiB, parse_bytes
 from kvcache.errors import ConfigError
 
 CUDA_CONTEXT_BYTES = 650_969_088
+MAX_CARD_BYTES = 4 << 40  # far above any accelerator's memory (hundreds of GiB today)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,4 +62,6 @@ def card_of_size(text: str) -> SimulatedCard:
         raise ConfigError(f"--gpu-memory: {exc}") from None
     if total < GiB // 4:
         raise ConfigError(f"--gpu-memory {text} is smaller than any card (256 MiB); give e.g. 80GiB")
+    if total > MAX_CARD_BYTES:
+        raise ConfigError(f"--gpu-memory {text} is larger than any card (at most 4 TiB here); give e.g. 80GiB")
     return SimulatedCard(name=f"{text} card", total_bytes=total)

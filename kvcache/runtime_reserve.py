@@ -81,10 +81,17 @@ def decode_cuda_graph_max_bs(total_bytes: int, shape: RuntimeShape) -> int:
     return min(bs, shape.max_running_requests) if shape.max_running_requests is not None else bs
 
 
-def prefill_cuda_graph_sizes(max_tokens: int) -> tuple[int, ...]:
-    """The token counts SGLang 0.5.23 captures prefill graphs for, up to max_tokens."""
-    steps = ((4, 32, 4), (48, 256, 16), (288, 512, 32), (576, 1024, 64), (1280, 4096, 256), (4608, max_tokens, 512))
-    return tuple(n for start, stop, step in steps for n in range(start, stop + 1, step) if n <= max_tokens)
+# SGLang 0.5.23's prefill-graph token counts: runs of (first, last, step), then every 512 from 4608 up.
+PREFILL_GRAPH_RUNS = ((4, 32, 4), (48, 256, 16), (288, 512, 32), (576, 1024, 64), (1280, 4096, 256))
+PREFILL_GRAPH_TAIL_START, PREFILL_GRAPH_TAIL_STEP = 4608, 512
+
+
+def prefill_cuda_graph_count(max_tokens: int) -> int:
+    """How many prefill graphs SGLang 0.5.23 captures up to max_tokens (counted, not listed: any size is cheap)."""
+    count = sum(max(0, (min(last, max_tokens) - first) // step + 1) for first, last, step in PREFILL_GRAPH_RUNS)
+    if max_tokens >= PREFILL_GRAPH_TAIL_START:
+        count += (max_tokens - PREFILL_GRAPH_TAIL_START) // PREFILL_GRAPH_TAIL_STEP + 1
+    return count
 
 
 def prefill_graph_reserve_mib(total_bytes: int, shape: RuntimeShape) -> int:
@@ -96,7 +103,7 @@ def prefill_graph_reserve_mib(total_bytes: int, shape: RuntimeShape) -> int:
     max_tokens = shape.chunked_prefill_size or default_chunked_prefill_size(total_bytes)
     if shape.max_total_tokens is not None:
         max_tokens = min(max_tokens, shape.max_total_tokens)
-    return PREFILL_GRAPH_MIB_PER_SIZE * len(prefill_cuda_graph_sizes(max_tokens))
+    return PREFILL_GRAPH_MIB_PER_SIZE * prefill_cuda_graph_count(max_tokens)
 
 
 def runtime_reserve_mib(total_bytes: int, shape: RuntimeShape) -> Fraction:

@@ -63,7 +63,7 @@ def test_gpu_memory_spellings_plan_the_same_card(card: str, capsys: pytest.Captu
     assert report["total_memory_bytes"] == 80 * GiB
 
 
-@pytest.mark.parametrize("card", ["80GBs", "80 gigs", "-1GB", "eighty", "80", "1e11"])
+@pytest.mark.parametrize("card", ["80GBs", "80 gigs", "-1GB", "eighty", "80", "1e11", "1000000PiB"])
 def test_gpu_memory_refuses_anything_else_with_exit_2(card: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", f"--gpu-memory={card}"]) == 2
     err = capsys.readouterr().err
@@ -120,3 +120,13 @@ def test_on_the_cpu_weights_that_do_not_fit_suggest_a_memory_limit(capsys: pytes
     (suggestion,) = json.loads(capsys.readouterr().out)["error"]["suggestions"]
     # 16,060,522,496 B of bf16 weights beside the default 8 GiB limit, less what is already used
     assert suggestion.startswith("--memory-limit ") and int(suggestion.split()[1].removesuffix("MiB")) * MiB >= 16_060_522_496
+
+
+def test_a_config_file_may_give_sizes_as_users_type_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "server.toml"
+    cfg.write_text('kv-cache-memory = "2GB"\n')
+    assert main(["plan", "--gpu", "H200", "--config", str(cfg), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["budget_bytes"] == 2 * GiB
+    cfg.write_text('kv_cache_memory = "two gigs"\n')
+    assert main(["plan", "--gpu", "H200", "--config", str(cfg)]) == 2
+    assert "kv_cache_memory in the config file: cannot read 'two gigs' as a size" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from kvcache.byte_units import GiB, MiB
 from kvcache.cards import KNOWN_CARDS
 from kvcache.runtime_reserve import (
     RuntimeShape, decode_cuda_graph_max_bs, default_chunked_prefill_size, default_cuda_graph_max_bs,
-    default_mem_fraction_static, prefill_cuda_graph_sizes, runtime_reserve_mib,
+    default_mem_fraction_static, prefill_cuda_graph_count, runtime_reserve_mib,
 )
 
 CUDA = RuntimeShape(cuda_graphs=True)
@@ -93,11 +93,12 @@ def test_card_size_defaults_switch_at_sglangs_thresholds(mib: int, chunk: int, b
     assert default_cuda_graph_max_bs(mib * MiB + 1, 3) == bs_tp1  # tp 3 is still "below 4"
 
 
-@pytest.mark.parametrize(("max_tokens", "count"), [(3, 0), (4, 1), (1000, 37), (2048, 42), (4096, 50), (8192, 58),
-                                                   (16384, 74)])
-def test_prefill_graph_sizes(max_tokens: int, count: int) -> None:
-    sizes = prefill_cuda_graph_sizes(max_tokens)
-    assert len(sizes) == count and list(sizes) == sorted(set(sizes)) and all(4 <= s <= max_tokens for s in sizes)
+@pytest.mark.parametrize(("max_tokens", "count"), [(3, 0), (4, 1), (7, 1), (8, 2), (32, 8), (47, 8), (48, 9), (1000, 37),
+                                                   (2048, 42), (4096, 50), (4607, 50), (4608, 51), (8192, 58), (16384, 74),
+                                                   (10**17, 50 + (10**17 - 4608) // 512 + 1)])
+def test_prefill_graph_count(max_tokens: int, count: int) -> None:
+    # SGLang's own generate_prefill_cuda_graph_batch_sizes gave 0, 1, 37, 42, 50, 58, 74 for 3 ... 16,384
+    assert prefill_cuda_graph_count(max_tokens) == count
 
 
 def test_no_graphs_means_no_graph_batch() -> None:
