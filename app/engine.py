@@ -29,6 +29,7 @@ class Engine:
         self.target.init_memory_pool()
         if self.draft is not None:
             self.draft.init_memory_pool()
+        self.target.start_decode_runtime()  # graphs + post-capture resize, when the target's pools are resizable
 
     @property
     def workers(self) -> tuple[ModelRunner, ...]:

@@ -55,6 +55,8 @@ class ModelRunner:
         self._vmm_backing: VmmBacking | None = None  # resizable pools (post-capture resize)
         self.decode_graphs: DecodeGraphs | None = None
         self.graph_capture: GraphCapture | None = None
+        self.post_capture_kv_resize: PostCaptureKVResize | None = None
+        self.post_capture_released_bytes = 0
 
     # ---- phases ---------------------------------------------------------
     def load_weights(self) -> LoadedWeights:
@@ -198,9 +200,17 @@ class ModelRunner:
         self._kv_cache = msgspec.structs.replace(
             self.kv_cache, memory_pool_config=resize.after, token_to_kv_pool_allocator=allocator,
         )
-        self.timings["post_capture_released_bytes"] = released
+        self.post_capture_kv_resize, self.post_capture_released_bytes = resize, released
         self.timings["post_capture_resize_s"] = time.perf_counter() - start
         return resize
+
+    def start_decode_runtime(self) -> PostCaptureKVResize | None:
+        """When this worker's pools are resizable (--enable-post-capture-kv-resize on CUDA): capture the
+        decode graphs, then resize. Otherwise nothing: the plan stands as built."""
+        if self._vmm_backing is None:
+            return None
+        self.capture_decode_graphs()
+        return self.post_capture_resize_kv_pool()
 
     def _configure_kv_cache(self, configurator: KVCacheConfigurator, pre_model_load_memory: int) -> KVCacheConfigResult:
         """Configure; pools that the post-capture resize will trim are built on VMM storage."""

@@ -81,9 +81,10 @@ def smoke() -> dict[str, Any]:
 def bootstrap(model: str, **args: Any) -> tuple[EngineContainer, Any]:
     settings = {"device": "cuda", "cuda_graph_max_bs": 256, "max_running_requests": 256, **args}
     engine = EngineContainer(server_args=ServerArgs.from_mapping(settings), model_config=load_model_config(model))
-    runtime = engine.engine()
-    runtime.bootstrap()
-    return engine, runtime.target
+    runner = engine.engine().target
+    runner.load_weights()  # the phases one by one: Engine.bootstrap would capture and resize by itself
+    runner.init_memory_pool()
+    return engine, runner
 
 
 def release(engine: EngineContainer) -> None:

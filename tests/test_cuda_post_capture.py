@@ -29,8 +29,9 @@ def test_graph_replay_equals_eager_decode_and_survives_the_resize():
     args = ServerArgs.from_mapping({"device": "cuda", "enable_post_capture_kv_resize": True, "cuda_graph_max_bs": 16,
                                     "max_running_requests": 16, "context_length": 4096})
     engine = EngineContainer(server_args=args, model_config=load_model_config("Llama-3.2-1B-Instruct"))
-    engine.engine().bootstrap()
     runner = engine.engine().target
+    runner.load_weights()
+    runner.init_memory_pool()
     requests = runner.decode_requests()
     rows = requests.add(5)
     for _ in range(3):
@@ -45,4 +46,15 @@ def test_graph_replay_equals_eager_decode_and_survives_the_resize():
     assert resize.tokens_after <= resize.tokens_before
     assert runner.memory_probe.free_bytes() >= resize.headroom_bytes
     assert torch.equal(runner.decode_graphs.replay(batch), replayed)
+    engine.shutdown_resources()
+
+
+def test_an_engine_bootstrap_with_the_knob_on_captures_and_resizes():
+    args = ServerArgs.from_mapping({"device": "cuda", "enable_post_capture_kv_resize": True, "cuda_graph_max_bs": 16,
+                                    "max_running_requests": 16, "context_length": 4096})
+    engine = EngineContainer(server_args=args, model_config=load_model_config("Llama-3.2-1B-Instruct"))
+    engine.engine().bootstrap()
+    runner = engine.engine().target
+    assert runner.graph_capture is not None and runner.post_capture_kv_resize is not None
+    assert runner.memory_probe.free_bytes() >= runner.post_capture_kv_resize.headroom_bytes
     engine.shutdown_resources()

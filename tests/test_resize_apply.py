@@ -117,3 +117,13 @@ def test_applying_a_resize_shrinks_the_allocator_and_keeps_each_buffers_first_ro
     tails = [(t.data_ptr() + rows * 64, t.data_ptr() + t.shape[0] * 64) for t in buffers]  # 2 heads x 16 x bf16
     assert backing.allocation.kept == [(s - base, e - base) for s, e in complement(tails, base, end)]
     assert released == sum(e - s for s, e in tails)  # the request table and allocator lists stay
+
+
+def test_on_the_cpu_the_knob_changes_nothing_and_bootstrap_neither_captures_nor_resizes(make_engine):
+    from kvcache.testing import tiny_model_config
+
+    engine = make_engine(model=tiny_model_config(), enable_post_capture_kv_resize=True, memory_limit=1 << 30)
+    engine.engine().bootstrap()
+    runner = engine.engine().target
+    assert runner.graph_capture is None and runner.post_capture_kv_resize is None
+    assert not engine.target.configurator().post_capture_resize().active
