@@ -133,7 +133,7 @@ _PLAIN_MLP_TYPES = frozenset({"gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "
 def dense_mlp(f: ConfigFields, hidden: int, *, model_type: str) -> Block:
     """The dense MLP: gated (SwiGLU/GeGLU) unless the family's is a plain two-matrix one."""
     inter = f.int(*INTERMEDIATE_ALIASES)
-    bias = f.flag("mlp_bias", "use_bias")
+    bias = f.flag("mlp_bias", "use_bias") or model_type in ("gpt2", "gpt_bigcode")
     return PlainMLP(hidden, inter, bias) if model_type in _PLAIN_MLP_TYPES else GatedMLP(hidden, inter, bias)
 
 

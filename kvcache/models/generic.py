@@ -22,12 +22,14 @@ from kvcache.models.decoder import (
     window_for,
 )
 from kvcache.models.fields import MAX_POSITIONS, ConfigFields
-from kvcache.models.weight_blocks import Attention
+from kvcache.models.weight_blocks import Attention, Linear
 
 # Families whose q/k/v carry a bias without saying so in the config (Qwen2 and its VL/MoE kin).
 _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"})
 # Families with per-head q/k RMSNorms over head_dim.
 _QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_moe", "gemma3", "gemma3_text"})
+# GPT-2-style families: biases everywhere and learned absolute positions, which their configs do not state.
+_GPT2_TYPES = frozenset({"gpt2", "gpt_bigcode"})
 # Families whose configs omit tie_word_embeddings because their default is to tie.
 _TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "gpt_bigcode", "starcoder2",
                               "cohere", "cohere2", "opt", "bloom"})
@@ -36,7 +38,7 @@ _TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "gpt2"
 def attention_block(f: ConfigFields, heads: Heads, model_type: str, *, input_size: int | None = None,
                     **flags: bool) -> Attention:
     """Attention weights from the config's bias and norm switches (and the family's unstated defaults)."""
-    bias = f.flag("attention_bias", "bias", "use_bias")
+    bias = f.flag("attention_bias", "bias", "use_bias") or model_type in _GPT2_TYPES
     qkv_bias = bias or f.flag("qkv_bias", "use_qkv_bias", "add_qkv_bias") or model_type in _QKV_BIAS_TYPES
     qk_norm = f.flag("use_qk_norm", "qk_layernorm") or model_type in _QK_NORM_TYPES
     settings = {"qkv_bias": qkv_bias, "o_bias": bias, "qk_norm": qk_norm, **flags}
@@ -58,7 +60,9 @@ def read_generic(src: ModelSource) -> ModelConfig:
     score_bias = t.text("topk_method", default="") == "noaux_tc"
     ffns = ffn_blocks(t, heads.hidden, n, model_type=model_type, score_bias=score_bias)
     layers = standard_layers(attention_block(t, heads, model_type), ffns, heads.hidden)
-    weights = weight_layout(src, layers, heads.hidden, tied_default=model_type in _TIED_BY_DEFAULT)
+    positions = (("model.embed_positions", Linear(t.int("n_positions", "max_position_embeddings", high=MAX_POSITIONS),
+                                                  heads.hidden)),) if model_type in _GPT2_TYPES else ()
+    weights = weight_layout(src, layers, heads.hidden, tied_default=model_type in _TIED_BY_DEFAULT, front=positions)
     chunk = t.int("attention_chunk_size", high=MAX_POSITIONS) if "chunked_attention" in kinds else None
     return describe(src, kinds=kinds, heads=heads, weights=weights, sliding_window=window_for(t, kinds),
                     attention_chunk_size=chunk)

@@ -233,6 +233,7 @@ class Mamba2Mixer:
     conv_kernel: int
     conv_bias: bool = True
     proj_bias: bool = False
+    gated_norm: bool = True  # Falcon-H1 may leave the gated RMSNorm out (mamba_rms_norm false)
 
     def specs(self, name: str, shard: Shard) -> list[ParamSpec]:
         heads = shard.split(self.heads)
@@ -243,7 +244,7 @@ class Mamba2Mixer:
             conv.append(ParamSpec(f"{name}.conv1d.bias", (inner + bc,)))
         per_head = [ParamSpec(f"{name}.{n}", (heads,)) for n in ("dt_bias", "A_log", "D")]
         return (linear(f"{name}.in_proj", 2 * inner + bc + heads, self.hidden, bias=self.proj_bias) + conv + per_head
-                + [ParamSpec(f"{name}.norm.weight", (inner,))]
+                + ([ParamSpec(f"{name}.norm.weight", (inner,))] if self.gated_norm else [])
                 + linear(f"{name}.out_proj", self.hidden, inner, bias=self.proj_bias))
 
 

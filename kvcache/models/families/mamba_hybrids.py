@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvcache.model_config import LayerKind, ModelConfig
 from kvcache.models.decoder import (
@@ -52,7 +52,8 @@ def _layers(blocks: dict[str, tuple[tuple[str, Block], ...]], plan: tuple[str, .
 def read_falcon_h1(src: ModelSource) -> ModelConfig:
     t = src.text
     heads, n = read_heads(t), num_layers(t)
-    norm, mamba = Norm(heads.hidden), _mamba2(t, heads.hidden)
+    norm = Norm(heads.hidden)
+    mamba = replace(_mamba2(t, heads.hidden), gated_norm=t.flag("mamba_rms_norm"))
     layer = Layer((("input_layernorm", norm), ("self_attn", attention_block(t, heads, text_model_type(src))),
                    ("mamba", mamba), ("pre_ff_layernorm", norm),
                    ("feed_forward", GatedMLP(heads.hidden, t.int("intermediate_size"), t.flag("mlp_bias")))))
