@@ -12,10 +12,8 @@ from containers import EngineContainer, WorkerContainer
 from kvcache.byte_units import GiB, MiB
 from kvcache.configurator import KVCacheConfigurator
 from kvcache.memory_probe import FixedMemoryProbe, HostMemoryProbe, MemoryProbe
-from kvcache.presets import load_model_config
-from kvcache.server_args import ServerArgs
 from kvcache.parallel import ParallelState
-from kvcache.testing import RecordingAllocator, RecordingStream, tiny_model_config
+from kvcache.testing import RecordingAllocator, RecordingStream
 
 
 def test_check_dependencies_passes_for_a_wired_engine(make_engine) -> None:
@@ -114,12 +112,10 @@ def test_without_speculation_there_is_no_draft(make_engine) -> None:
     assert engine.draft_model_config() is None
 
 
-def test_draft_config_comes_from_the_algorithm() -> None:
-    args = ServerArgs.from_mapping({"device": "cpu", "speculative_algorithm": "NEXTN"})
-    engine = EngineContainer(server_args=args, model_config=load_model_config("DeepSeek-V3"))
+def test_draft_config_comes_from_the_algorithm(make_engine) -> None:
+    engine = make_engine(model="DeepSeek-V3", speculative_algorithm="NEXTN")
     draft = engine.draft_model_config()
     assert draft.num_hidden_layers == 1 and draft.layer_kinds == ("mla",) and draft.nextn_of_target
-    engine.shutdown_resources()
 
 
 def test_an_allocator_factory_overridden_on_the_instance_is_used(make_engine) -> None:

@@ -14,18 +14,18 @@ from kvcache.byte_units import GiB, MiB
 from kvcache.dtypes import KV_CACHE_DTYPES
 from kvcache.errors import ConfigError
 from kvcache.memory_probe import FixedMemoryProbe
-from kvcache.presets import PRESET_DIR, load_model_config
+from kvcache.presets import PRESET_DIR
 from kvcache.server_args import ServerArgs
-from kvcache.testing import tiny_model_config
 
 LLAMA_EAGLE = {"speculative_algorithm": "EAGLE3", "speculative_draft_model": "EAGLE3-LLaMA3.1-Instruct-8B"}
 
 
-def engine_for(model: str, probe_gib: int, device: str = "meta", **args) -> EngineContainer:
-    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": device, **args}),
-                             model_config=load_model_config(model))
-    engine.memory_probe.override(FixedMemoryProbe(total_bytes=probe_gib * GiB))
-    return engine
+@pytest.fixture
+def engine_for(make_engine):  # type: ignore[no-untyped-def]
+    """engine_for(model, probe_gib, device="meta", **server_args) -> an engine on a simulated card."""
+    def make(model: str, probe_gib: int, device: str = "meta", **args) -> EngineContainer:  # type: ignore[no-untyped-def]
+        return make_engine(model=model, probe=FixedMemoryProbe(total_bytes=probe_gib * GiB), device=device, **args)
+    return make
 
 
 @pytest.mark.parametrize(
@@ -37,16 +37,15 @@ def engine_for(model: str, probe_gib: int, device: str = "meta", **args) -> Engi
         ("DeepSeek-V3", {"speculative_algorithm": "NEXTN", "tp_size": 8}, 70_272, 1_152),
     ],
 )
-def test_the_target_pays_for_the_draft_per_token(model: str, args: dict, target_bytes: int, draft_bytes: int) -> None:
+def test_the_target_pays_for_the_draft_per_token(model: str, args: dict, target_bytes: int, draft_bytes: int, engine_for) -> None:
     engine = engine_for(model, 141, **args)
     engine.engine().bootstrap()
     plan = engine.engine().target.memory_pool_config
     assert plan.bytes_per_token == target_bytes + draft_bytes
     assert [p.bytes_per_token for p in plan.kv_pools] == [target_bytes, draft_bytes]
-    engine.shutdown_resources()
 
 
-def test_target_and_draft_share_the_very_same_table_and_allocator() -> None:
+def test_target_and_draft_share_the_very_same_table_and_allocator(engine_for) -> None:
     engine = engine_for("Llama-3.1-8B-Instruct", 80, **LLAMA_EAGLE)
     runtime = engine.engine()
     runtime.bootstrap()
@@ -61,27 +60,24 @@ def test_target_and_draft_share_the_very_same_table_and_allocator() -> None:
     # what both workers allocated adds up to the one plan, within the one budget
     assert target.kv_cache.allocated_bytes + draft.kv_cache.allocated_bytes == plan.total_bytes
     assert plan.total_bytes <= plan.budget.budget_bytes
-    engine.shutdown_resources()
 
 
-def test_the_draft_weights_are_inside_the_measured_use() -> None:
+def test_the_draft_weights_are_inside_the_measured_use(engine_for) -> None:
     engine = engine_for("Llama-3.1-8B-Instruct", 80, **LLAMA_EAGLE)
     runtime = engine.engine()
     runtime.bootstrap()
     budget = runtime.target.memory_pool_config.budget
     both = runtime.target.weights.total_bytes + runtime.draft.weights.total_bytes
     assert budget.free_before_load_bytes - budget.free_after_load_bytes == both
-    engine.shutdown_resources()
 
 
-def test_an_index_from_the_shared_allocator_is_valid_in_both_pools(tmp_path: Path) -> None:
+def test_an_index_from_the_shared_allocator_is_valid_in_both_pools(tmp_path: Path, make_engine) -> None:
     # a draft of another shape (SmolLM2-135M's 3 KV heads of 64) that shares the tiny model's 256-token vocabulary
     draft = json.loads((PRESET_DIR / "SmolLM2-135M.json").read_text()) | {"vocab_size": 256}
     (tmp_path / "config.json").write_text(json.dumps(draft))
     args = {"device": "cpu", "kv_cache_memory": 24 * MiB, "speculative_algorithm": "STANDALONE",
             "speculative_draft_model": str(tmp_path)}
-    engine = EngineContainer(server_args=ServerArgs.from_mapping(args), model_config=tiny_model_config())
-    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
+    engine = make_engine(probe=FixedMemoryProbe(total_bytes=GiB), **args)
     runtime = engine.engine()
     runtime.bootstrap()
     loc = runtime.target.token_to_kv_pool_allocator.alloc(3)
@@ -92,19 +88,17 @@ def test_an_index_from_the_shared_allocator_is_valid_in_both_pools(tmp_path: Pat
     draft_pool.set_kv_buffer(0, loc, draft_k, draft_k)
     assert torch.equal(target_pool.get_key_buffer(0)[loc], k)
     assert torch.equal(draft_pool.get_key_buffer(0)[loc], draft_k)
-    engine.shutdown_resources()
 
 
-def test_overriding_a_draft_provider_does_not_touch_the_target() -> None:
+def test_overriding_a_draft_provider_does_not_touch_the_target(engine_for) -> None:
     engine = engine_for("Llama-3.1-8B-Instruct", 80, **LLAMA_EAGLE)
     engine.draft.forward_stream.override(providers.Object("draft-stream"))
     assert engine.draft.forward_stream() == "draft-stream"
     assert engine.target.forward_stream() != "draft-stream"
     assert engine.target.model_runner().forward_stream != "draft-stream"
-    engine.shutdown_resources()
 
 
-def test_a_draft_whose_pool_the_target_did_not_pay_for_is_refused() -> None:
+def test_a_draft_whose_pool_the_target_did_not_pay_for_is_refused(engine_for) -> None:
     engine = engine_for("Llama-3.1-8B-Instruct", 80, **LLAMA_EAGLE)
     runtime = engine.engine()
     runtime.target.load_weights()
@@ -114,16 +108,14 @@ def test_a_draft_whose_pool_the_target_did_not_pay_for_is_refused() -> None:
     engine.draft.kv_cache_dtype.override(providers.Object(KV_CACHE_DTYPES["fp8_e4m3"]))
     with pytest.raises(ConfigError, match="costs 2048 bytes/token but the target paid for 4096"):
         runtime.draft.init_memory_pool()
-    engine.shutdown_resources()
 
 
-def test_the_draft_cannot_configure_before_the_target() -> None:
+def test_the_draft_cannot_configure_before_the_target(engine_for) -> None:
     engine = engine_for("Llama-3.1-8B-Instruct", 80, **LLAMA_EAGLE)
     runtime = engine.engine()
     runtime.draft.load_weights()
     with pytest.raises(Exception, match="target worker's KV cache is not configured yet"):
         runtime.draft.init_memory_pool()
-    engine.shutdown_resources()
 
 
 @pytest.mark.parametrize(
@@ -142,8 +134,7 @@ def test_speculative_cross_field_rules(args: dict, message: str) -> None:
         ServerArgs.from_mapping(args)
 
 
-def test_nextn_needs_a_model_with_mtp_layers() -> None:
-    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "meta", "speculative_algorithm": "NEXTN"}),
-                             model_config=load_model_config("Llama-3.1-8B-Instruct"))
+def test_nextn_needs_a_model_with_mtp_layers(make_engine) -> None:
+    engine = make_engine(model="Llama-3.1-8B-Instruct", device="meta", speculative_algorithm="NEXTN")
     with pytest.raises(ConfigError, match="no next-token-prediction layers"):
         engine.draft_model_config()

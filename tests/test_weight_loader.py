@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
-import weakref
 from pathlib import Path
 from typing import Any
 
