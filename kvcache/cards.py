@@ -5,6 +5,12 @@ before weights load. Both were measured on an H200 (torch 2.11, driver 580.159,
 2026-12-02): cudaMemGetInfo's total was 150,109,880,320 B, and right after torch
 created its context 650,969,088 B of it were no longer free. Other cards' capacities
 are nvidia-smi's MiB figures; their driver reports a few hundred MiB less.
+
+The context then grows while the first weights load, as the kernels that fill them are
+loaded into it: by CUDA_KERNEL_LOAD_BYTES = 96,468,992 B (92 MiB) for every one of ten
+presets on an H200 (torch 2.11, driver 580.159, 2026-12-03; benchmarks/RESULTS.md), and
+not at all while the KV cache is built. A dry run charges it with the first allocation
+(kvcache.memory_probe.FixedMemoryProbe), so it never promises more than a real bootstrap.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from kvcache.byte_units import GiB, MiB, parse_bytes
 from kvcache.errors import ConfigError
 
 CUDA_CONTEXT_BYTES = 650_969_088
+CUDA_KERNEL_LOAD_BYTES = 96_468_992
 MAX_CARD_BYTES = 4 << 40  # far above any accelerator's memory (hundreds of GiB today)
 
 

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from kvcache.cards import SimulatedCard
+from kvcache.cards import CUDA_KERNEL_LOAD_BYTES, SimulatedCard
 from kvcache.errors import ConfigError
 
 
@@ -97,14 +97,20 @@ class HostMemoryProbe:
 
 
 class FixedMemoryProbe:
-    """A simulated card: fixed total, free bytes that fall only by what is noted."""
+    """A simulated card: fixed total, free bytes that fall only by what is noted.
 
-    def __init__(self, *, total_bytes: int, free_bytes: int | None = None) -> None:
+    `first_allocation_overhead` is charged once, with the first allocation noted: on a
+    CUDA card the context grows by the kernels that load while weights are filled
+    (kvcache.cards.CUDA_KERNEL_LOAD_BYTES), and a dry run must see that too.
+    """
+
+    def __init__(self, *, total_bytes: int, free_bytes: int | None = None, first_allocation_overhead: int = 0) -> None:
         free = total_bytes if free_bytes is None else free_bytes
-        if total_bytes <= 0 or not 0 <= free <= total_bytes:
+        if total_bytes <= 0 or not 0 <= free <= total_bytes or first_allocation_overhead < 0:
             raise ConfigError(f"a simulated card needs 0 <= free ({free}) <= total ({total_bytes}) and total > 0")
         self._total = total_bytes
         self._free = free
+        self._overhead = first_allocation_overhead
 
     def free_bytes(self) -> int:
         return self._free
@@ -113,7 +119,8 @@ class FixedMemoryProbe:
         return self._total
 
     def note_allocation(self, nbytes: int) -> None:
-        self._free = max(0, self._free - nbytes)
+        self._free = max(0, self._free - nbytes - self._overhead)
+        self._overhead = 0
 
     def __repr__(self) -> str:
         return f"FixedMemoryProbe(total_bytes={self._total}, free_bytes={self._free})"
@@ -129,5 +136,6 @@ def probe_for_device(device: torch.device, *, memory_limit: int | None, card: "S
     if device.type == "meta":
         if card is None:
             raise ConfigError("a dry run on the meta device needs a card to plan for: --gpu-memory 80GiB or --gpu H100-80GB")
-        return FixedMemoryProbe(total_bytes=card.total_bytes, free_bytes=card.free_bytes)
+        return FixedMemoryProbe(total_bytes=card.total_bytes, free_bytes=card.free_bytes,
+                                first_allocation_overhead=CUDA_KERNEL_LOAD_BYTES)
     return HostMemoryProbe(memory_limit or DEFAULT_HOST_MEMORY_LIMIT)

@@ -137,3 +137,25 @@ def test_fp4_refuses_head_dims_it_cannot_pack(make_engine: Any, head_dim: int) -
                          probe=FixedMemoryProbe(total_bytes=GiB))
     with pytest.raises(ConfigError, match=f"{head_dim} elements cannot be stored as fp4_e2m1: .* multiple of 16"):
         engine.target.configurator().configure(pre_model_load_memory=GiB)
+
+
+def test_a_dry_run_charges_the_kernels_that_load_with_the_weights_once(make_engine: Any) -> None:
+    """H200 (measured): 150,109,880,320 B in all, 650,969,088 B of context before weights load, and
+    96,468,992 B more once the first weights are filled; two workers' weights pay it once."""
+    from kvcache.cards import card_named
+
+    engine = make_engine(model="Llama-3.1-8B-Instruct", device="meta", card=card_named("H200"),
+                         speculative_algorithm="EAGLE3", speculative_draft_model="EAGLE3-LLaMA3.1-Instruct-8B")
+    runtime = engine.engine()
+    runtime.bootstrap()
+    budget = runtime.target.memory_pool_config.budget
+    weights = runtime.target.weights.total_bytes + runtime.draft.weights.total_bytes
+    assert budget.free_before_load_bytes == 150_109_880_320 - 650_969_088
+    assert budget.free_after_load_bytes == budget.free_before_load_bytes - weights - 96_468_992
+
+
+def test_a_simulated_card_charges_its_overhead_with_the_first_allocation_only() -> None:
+    probe = FixedMemoryProbe(total_bytes=GiB, first_allocation_overhead=10 * MiB)
+    probe.note_allocation(100 * MiB)
+    probe.note_allocation(100 * MiB)
+    assert probe.free_bytes() == GiB - 210 * MiB
