@@ -112,7 +112,7 @@ def pools_for(model: ModelConfig, page: int, kv: str) -> tuple[ReqToTokenPool, A
     return ReqToTokenPool(size=8, max_context_len=64, device=CPU), pool, allocator
 
 
-def decode_and_compare(model: ModelConfig, page: int, kv: str, steps: int = 16) -> int:
+def decode_and_compare(model: ModelConfig, page: int, kv: str, steps: int = 12) -> int:
     """Decode staggered requests through the pools and densely; returns how many logits rows were compared."""
     weights = random_weights(model)
     req_pool, kv_pool, allocator = pools_for(model, page, kv)
@@ -138,15 +138,14 @@ def decode_and_compare(model: ModelConfig, page: int, kv: str, steps: int = 16) 
     return compared
 
 
-@pytest.mark.parametrize("family", sorted(MODELS))
-@pytest.mark.parametrize("page", [1, 16])
+@pytest.mark.parametrize(("family", "page"), [(f, 1) for f in sorted(MODELS)] + [("qwen2", 16), ("deepseek", 16)])
 def test_decode_through_the_pools_equals_dense_attention(family, page):
-    assert decode_and_compare(MODELS[family](), page, "float32") > 30
+    assert decode_and_compare(MODELS[family](), page, "float32", steps=20 if page > 1 else 12) > 20
 
 
 @pytest.mark.parametrize("family", ["llama", "deepseek"])
 def test_fp8_kv_decode_equals_dense_attention_over_fp8_rounded_history(family):
-    assert decode_and_compare(MODELS[family](), 16, "fp8_e4m3", steps=12) > 20
+    assert decode_and_compare(MODELS[family](), 16, "fp8_e4m3", steps=20) > 20  # crosses a page
 
 
 def test_the_kernel_masks_positions_past_each_request_and_reads_through_req_to_token():
