@@ -95,17 +95,28 @@ def smallest_fitting_budget(req: PlanRequest, limit: int) -> int | None:
     return smallest_passing(1, limit, lambda b: fits(_with_budget(req, b)))
 
 
-def suggest_kv_cache_memory(req: PlanRequest, free_after_load: int) -> tuple[str, ...]:
-    """Fixes for a --kv-cache-memory above what is free: values of it that plan (or what else must change)."""
+def suggest_kv_cache_memory(req: PlanRequest, free_after_load: int, *, kv_cache_memory: int | None = None,
+                            host_total_bytes: int | None = None) -> tuple[str, ...]:
+    """Fixes for a --kv-cache-memory above what is free: values of it that plan (or what else must change).
+
+    On the CPU (`host_total_bytes` given) a --memory-limit that leaves the asked bytes free comes first:
+    what is free after loading grows byte for byte with the limit.
+    """
+    on_host = host_total_bytes is not None
+    out: list[str] = []
+    if on_host and kv_cache_memory is not None and fits(_with_budget(req, kv_cache_memory)):
+        limit_mib = -(-(host_total_bytes + kv_cache_memory - free_after_load) // MiB)
+        out.append(f"--memory-limit {limit_mib}MiB (keeps --kv-cache-memory, if the host has it)")
     at_most = _with_budget(req, free_after_load)
     least = smallest_fitting_budget(req, free_after_load)
     if least is not None:
-        return (f"--kv-cache-memory {free_after_load * 9 // 10} (90% of what is free)"
+        return (*out, f"--kv-cache-memory {free_after_load * 9 // 10} (90% of what is free)"
                 if fits(_with_budget(req, free_after_load * 9 // 10)) else
                 f"--kv-cache-memory {free_after_load} (all that is free)",
                 f"--kv-cache-memory {least} (the least that holds one full-length request)")
-    others = suggest_fixes(at_most, budget_for_fraction=None, kv_cache_memory_limit=None, fp8_request=None)
-    return tuple(f"--kv-cache-memory {free_after_load} with {fix}" for fix in others)
+    others = suggest_fixes(at_most, budget_for_fraction=None, kv_cache_memory_limit=None, fp8_request=None,
+                           on_host=on_host)
+    return (*out, *(f"--kv-cache-memory {free_after_load} with {fix}" for fix in others))
 
 
 def budget_at_memory_limit(budget: MemoryBudget, limit: int, fraction: float) -> int:
@@ -144,9 +155,10 @@ def suggest_fixes(
     kv_cache_memory_limit: int | None,
     fp8_request: PlanRequest | None,
     fraction_for_limit: Callable[[int], float] | None = None,
+    on_host: bool = False,
 ) -> tuple[str, ...]:
-    """Checked alternatives, most direct first. `fraction_for_limit` is given on the CPU: a larger
-    --memory-limit is suggested there, never more devices."""
+    """Checked alternatives, most direct first. On the CPU (`fraction_for_limit` given, or `on_host`)
+    a larger --memory-limit is suggested, never more devices."""
     out: list[str] = []
     if fraction_for_limit is not None:
         limit = smallest_fitting_memory_limit(req, fraction_for_limit)
@@ -173,6 +185,6 @@ def suggest_fixes(
     if context is not None:
         out.append(f"--context-length {context} (the longest that fits)")
     if not out:
-        out.append("a host with more memory" if fraction_for_limit is not None else
+        out.append("a host with more memory" if on_host or fraction_for_limit is not None else
                    "a larger --tp-size (or --pp-size) to spread weights and KV over more devices, or a bigger card")
     return tuple(out)

@@ -185,7 +185,9 @@ class KVCacheConfigurator:
             limit = MemoryBudget(budget_bytes=free_after, total_bytes=total, free_before_load_bytes=free_before,
                                  free_after_load_bytes=free_after, mem_fraction_static=None,
                                  kv_cache_memory_bytes=free_after)
-            raise exc.with_suggestions(suggest_kv_cache_memory(self.plan_request(layout, limit), free_after)) from None
+            raise exc.with_suggestions(suggest_kv_cache_memory(
+                self.plan_request(layout, limit), free_after, kv_cache_memory=a.kv_cache_memory,
+                host_total_bytes=total if self.device.type == "cpu" else None)) from None
         except WeightsLeaveNoRoomError as exc:
             empty = MemoryBudget(budget_bytes=0, total_bytes=total, free_before_load_bytes=free_before,
                                  free_after_load_bytes=free_after, mem_fraction_static=fraction, kv_cache_memory_bytes=None)

@@ -130,3 +130,13 @@ def test_a_config_file_may_give_sizes_as_users_type_them(tmp_path: Path, capsys:
     cfg.write_text('kv_cache_memory = "two gigs"\n')
     assert main(["plan", "--gpu", "H200", "--config", str(cfg)]) == 2
     assert "kv_cache_memory in the config file: cannot read 'two gigs' as a size" in capsys.readouterr().err
+
+
+def test_on_the_cpu_a_kv_cache_memory_above_what_is_free_suggests_a_limit_that_keeps_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--device", "cpu", "--kv-cache-memory", "300MiB", "--json"]
+    assert main([*argv, "--memory-limit", "512MiB"]) == 3  # 0.25 GiB of weights leave about 250 MiB
+    suggestions = json.loads(capsys.readouterr().out)["error"]["suggestions"]
+    assert suggestions[0].startswith("--memory-limit ") and not any("--tp-size" in s for s in suggestions)
+    assert main([*argv, "--memory-limit", suggestions[0].split()[1]]) == 0
+    assert json.loads(capsys.readouterr().out)["budget_bytes"] == 300 * MiB
