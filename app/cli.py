@@ -26,7 +26,6 @@ from kvcache.devices import resolve_device
 from kvcache.host_memory import check_memory_limit, host_memory_bytes
 from kvcache.presets import DEFAULT_PRESET, load_model_config, preset_names
 from kvcache.server_args import ServerArgs, read_settings_file
-from kvcache.speculative_defaults import with_speculative_defaults
 
 EXIT_OK = 0
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose pipe closed
@@ -89,7 +88,6 @@ def run(ns: argparse.Namespace) -> int:
     if server_args.memory_limit is not None and resolve_device(server_args.device).type == "cpu":
         check_memory_limit(server_args.memory_limit, host_memory_bytes())
     model = load_model_config(ns.model)
-    server_args = with_speculative_defaults(server_args, model.architecture)  # as SGLang's launcher resolves them
     container = EngineContainer(server_args=server_args, model_config=model, card=card)
     try:
         container.draft_model_config()

@@ -15,6 +15,7 @@ from kvcache.model_config import ModelConfig
 from kvcache.pool_layout import DRAFT_POOL_PREFIX, draft_cache_layout
 from kvcache.presets import load_model_config
 from kvcache.server_args import ServerArgs
+from kvcache.speculative_defaults import with_speculative_defaults
 
 from containers.worker import WorkerContainer
 
@@ -26,6 +27,8 @@ class EngineContainer(containers.DeclarativeContainer):
     model_config = providers.Dependency(instance_of=ModelConfig)
     card = providers.Object(None)  # a SimulatedCard for dry-run plans on the meta device
 
+    # What the workers size with: the draft shape filled in from the target, as SGLang's launcher does.
+    worker_server_args = providers.Callable(with_speculative_defaults, server_args, model_config.provided.architecture)
     parallel_state = providers.Resource(parallel_state_resource, server_args)
     device = providers.ThreadSafeSingleton(resolve_device, server_args.provided.device)
     memory_probe = providers.ThreadSafeSingleton(
@@ -55,14 +58,14 @@ class EngineContainer(containers.DeclarativeContainer):
     target = providers.Container(
         WorkerContainer,
         role=providers.Object("target"),
-        server_args=server_args, model_config=model_config, parallel_state=parallel_state,
+        server_args=worker_server_args, model_config=model_config, parallel_state=parallel_state,
         device=device, memory_probe=memory_probe, model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype,
         draft_layout=draft_layout,
     )
     draft = providers.Container(
         WorkerContainer,
         role=providers.Object("draft"),
-        server_args=server_args, model_config=draft_model_config, parallel_state=parallel_state,
+        server_args=worker_server_args, model_config=draft_model_config, parallel_state=parallel_state,
         device=device, memory_probe=memory_probe, model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype,
         pool_name_prefix=providers.Object(DRAFT_POOL_PREFIX),
         shared=providers.Factory(

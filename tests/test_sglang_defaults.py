@@ -7,6 +7,8 @@ import json
 import pytest
 
 from app.cli import main
+from containers import EngineContainer
+from kvcache.presets import load_model_config
 from kvcache.server_args import ServerArgs
 from kvcache.speculative_defaults import default_draft_shape, default_max_running_requests, with_speculative_defaults
 from kvcache.state_slots import state_slots_per_request
@@ -63,3 +65,12 @@ def test_the_cli_plans_eagle3_with_sglangs_defaults(capsys: pytest.CaptureFixtur
     assert report["plan"]["req_to_token_row_width"] == report["context_length"] + 8  # 8 draft tokens verified
     # SGLang 0.5.23 adds no draft reserve, and the graph batch in the reserve stays 256 (48 is set later): 0.830
     assert report["mem_fraction_static"] == 0.830
+
+
+def test_the_container_sizes_with_the_draft_shape_of_its_target() -> None:
+    engine = EngineContainer(server_args=ServerArgs(speculative_algorithm="EAGLE3", device="cpu",
+                                                    speculative_draft_model="EAGLE3-LLaMA3.1-Instruct-8B"),
+                             model_config=load_model_config("Llama-3.1-8B-Instruct"))
+    assert engine.target.configurator().settings.speculative_num_draft_tokens == 8  # (5, 4, 8) for a Llama target
+    assert engine.server_args().speculative_num_draft_tokens is None  # what the user gave is kept as given
+    engine.shutdown_resources()
