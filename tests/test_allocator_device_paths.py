@@ -117,6 +117,7 @@ def test_steady_state_steps_never_sync_the_host_on_cuda() -> None:
     prefix_cpu, new_cpu = torch.tensor([0, 8, 16, 3]), torch.tensor([40, 30, 64, 4])
     prefix, new = prefix_cpu.to(dev), new_cpu.to(dev)
     ext_last = torch.tensor([-1, 7, 31, 2], device=dev) + 16 * 100
+    starting = seq_cpu.sub(1).remainder(16).eq(0).nonzero().squeeze(1).to(dev)
     torch.cuda.synchronize()
 
     def steps() -> None:
@@ -125,9 +126,10 @@ def test_steady_state_steps_never_sync_the_host_on_cuda() -> None:
         token.free_segment(token.alloc(64), start_pos=0)
         token.free_group_end()
         out = paged.alloc_decode(seq, seq_cpu, last)
-        paged.free_page_ids(out[seq_cpu.sub(1).remainder(16).eq(0).nonzero().squeeze(1).to(dev)] // 16)
+        paged.free_page_ids(out[starting] // 16)
         ext = paged.alloc_extend(prefix, prefix_cpu, new, new_cpu, ext_last, int((new_cpu - prefix_cpu).sum()))
-        paged.free_segment(ext[:40], start_pos=0)
+        for lo, hi, pos in ((0, 40, 0), (48, 62, 16), (62, 110, 16)):  # each request's fresh pages
+            paged.free_segment(ext[lo:hi], start_pos=pos)
         full = swa.alloc_extend(prefix[:1], prefix_cpu[:1], new[:1], new_cpu[:1], ext_last[:1], 40)
         swa.free_swa_segment(full[:16], start_pos=0)
         swa.free_full_segment(full[:16], start_pos=0)
