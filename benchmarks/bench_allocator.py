@@ -104,7 +104,7 @@ def syncs_per_step(step: Callable[[int], None], device: torch.device, steps: int
                 step(1000 + i)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message).lower() for w in caught) / steps
+    return sum("called a synchronizing cuda operation" in str(w.message).lower() for w in caught) / steps
 
 
 class Batches:

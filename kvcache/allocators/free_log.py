@@ -106,6 +106,11 @@ class FreeLog:
         n = ids.numel()
         if n == 0:
             return
+        if self._is_free is None and multiply == 1 and self._tail + n <= self._log.numel() \
+                and self._tail - self._head + n <= self._capacity:  # the hot path
+            self._log[self._tail:self._tail + n] = ids
+            self._tail += n
+            return
         if self._is_free is not None:
             self._validate(ids * multiply if multiply != 1 else ids)
         if self._tail - self._head + n > self._capacity:

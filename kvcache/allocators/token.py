@@ -26,9 +26,18 @@ class TokenToKVPoolAllocator(FreeListAllocator):
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """need_size free token indices (a view that is never overwritten), or None when fewer are free."""
-        check_need_size(need_size, 1)
-        reject_meta(self._device, "alloc")
+        if need_size < 0 or self._device.type == "meta":
+            check_need_size(need_size, 1)
+            reject_meta(self._device, "alloc")
         return self._log.take(need_size)
+
+    def free(self, free_index: torch.Tensor) -> None:
+        """Give back token indices; outside a free group a flat int64 tensor on the device is appended as is."""
+        if (self._group.is_open or self._checking or free_index.dtype != torch.int64 or free_index.dim() != 1
+                or free_index.device != self._device):
+            super().free(free_index)  # the general path: conversions, checks, deferral
+        else:
+            self._log.put(free_index)
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
         """At page size 1 page ids are token indices."""
