@@ -105,8 +105,8 @@ def suggest_kv_cache_memory(req: PlanRequest, free_after_load: int, *, kv_cache_
     on_host = host_total_bytes is not None
     out: list[str] = []
     if on_host and kv_cache_memory is not None and fits(_with_budget(req, kv_cache_memory)):
-        limit_mib = -(-(host_total_bytes + kv_cache_memory - free_after_load) // MiB)
-        out.append(f"--memory-limit {limit_mib}MiB (keeps --kv-cache-memory, if the host has it)")
+        limit = host_limit_rounded(host_total_bytes + kv_cache_memory - free_after_load)
+        out.append(f"--memory-limit {limit // MiB}MiB (keeps --kv-cache-memory, if the host has it)")
     at_most = _with_budget(req, free_after_load)
     least = smallest_fitting_budget(req, free_after_load)
     if least is not None:
@@ -117,6 +117,15 @@ def suggest_kv_cache_memory(req: PlanRequest, free_after_load: int, *, kv_cache_
     others = suggest_fixes(at_most, budget_for_fraction=None, kv_cache_memory_limit=None, fp8_request=None,
                            on_host=on_host)
     return (*out, *(f"--kv-cache-memory {free_after_load} with {fix}" for fix in others))
+
+
+HOST_LIMIT_STEP = 64 * MiB
+
+
+def host_limit_rounded(limit: int) -> int:
+    """A suggested --memory-limit rounded up to 64 MiB: a process's resident memory, which the host
+    probe measures, moves by a few MiB from one run to the next, so the exact least would be brittle."""
+    return -(-limit // HOST_LIMIT_STEP) * HOST_LIMIT_STEP
 
 
 def budget_at_memory_limit(budget: MemoryBudget, limit: int, fraction: float) -> int:
@@ -145,7 +154,10 @@ def smallest_fitting_memory_limit(req: PlanRequest, fraction_for_limit: Callable
         return budget > 0 and fits(_with_budget(req, budget))
 
     mib = smallest_passing(b.total_bytes // MiB + 1, 64 * b.total_bytes // MiB, ok)
-    return None if mib is None else mib * MiB
+    if mib is None:
+        return None
+    rounded = host_limit_rounded(mib * MiB)  # unless rounding crosses a card-size threshold that costs more
+    return rounded if ok(rounded // MiB) else mib * MiB
 
 
 def suggest_fixes(
