@@ -15,7 +15,6 @@ import warnings
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 from typing import Any, NoReturn, Sequence
 
-import msgspec
 
 from app.failures import UsageError, failure_of
 from app.server_args_flags import add_server_args_flags, server_args_values, sizes_read
@@ -75,7 +74,8 @@ def _card(ns: argparse.Namespace) -> SimulatedCard:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from app.report import build_report, render_text
+    from app.rank_report import render_for_this_rank
+    from app.report import build_report
 
     command = ns.command or "bootstrap"
     if command == "presets":
@@ -94,9 +94,11 @@ def run(ns: argparse.Namespace) -> int:
         engine = container.engine()
         engine.bootstrap()
         report = build_report(engine, card=card.name if card else None)
+        output = render_for_this_rank(engine, report, as_json=ns.json)  # rank 0 gathers every rank's plan
     finally:
         container.shutdown_resources()
-    print(msgspec.json.encode(report).decode() if ns.json else render_text(report))
+    if output is not None:
+        print(output)
     return EXIT_OK
 
 

@@ -23,13 +23,16 @@ class Engine:
     draft: ModelRunner | None = None
 
     def bootstrap(self) -> None:
-        self.target.load_weights()
-        if self.draft is not None:
-            self.draft.load_weights()
+        self.target.parallel_state.agreement.run_everywhere(self._load_weights)  # a stage that cannot load stops all
         self.target.init_memory_pool()
         if self.draft is not None:
             self.draft.init_memory_pool()
         self.target.start_decode_runtime()  # graphs + post-capture resize, when the target's pools are resizable
+
+    def _load_weights(self) -> None:
+        self.target.load_weights()
+        if self.draft is not None:
+            self.draft.load_weights()
 
     @property
     def workers(self) -> tuple[ModelRunner, ...]:

@@ -1,27 +1,113 @@
-"""ParallelState as a container Resource: set up on first use, torn down at shutdown.
+"""ParallelState as a container Resource: join or start the process group, build the groups, tear down.
 
-Single-process for now: rank 0 of every group. When a launcher has initialised
-torch.distributed, ranks come from it; this resource never initialises or destroys
-a process group it did not create.
+Three cases, decided once at start-up:
+- torch.distributed is already initialised (an engine embedding us, a test): use it,
+  and never destroy the default group this resource did not create;
+- torchrun launched this process (its standard RANK / WORLD_SIZE / LOCAL_RANK /
+  MASTER_ADDR / MASTER_PORT, the launcher's rendezvous protocol): initialise the
+  default group (NCCL for CUDA, gloo otherwise) and destroy it at shutdown;
+- neither: one process planning rank 0 of the layout, with no groups.
+
+The world must be exactly --tp-size x --pp-size ranks. The subgroups this resource
+creates (TP, PP, attention TP/DP, and the gloo group the ranks agree over) are
+destroyed at shutdown in every case.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+import os
+from datetime import timedelta
+from typing import Iterator, Mapping
 
 import torch
+import torch.distributed as dist
 
-from kvcache.parallel import ParallelState
+from kvcache.devices import resolve_device
+from kvcache.errors import ConfigError
+from kvcache.parallel import ParallelState, ProcessGroups, group_ranks
 from kvcache.server_args import ServerArgs
 
+# How long a rank waits for the others at one collective before giving up (torch's default is 10 minutes;
+# a start-up step that takes this long means a rank died).
+COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 
-def parallel_state_resource(server_args: ServerArgs) -> Iterator[ParallelState]:
-    rank = 0
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        rank = torch.distributed.get_rank()
-    tp_rank = rank % server_args.tp_size
-    pp_rank = (rank // server_args.tp_size) % server_args.pp_size
-    yield ParallelState(
-        tp_size=server_args.tp_size, tp_rank=tp_rank, pp_size=server_args.pp_size, pp_rank=pp_rank,
-        attention_dp_size=server_args.attention_dp_size,
-    )
+
+def launched_world_size(environ: Mapping[str, str]) -> int:
+    """The world size torchrun announced (1 when not launched by it)."""
+    value = environ.get("WORLD_SIZE", "1")
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={value!r} from the launcher is not a number") from None
+
+
+def check_layout(world_size: int, server_args: ServerArgs) -> None:
+    """The ranks that exist must be the ranks the layout asks for."""
+    a = server_args
+    if world_size != a.tp_size * a.pp_size:
+        raise ConfigError(
+            f"the launcher started {world_size} ranks but --tp-size {a.tp_size} x --pp-size {a.pp_size} = "
+            f"{a.tp_size * a.pp_size}; launch {a.tp_size * a.pp_size} processes (torchrun --nproc-per-node "
+            f"{a.tp_size * a.pp_size}) or choose sizes whose product is {world_size} (e.g. --tp-size {world_size} --pp-size 1)"
+        )
+
+
+def _init_default_group(server_args: ServerArgs, environ: Mapping[str, str]) -> int:
+    """Initialise the default group from torchrun's environment; returns the local rank."""
+    local_rank = int(environ.get("LOCAL_RANK", "0"))
+    backend = "gloo"
+    if resolve_device(server_args.device).type == "cuda":
+        torch.cuda.set_device(local_rank)
+        backend = "nccl"
+    dist.init_process_group(backend=backend, init_method="env://", timeout=COLLECTIVE_TIMEOUT)
+    return local_rank
+
+
+def _new_groups(server_args: ServerArgs, rank: int) -> tuple[ProcessGroups, list[object]]:
+    """Every group kind; new_group is called for every group on every rank, in the same order."""
+    layout = group_ranks(tp_size=server_args.tp_size, pp_size=server_args.pp_size,
+                         attention_dp_size=server_args.attention_dp_size)
+    mine: dict[str, object] = {}
+    created: list[object] = []
+    for kind, groups in layout.items():
+        for ranks in groups:
+            group = dist.new_group(ranks, timeout=COLLECTIVE_TIMEOUT)
+            if rank in ranks:  # torch hands non-members a placeholder, nothing to destroy
+                mine[kind] = group
+                created.append(group)
+    agreement = dist.new_group(list(range(dist.get_world_size())), backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+    created.append(agreement)
+    return ProcessGroups(agreement=agreement, **mine), created  # type: ignore[arg-type]
+
+
+def parallel_state_resource(server_args: ServerArgs, environ: Mapping[str, str] | None = None) -> Iterator[ParallelState]:
+    env = os.environ if environ is None else environ
+    a = server_args
+    owns_default_group = False
+    local_rank = 0
+    if not dist.is_initialized():
+        world = launched_world_size(env)
+        if world == 1:  # one process: rank 0 of the layout, planned alone
+            yield ParallelState(tp_size=a.tp_size, pp_size=a.pp_size, attention_dp_size=a.attention_dp_size,
+                                min_rank_memory_ratio=a.min_rank_memory_ratio)
+            return
+        check_layout(world, a)
+        local_rank = _init_default_group(a, env)
+        owns_default_group = True
+    created: list[object] = []
+    try:
+        check_layout(dist.get_world_size(), a)
+        rank = dist.get_rank()
+        if not owns_default_group:
+            local_rank = int(env.get("LOCAL_RANK", rank))
+        groups, created = _new_groups(a, rank)
+        yield ParallelState(
+            tp_size=a.tp_size, tp_rank=rank % a.tp_size, pp_size=a.pp_size, pp_rank=rank // a.tp_size,
+            attention_dp_size=a.attention_dp_size, local_rank=local_rank, groups=groups,
+            min_rank_memory_ratio=a.min_rank_memory_ratio,
+        )
+    finally:
+        for group in reversed(created):
+            dist.destroy_process_group(group)
+        if owns_default_group:
+            dist.destroy_process_group()

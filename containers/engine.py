@@ -30,7 +30,7 @@ class EngineContainer(containers.DeclarativeContainer):
     # What the workers size with: the draft shape filled in from the target, as SGLang's launcher does.
     worker_server_args = providers.Callable(with_speculative_defaults, server_args, model_config.provided.architecture)
     parallel_state = providers.Resource(parallel_state_resource, server_args)
-    device = providers.ThreadSafeSingleton(resolve_device, server_args.provided.device)
+    device = providers.ThreadSafeSingleton(resolve_device, server_args.provided.device, parallel_state.provided.local_rank)
     memory_probe = providers.ThreadSafeSingleton(
         probe_for_device, device, memory_limit=server_args.provided.memory_limit, card=card,
     )

@@ -99,12 +99,12 @@ class KVCacheConfigurator:
         """Profile (unless shared), plan, build. `pre_model_load_memory` is the free bytes
         the probe reported before weights were loaded."""
         layout = self.layout()
-        if self.shared is not None:
-            return self._configure_from_shared(layout, self.shared)
+        ranks = self.parallel_state.agreement  # all ranks succeed, or all raise the same error
+        shared = self.shared
+        if shared is not None:
+            return ranks.run_everywhere(lambda: self._configure_from_shared(layout, shared))
         plan = self._plan(layout, pre_model_load_memory)
-        with self.forward_stream:
-            pools = build_worker_pools(plan=plan, layout=layout, device=self.device, allocator_factory=self.allocator_factory)
-        self.forward_stream.synchronize()
+        pools = ranks.run_everywhere(lambda: self._build(plan, layout))
         self.memory_probe.note_allocation(pools.nbytes)
         assert pools.req_to_token_pool is not None
         return self._result(plan, pools, pools.req_to_token_pool, pools.allocator)
@@ -166,10 +166,25 @@ class KVCacheConfigurator:
         )
 
     # ---- internals --------------------------------------------------------
+    def _build(self, plan: MemoryPoolConfig, layout: CacheLayout) -> WorkerPools:
+        with self.forward_stream:
+            pools = build_worker_pools(plan=plan, layout=layout, device=self.device, allocator_factory=self.allocator_factory)
+        self.forward_stream.synchronize()
+        return pools
+
     def _plan(self, layout: CacheLayout, free_before: int) -> MemoryPoolConfig:
+        """Plan with the ranks' smallest free memory; every rank then holds the smallest stage's tokens."""
+        ranks = self.parallel_state.agreement
+        memory = ranks.agree_on_memory(free_before_load=free_before, free_after_load=self.memory_probe.free_bytes(),
+                                       total_bytes=self.memory_probe.total_bytes())
+        plan, request = ranks.run_everywhere(
+            lambda: self._plan_this_rank(layout, memory.free_before_load, memory.free_after_load, memory.total))
+        (agreed,) = ranks.min_int64((plan.max_total_num_tokens,))
+        return ranks.run_everywhere(lambda: _capped(plan, request, agreed))  # every rank, re-planning or not
+
+    def _plan_this_rank(self, layout: CacheLayout, free_before: int, free_after: int,
+                        total: int) -> tuple[MemoryPoolConfig, PlanRequest]:
         a = self.settings
-        free_after = self.memory_probe.free_bytes()
-        total = self.memory_probe.total_bytes()
         fraction = None if a.kv_cache_memory is not None else self.mem_fraction_static()
 
         def budget_for(f: float) -> int:
@@ -198,10 +213,7 @@ class KVCacheConfigurator:
         except DoesNotFitError as exc:
             fixes = exc.suggestions + self._suggestions(layout, request, _safe(budget_for) if fraction else None)
             raise exc.with_suggestions(fixes) from None
-        agreed = self.parallel_state.min_across_ranks(plan.max_total_num_tokens)
-        if agreed < plan.max_total_num_tokens:
-            plan = plan_pool_sizes(msgspec.structs.replace(request, max_total_tokens=agreed))
-        return plan
+        return plan, request
 
     def _suggestions(self, layout: CacheLayout, request: PlanRequest, budget_for: Any) -> tuple[str, ...]:
         fp8 = None
@@ -245,6 +257,13 @@ class KVCacheConfigurator:
             req_to_token_pool=req_pool, token_to_kv_pool=pools.token_to_kv_pool,
             token_to_kv_pool_allocator=allocator, state_pool=pools.state_pool, arena=pools.arena,
         )
+
+
+def _capped(plan: MemoryPoolConfig, request: PlanRequest, max_tokens: int) -> MemoryPoolConfig:
+    """The plan re-made for at most `max_tokens` tokens (the ranks' agreed count), or as it is."""
+    if plan.max_total_num_tokens <= max_tokens:
+        return plan
+    return plan_pool_sizes(msgspec.structs.replace(request, max_total_tokens=max_tokens))
 
 
 def _safe(budget_for: Any) -> Any:

@@ -82,3 +82,11 @@ class WeightsDoNotFitError(DoesNotFitError):
 
 class PlanMismatchError(KVCacheError):
     """What was built differs from the plan (a buffer's bytes, or the arena's): a bug, never a silently wrong number."""
+
+
+class UnbalancedMemoryError(DoesNotFitError):
+    """The ranks of one engine see very different free memory (another process holds some of it)."""
+
+
+class RankFailedError(KVCacheError):
+    """Another rank failed with an error that is not one of ours; this rank stopped with it."""

@@ -1,16 +1,37 @@
 """ParallelState: this rank's place in tensor, pipeline and attention-data parallelism.
 
-Single-process today (rank 0 of each group); `min_across_ranks` is the seam for
-multi-process runs: every rank must agree on the smallest token count.
+Ranks are laid out as SGLang 0.5.23 lays them out: tensor parallelism innermost,
+`rank = pp_rank * tp_size + tp_rank`. Within a pipeline stage, attention data
+parallelism splits the TP ranks into `attention_dp_size` groups of
+`attention_tp_size` ranks that share one attention layer's heads.
+
+A ParallelState with `groups=None` is one process planning one rank of a layout
+alone (a dry run, or a single-process engine); with `groups`, it belongs to a real
+torch.distributed process group and its ranks agree through `agreement`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
+from dataclasses import dataclass, field
+from typing import Any
 
 from kvcache.errors import ConfigError
+from kvcache.rank_agreement import RankAgreement
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessGroups:
+    """The torch.distributed groups this rank belongs to (handles made by app.parallel_setup).
+
+    `agreement` is a CPU (gloo) group over every rank: sizing decisions are a few
+    int64s, so they never touch the accelerator's communicator.
+    """
+
+    agreement: Any
+    tp: Any
+    pp: Any
+    attention_tp: Any
+    attention_dp: Any
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -22,6 +43,9 @@ class ParallelState:
     pp_size: int = 1
     pp_rank: int = 0
     attention_dp_size: int = 1
+    local_rank: int = 0  # the accelerator index on this host
+    min_rank_memory_ratio: float = 0.9  # --min-rank-memory-ratio: how unbalanced the ranks' free memory may be
+    groups: ProcessGroups | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.tp_rank < self.tp_size or not 0 <= self.pp_rank < self.pp_size:
@@ -29,11 +53,50 @@ class ParallelState:
         if self.tp_size % self.attention_dp_size:
             raise ConfigError(f"tp_size {self.tp_size} is not a multiple of attention_dp_size {self.attention_dp_size}")
 
+    # ---- where this rank sits ------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        """Ranks in the layout (tp x pp); a single process plans one of them."""
+        return self.tp_size * self.pp_size
+
+    @property
+    def rank(self) -> int:
+        """This rank's global index: TP innermost."""
+        return self.pp_rank * self.tp_size + self.tp_rank
+
     @property
     def attention_tp_size(self) -> int:
         """Ranks that split one attention layer's heads."""
         return self.tp_size // self.attention_dp_size
 
+    @property
+    def attention_tp_rank(self) -> int:
+        return self.tp_rank % self.attention_tp_size
+
+    @property
+    def attention_dp_rank(self) -> int:
+        return self.tp_rank // self.attention_tp_size
+
+    @property
+    def is_distributed(self) -> bool:
+        """True when other processes hold the other ranks."""
+        return self.groups is not None
+
+    @property
+    def agreement(self) -> RankAgreement:
+        """How this rank agrees with the others (trivially with itself when alone)."""
+        if self.groups is None:
+            return RankAgreement.alone(self.describe())
+        return RankAgreement(group=self.groups.agreement, rank=self.rank, world_size=self.world_size,
+                             rank_names=tuple(self.describe(r) for r in range(self.world_size)),
+                             min_rank_memory_ratio=self.min_rank_memory_ratio)
+
+    def describe(self, rank: int | None = None) -> str:
+        """'rank 1 (tp 1/2, pp 0/1)': how errors and reports name a rank."""
+        r = self.rank if rank is None else rank
+        return f"rank {r} (tp {r % self.tp_size}/{self.tp_size}, pp {r // self.tp_size}/{self.pp_size})"
+
+    # ---- what this rank holds ------------------------------------------------
     def heads_per_rank(self, num_heads: int) -> int:
         """KV heads this rank caches: split over attention TP, replicated when there are fewer heads than ranks."""
         return max(1, num_heads // self.attention_tp_size)
@@ -64,9 +127,17 @@ class ParallelState:
         return self.pp_rank == self.pp_size - 1
 
     def min_across_ranks(self, value: int) -> int:
-        """The smallest `value` over all ranks (an all-reduce when torch.distributed runs)."""
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return value
-        t = torch.tensor([value], dtype=torch.int64)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
-        return int(t.item())
+        """The smallest `value` over all ranks (an int64 MIN all-reduce when other ranks exist)."""
+        return self.agreement.min_int64((value,))[0]
+
+
+def group_ranks(*, tp_size: int, pp_size: int, attention_dp_size: int = 1) -> dict[str, list[list[int]]]:
+    """Every group of each kind, as lists of global ranks (the order torch's new_group must see on every rank)."""
+    stages = [list(range(s * tp_size, (s + 1) * tp_size)) for s in range(pp_size)]
+    attn_tp = tp_size // attention_dp_size
+    return {
+        "tp": stages,
+        "pp": [list(range(t, tp_size * pp_size, tp_size)) for t in range(tp_size)],
+        "attention_tp": [stage[d * attn_tp:(d + 1) * attn_tp] for stage in stages for d in range(attention_dp_size)],
+        "attention_dp": [stage[t::attn_tp] for stage in stages for t in range(attn_tp)],
+    }

@@ -77,6 +77,9 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     load_format: Annotated[Literal["dummy"], _doc("weights are random tensors of the real size")] = "dummy"
     disable_radix_cache: Annotated[bool, _doc(
         "no prefix cache (hybrid models then keep one state slot per request)")] = False
+    min_rank_memory_ratio: Annotated[float, msgspec.Meta(ge=0, le=1), _doc(
+        "ranks refuse to start when one has less free memory before load than this fraction of another's "
+        "(SGLang 0.5.23's 0.9); 0 turns the check off")] = 0.9
     # hybrid models
     swa_full_tokens_ratio: Annotated[float, msgspec.Meta(gt=0, le=1), _doc(
         "sliding-window pool size as a fraction of the full pool")] = 0.8

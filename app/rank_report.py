@@ -1,0 +1,79 @@
+"""Every rank's plan in one report: rank 0 gathers them and prints; the other ranks print nothing.
+
+With one process the report is exactly the single-rank report. With several, each
+rank contributes a RankPlan (its layers, bytes per token, tokens, bytes planned and
+allocated, free memory now) and rank 0 appends them: as a `ranks` table in text, as
+a `ranks` list in --json.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import torch
+
+from app.engine import Engine
+from app.report import BootstrapReport, render_text
+from kvcache.byte_units import format_bytes
+
+
+class RankPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """One rank's share of the engine, as rank 0 prints it."""
+
+    rank: int
+    name: str
+    layers: tuple[int, int]  # [first, last + 1) of this pipeline stage
+    bytes_per_token: int
+    max_total_num_tokens: int
+    max_running_requests: int
+    planned_bytes: int
+    allocated_bytes: int
+    weights_bytes: int
+    free_before_load_bytes: int  # this rank's own reading (the plan uses the ranks' smallest)
+    free_now_bytes: int  # after bootstrap: what the runtime has left on this rank
+    memory_allocated_bytes: int | None  # torch.cuda.memory_allocated on this rank's GPU (CUDA only)
+
+
+def rank_plan(engine: Engine) -> RankPlan:
+    """This rank's RankPlan."""
+    target = engine.target
+    p = target.parallel_state
+    plan = target.memory_pool_config
+    layers = p.layer_range(target.model_config.num_hidden_layers)
+    return RankPlan(
+        rank=p.rank, name=p.describe(), layers=(layers.start, layers.stop), bytes_per_token=plan.bytes_per_token,
+        max_total_num_tokens=plan.max_total_num_tokens, max_running_requests=plan.max_running_requests,
+        planned_bytes=plan.total_bytes, allocated_bytes=sum(w.kv_cache.allocated_bytes for w in engine.workers),
+        weights_bytes=sum(w.weights.total_bytes for w in engine.workers if w.weights is not None),
+        free_before_load_bytes=target.pre_model_load_memory or 0, free_now_bytes=target.memory_probe.free_bytes(),
+        memory_allocated_bytes=int(torch.cuda.memory_allocated(target.device)) if target.device.type == "cuda" else None,
+    )
+
+
+def render_for_this_rank(engine: Engine, report: BootstrapReport, *, as_json: bool) -> str | None:
+    """What this rank prints: the report (with every rank's plan on rank 0), or None on the other ranks.
+    A collective when there are several ranks: every rank must call it."""
+    p = engine.target.parallel_state
+    if not p.is_distributed:
+        return msgspec.json.encode(report).decode() if as_json else render_text(report)
+    plans = p.agreement.gather_objects(rank_plan(engine))
+    if p.rank != 0:
+        return None
+    if as_json:
+        return msgspec.json.encode({**msgspec.structs.asdict(report), "ranks": plans}).decode()
+    return render_text(report) + "\n" + render_ranks(plans, tp_size=p.tp_size, pp_size=p.pp_size)
+
+
+def render_ranks(plans: list[RankPlan], *, tp_size: int, pp_size: int) -> str:
+    """One line per rank: where it sits, what it holds, what it allocated and has left."""
+    tokens = {r.max_total_num_tokens for r in plans}
+    agreed = f"every rank holds {plans[0].max_total_num_tokens:,} tokens" if len(tokens) == 1 else \
+        f"ranks disagree on tokens: {sorted(tokens)}"
+    lines = [f"ranks: tp {tp_size} x pp {pp_size}; {agreed}"]
+    for r in plans:
+        lines.append(
+            f"  {r.name}  layers {r.layers[0]}-{r.layers[1] - 1}  {r.bytes_per_token:,} B/token  "
+            f"planned {format_bytes(r.planned_bytes)}  allocated {format_bytes(r.allocated_bytes)}  "
+            f"weights {format_bytes(r.weights_bytes)}  free now {format_bytes(r.free_now_bytes)}"
+            + (f"  memory_allocated {format_bytes(r.memory_allocated_bytes)}" if r.memory_allocated_bytes is not None else "")
+        )
+    return "\n".join(lines)

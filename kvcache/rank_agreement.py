@@ -1,0 +1,161 @@
+"""RankAgreement: what every rank of one engine must decide alike, in integer bytes.
+
+SGLang 0.5.23 MIN-reduces each rank's free memory as a float32 count of GiB (so bytes
+round) and raises "memory capacity is unbalanced" when a rank sees under 90% of what
+another sees. Here the numbers are int64 bytes, gathered from every rank so that an
+imbalance names each rank's free bytes, and the 90% is `--min-rank-memory-ratio`.
+
+A step that can fail on one rank only (planning a pipeline stage, building its pools)
+runs through `run_everywhere`: the ranks exchange success or failure before any of
+them goes on, so either all return or all raise the same typed error, and a rank
+whose own step succeeded drops what it built.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Callable, Sequence, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from kvcache.byte_units import format_bytes
+from kvcache.errors import KVCacheError, RankFailedError, UnbalancedMemoryError
+
+T = TypeVar("T")
+
+SGLANG_MIN_RANK_MEMORY_RATIO = 0.9  # SGLang 0.5.23's _check_tp_memory_balance threshold
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgreedMemory:
+    """The smallest free and total bytes over the ranks, which every rank then plans with."""
+
+    free_before_load: int
+    free_after_load: int
+    total: int
+    free_before_load_by_rank: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """A failed step as it travels to the other ranks: enough to raise the same error there."""
+
+    rank: int
+    error_type: type
+    message: str
+    state: dict[str, Any]
+    typed: bool
+
+    def error(self, prefix: str) -> Exception:
+        if not self.typed:
+            return RankFailedError(f"{prefix}: {self.error_type.__name__}: {self.message}")
+        err = self.error_type.__new__(self.error_type)
+        err.__dict__.update(self.state)
+        if isinstance(self.state.get("what"), str):  # a DoesNotFitError's headline, which the CLI prints
+            err.__dict__["what"] = f"{prefix}: {self.state['what']}"
+        err.args = (f"{prefix}: {self.message}",)
+        return err
+
+
+def _failure_of(exc: Exception, rank: int) -> _Failure:
+    state = dict(vars(exc))
+    try:
+        pickle.dumps((type(exc), state))
+    except Exception:  # an attribute that cannot travel: send the message alone
+        state = {}
+    return _Failure(rank=rank, error_type=type(exc), message=str(exc), state=state,
+                    typed=isinstance(exc, KVCacheError))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankAgreement:
+    """Collectives over a CPU (gloo) group spanning every rank; `group=None` means this rank is alone."""
+
+    group: Any
+    rank: int
+    world_size: int
+    rank_names: tuple[str, ...]
+    min_rank_memory_ratio: float = SGLANG_MIN_RANK_MEMORY_RATIO
+
+    @classmethod
+    def alone(cls, name: str = "rank 0") -> "RankAgreement":
+        return cls(group=None, rank=0, world_size=1, rank_names=(name,))
+
+    def gather_int64(self, values: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """Every rank's `values`, indexed by rank."""
+        if self.group is None:
+            return (tuple(values),)
+        local = torch.tensor(list(values), dtype=torch.int64)
+        out = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(out, local, group=self.group)
+        return tuple(tuple(int(x) for x in t.tolist()) for t in out)
+
+    def min_int64(self, values: Sequence[int]) -> tuple[int, ...]:
+        """The element-wise smallest `values` over the ranks (an int64 MIN all-reduce)."""
+        if self.group is None:
+            return tuple(values)
+        t = torch.tensor(list(values), dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return tuple(int(x) for x in t.tolist())
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's picklable `obj`, indexed by rank."""
+        if self.group is None:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def agree_on_memory(self, *, free_before_load: int, free_after_load: int, total_bytes: int) -> AgreedMemory:
+        """The MIN of each number over the ranks, after checking free memory before load is balanced."""
+        by_rank = self.gather_int64((free_before_load, free_after_load, total_bytes))
+        before = tuple(r[0] for r in by_rank)
+        check_memory_balance(before, self.min_rank_memory_ratio, self.rank_names)
+        return AgreedMemory(free_before_load=min(before), free_after_load=min(r[1] for r in by_rank),
+                            total=min(r[2] for r in by_rank), free_before_load_by_rank=before)
+
+    def run_everywhere(self, step: Callable[[], T]) -> T:
+        """`step()` on this rank, returned only when it succeeded on every rank; otherwise every rank
+        raises the lowest failing rank's error (same type, same message) and this rank's result is dropped."""
+        if self.group is None:
+            return step()
+        result: T | None = None
+        failure: _Failure | None = None
+        bug: Exception | None = None
+        try:
+            result = step()
+        except KVCacheError as exc:
+            failure = _failure_of(exc, self.rank)
+        except Exception as exc:  # not ours: this rank keeps its traceback, the others learn what it was
+            failure, bug = _failure_of(exc, self.rank), exc
+        failures = [f for f in self.gather_objects(failure) if f is not None]
+        if not failures:
+            return result  # type: ignore[return-value]
+        result = None  # what this rank built is freed before any rank returns
+        if bug is not None:
+            raise bug
+        first = failures[0]
+        others = f" and {len(failures) - 1} other rank(s)" if len(failures) > 1 else ""
+        raise first.error(self.rank_names[first.rank] + others)
+
+
+def check_memory_balance(free_by_rank: Sequence[int], min_ratio: float, rank_names: Sequence[str]) -> None:
+    """Raise UnbalancedMemoryError when the smallest free bytes are under `min_ratio` of the largest (0: off)."""
+    smallest, largest = min(free_by_rank), max(free_by_rank)
+    ratio = Fraction(repr(min_ratio))
+    if smallest * ratio.denominator >= largest * ratio.numerator:
+        return
+    low = free_by_rank.index(smallest)
+    percent = smallest * 100 // largest
+    per_rank = ", ".join(f"{name} {format_bytes(n)}" for name, n in zip(rank_names, free_by_rank))
+    raise UnbalancedMemoryError(
+        f"free memory before loading weights is unbalanced across ranks: {per_rank}; the smallest is "
+        f"{percent}% of the largest, under --min-rank-memory-ratio {min_ratio} (another process may hold "
+        f"memory on {rank_names[low]})",
+        needed_bytes=-(-largest * ratio.numerator // ratio.denominator), available_bytes=smallest,
+        suggestions=(f"free the memory held on {rank_names[low]}",
+                     f"--min-rank-memory-ratio {percent / 100:g} (every rank then plans with the smallest)"),
+    )

@@ -1,0 +1,84 @@
+"""One rank of a 2-process gloo world, spawned by tests/test_ranks_distributed.py.
+
+Each scenario runs the real CLI (`app.cli.main`) with torchrun's environment set, so
+the container Resource creates the process group and must destroy it again; the rank
+writes what it saw (exit code, stdout, stderr, whether a group is left, pool tensors
+still alive) to `<out_dir>/rank<r>.json` for the test to assert on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import json
+import os
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from app.cli import main
+from kvcache import device_buffers
+
+COMMON = ["bootstrap", "--device", "cpu", "--max-running-requests", "8", "--json"]
+
+
+def scenarios(model: str, rank: int) -> dict[str, list[str]]:
+    """Scenario name -> CLI arguments for this rank."""
+    base = [*COMMON, "--model", model, "--memory-limit", "256MiB", "--kv-cache-memory", "4MiB"]
+    uneven = [*COMMON, "--model", model, "--kv-cache-memory", "4MiB", "--tp-size", "2",
+              "--memory-limit", "1GiB" if rank == 0 else "256MiB"]
+    return {
+        "mismatch": [*base, "--tp-size", "4"],
+        "tp2": [*base, "--tp-size", "2"],
+        "pp2": [*base, "--pp-size", "2"],
+        "imbalance": uneven,
+        "imbalance_relaxed": [*uneven, "--min-rank-memory-ratio", "0.2"],
+        "build_fails": [*base, "--tp-size", "2"],
+        "embedded": [*base, "--pp-size", "2"],  # the caller owns the default group
+    }
+
+
+def _failing_allocations(rank: int, made: list[weakref.ref[torch.Tensor]]) -> Any:
+    """allocate_zeros that records every buffer; on rank 1 the second buffer (the KV pool) runs out of memory."""
+    real = device_buffers.allocate_zeros
+
+    def allocate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if rank == 1 and made:
+            raise torch.OutOfMemoryError("out of memory (simulated on rank 1)")
+        t = real(shape, dtype, device)
+        made.append(weakref.ref(t))
+        return t
+
+    return allocate
+
+
+def run_rank(rank: int, model: str, ports: dict[str, int], out_dir: str) -> None:
+    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it hangs)
+
+    results: dict[str, Any] = {}
+    real_allocate = device_buffers.allocate_zeros
+    for name, argv in scenarios(model, rank).items():
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(ports.get(name, 1)))
+        made: list[weakref.ref[torch.Tensor]] = []
+        if name == "build_fails":
+            device_buffers.allocate_zeros = _failing_allocations(rank, made)
+        if name == "embedded":
+            dist.init_process_group("gloo", init_method="env://")
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+        device_buffers.allocate_zeros = real_allocate
+        gc.collect()
+        results[name] = {
+            "code": code, "stdout": out.getvalue(), "stderr": err.getvalue(),
+            "group_left": dist.is_initialized(), "buffers_made": len(made),
+            "buffers_alive": sum(ref() is not None for ref in made),
+        }
+        if name == "embedded" and dist.is_initialized():
+            dist.destroy_process_group()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))

@@ -1,0 +1,103 @@
+"""Rank layout, the memory-balance rule and error sharing, in one process (the 2-rank runs are in test_ranks_distributed)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from app.parallel_setup import check_layout, parallel_state_resource
+from kvcache.byte_units import GiB
+from kvcache.errors import ConfigError, DoesNotFitError, RankFailedError, UnbalancedMemoryError
+from kvcache.parallel import ParallelState, group_ranks
+from kvcache.rank_agreement import RankAgreement, _failure_of, check_memory_balance
+from kvcache.server_args import ServerArgs
+
+NAMES = ("rank 0", "rank 1", "rank 2")
+
+
+def test_groups_lay_tp_innermost_as_sglang_does() -> None:
+    # 8 ranks: 2 stages of TP 4; attention DP 2 splits each stage's TP into two pairs
+    assert group_ranks(tp_size=4, pp_size=2, attention_dp_size=2) == {
+        "tp": [[0, 1, 2, 3], [4, 5, 6, 7]],
+        "pp": [[0, 4], [1, 5], [2, 6], [3, 7]],
+        "attention_tp": [[0, 1], [2, 3], [4, 5], [6, 7]],
+        "attention_dp": [[0, 2], [1, 3], [4, 6], [5, 7]],
+    }
+
+
+def test_a_rank_knows_its_place_layers_and_heads() -> None:
+    p = ParallelState(tp_size=4, tp_rank=3, pp_size=2, pp_rank=1, attention_dp_size=2)
+    assert (p.rank, p.world_size, p.attention_tp_rank, p.attention_dp_rank) == (7, 8, 1, 1)
+    assert p.describe() == "rank 7 (tp 3/4, pp 1/2)"
+    assert p.layer_range(31) == range(16, 31) and p.heads_per_rank(8) == 4
+    assert not p.is_distributed and p.min_across_ranks(123) == 123
+
+
+def test_the_world_must_be_tp_times_pp() -> None:
+    check_layout(4, ServerArgs(tp_size=2, pp_size=2))
+    with pytest.raises(ConfigError, match=r"launcher started 2 ranks but --tp-size 2 x --pp-size 2 = 4; launch 4 "):
+        check_layout(2, ServerArgs(tp_size=2, pp_size=2))
+
+
+def test_a_torchrun_world_that_is_not_the_layout_is_refused_before_joining() -> None:
+    resource = parallel_state_resource(ServerArgs(tp_size=2), environ={"WORLD_SIZE": "3", "RANK": "0"})
+    with pytest.raises(ConfigError, match="launcher started 3 ranks but --tp-size 2 x --pp-size 1 = 2"):
+        next(resource)
+
+
+def test_one_process_plans_rank_0_alone() -> None:
+    (state,) = list(parallel_state_resource(ServerArgs(tp_size=8, pp_size=2), environ={}))
+    assert (state.rank, state.pp_rank, state.groups) == (0, 0, None)
+
+
+@pytest.mark.parametrize("free", [(10 * GiB, 9 * GiB), (9 * GiB, 9 * GiB, 10 * GiB)])
+def test_ninety_percent_of_the_largest_is_balanced(free: tuple[int, ...]) -> None:
+    check_memory_balance(free, 0.9, NAMES)  # 9/10 is exactly SGLang's threshold
+
+
+def test_below_the_ratio_every_rank_is_named_with_its_bytes() -> None:
+    free = (80 * GiB, 80 * GiB, 60 * GiB)
+    with pytest.raises(UnbalancedMemoryError) as info:
+        check_memory_balance(free, 0.9, NAMES)
+    err = info.value
+    assert "rank 0 80.00 GiB (85,899,345,920 B), rank 1 80.00 GiB (85,899,345,920 B), rank 2 60.00 GiB" in str(err)
+    assert "the smallest is 75% of the largest" in str(err) and "memory on rank 2" in str(err)
+    assert (err.needed_bytes, err.available_bytes) == (72 * GiB, 60 * GiB)
+    suggested = float(err.suggestions[1].split()[1])
+    assert suggested == 0.75
+    check_memory_balance(free, suggested, NAMES)  # the suggested ratio really passes
+
+
+def test_a_ratio_of_zero_turns_the_check_off() -> None:
+    check_memory_balance((GiB, 1), 0.0, NAMES)
+
+
+def test_one_rank_agrees_with_itself_and_raises_its_own_error() -> None:
+    alone = RankAgreement.alone()
+    assert alone.min_int64((5, 7)) == (5, 7) and alone.gather_int64((5,)) == ((5,),)
+    memory = alone.agree_on_memory(free_before_load=10, free_after_load=8, total_bytes=12)
+    assert (memory.free_before_load, memory.free_after_load, memory.total) == (10, 8, 12)
+    error = DoesNotFitError("too big", needed_bytes=2, available_bytes=1)
+
+    def fail() -> None:
+        raise error
+
+    with pytest.raises(DoesNotFitError) as info:
+        alone.run_everywhere(fail)
+    assert info.value is error
+
+
+def test_a_typed_error_travels_to_other_ranks_as_the_same_type_and_numbers() -> None:
+    original = DoesNotFitError("the pool does not fit", needed_bytes=3 * GiB, available_bytes=GiB,
+                               suggestions=("--kv-cache-memory 1GiB",))
+    travelled = pickle.loads(pickle.dumps(_failure_of(original, rank=1)))
+    rebuilt = travelled.error("rank 1 (tp 1/2, pp 0/1)")
+    assert type(rebuilt) is DoesNotFitError
+    assert str(rebuilt) == "rank 1 (tp 1/2, pp 0/1): " + str(original)
+    assert (rebuilt.needed_bytes, rebuilt.available_bytes, rebuilt.suggestions) == (3 * GiB, GiB, ("--kv-cache-memory 1GiB",))
+
+
+def test_an_error_that_is_not_ours_reaches_other_ranks_as_rank_failed() -> None:
+    rebuilt = _failure_of(RuntimeError("boom"), rank=0).error("rank 0")
+    assert isinstance(rebuilt, RankFailedError) and str(rebuilt) == "rank 0: RuntimeError: boom"

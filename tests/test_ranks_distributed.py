@@ -1,0 +1,128 @@
+"""Two real ranks over gloo on the CPU: TP 2, PP 2, a forced imbalance, a rank that fails to build.
+
+One start of two processes runs every scenario through the CLI (tests/rank_worker.py),
+each under torchrun's environment; the tests below assert on what each rank saw. The
+ranks fork from pytest (spawning would import torch once more per rank) and run torch
+single-threaded: a forked child that entered the parent's OpenMP pool would hang.
+
+The model is the tiny Llama of kvcache.testing with 3 layers (2 KV heads of 16, bf16:
+128 bytes per layer per token), a 4 MiB KV budget, page size 1, 8 requests. By hand:
+- TP 2: 1 KV head per rank, 3 x 64 = 192 B/token. The pool is one allocation in 2 MiB
+  multiples; 4 MiB would leave nothing for the free list and request table, so it is
+  2 MiB = (T + 1) x 192 at most: T = 10,921 on both ranks.
+- PP 2: stage 0 holds layers 0-1 (256 B/token): (T + 1) x 256 <= 2 MiB gives 8,191.
+  Stage 1 holds layer 2 (128 B/token) and alone would hold 16,383; it holds 8,191,
+  the smallest stage's count, in a 8,192 x 128 = 1 MiB pool.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+
+import rank_worker
+from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG
+
+SPAWN_TIMEOUT_S = 120
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Both ranks' results, scenario by scenario."""
+    tmp = tmp_path_factory.mktemp("ranks")
+    model = tmp / "config.json"
+    model.write_text(json.dumps({**TINY_MODEL_HF_CONFIG, "num_hidden_layers": 3}))
+    ports = {name: _free_port() for name in ("tp2", "pp2", "imbalance", "imbalance_relaxed", "build_fails", "embedded")}
+    context = mp.start_processes(rank_worker.run_rank, args=(str(model), ports, str(tmp)), nprocs=2,
+                                 join=False, start_method="fork")
+    try:
+        while not context.join(timeout=SPAWN_TIMEOUT_S):
+            pass
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+    return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def _pool(rank_json: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(p for p in rank_json["plan"]["kv_pools"] if p["name"] == name)
+
+
+def test_every_rank_tears_down_the_group_it_created_and_only_that(ranks: list[dict[str, Any]]) -> None:
+    for rank in ranks:
+        assert [name for name, result in rank.items() if result["group_left"]] == ["embedded"]
+        assert rank["embedded"]["code"] == 0
+    assert json.loads(ranks[0]["embedded"]["stdout"])["ranks"][1]["max_total_num_tokens"] == 8_191
+
+
+def test_tp2_ranks_split_the_heads_and_agree(ranks: list[dict[str, Any]]) -> None:
+    rank0, rank1 = (r["tp2"] for r in ranks)
+    assert rank0["code"] == rank1["code"] == 0
+    assert rank1["stdout"] == ""  # rank 0 prints for everyone
+    report = json.loads(rank0["stdout"])
+    assert [(p["name"], p["layers"], p["bytes_per_token"], p["max_total_num_tokens"]) for p in report["ranks"]] == [
+        ("rank 0 (tp 0/2, pp 0/1)", [0, 3], 192, 10_921),
+        ("rank 1 (tp 1/2, pp 0/1)", [0, 3], 192, 10_921),
+    ]
+    assert all(p["allocated_bytes"] == p["planned_bytes"] for p in report["ranks"])
+    assert report["buffers"]["kv_full"] == 2 * 1024 * 1024
+
+
+def test_pp2_stages_plan_their_own_layers_and_hold_the_smallest_count(ranks: list[dict[str, Any]]) -> None:
+    rank0, rank1 = (r["pp2"] for r in ranks)
+    assert rank0["code"] == rank1["code"] == 0 and rank1["stdout"] == ""
+    plans = json.loads(rank0["stdout"])["ranks"]
+    assert [(p["layers"], p["bytes_per_token"], p["max_total_num_tokens"]) for p in plans] == [
+        ([0, 2], 256, 8_191), ([2, 3], 128, 8_191),
+    ]
+    # stage 1's pool: 8,192 rows (one padding) x 128 B = 1 MiB, half of stage 0's 2 MiB
+    assert plans[0]["planned_bytes"] - plans[1]["planned_bytes"] == 2 * 1024 * 1024 - 1024 * 1024
+
+
+def test_a_layout_that_is_not_the_world_is_refused_on_every_rank(ranks: list[dict[str, Any]]) -> None:
+    for rank in ranks:
+        result = rank["mismatch"]
+        assert result["code"] == 2
+        assert "launcher started 2 ranks but --tp-size 4 x --pp-size 1 = 4" in result["stderr"]
+
+
+def test_unbalanced_memory_is_the_same_typed_error_on_every_rank(ranks: list[dict[str, Any]]) -> None:
+    rank0, rank1 = (r["imbalance"] for r in ranks)
+    assert rank0["code"] == rank1["code"] == 3
+    assert rank0["stderr"] == rank1["stderr"]
+    first_line = rank0["stderr"].splitlines()[0]
+    assert "free memory before loading weights is unbalanced across ranks: rank 0 (tp 0/2, pp 0/1) " in first_line
+    assert "rank 1 (tp 1/2, pp 0/1) 0.25 GiB" in first_line  # 256 MiB less what the process grew by
+    assert "--min-rank-memory-ratio 0.9" in first_line and "memory on rank 1" in first_line
+    assert "--min-rank-memory-ratio 0.25" in rank0["stderr"]  # 256 MiB / 1 GiB
+
+
+def test_a_relaxed_ratio_lets_unbalanced_ranks_start_on_the_smallest(ranks: list[dict[str, Any]]) -> None:
+    rank0, rank1 = (r["imbalance_relaxed"] for r in ranks)
+    assert rank0["code"] == rank1["code"] == 0
+    report = json.loads(rank0["stdout"])
+    by_rank = [p["free_before_load_bytes"] for p in report["ranks"]]
+    assert report["free_before_load_bytes"] == min(by_rank) == by_rank[1]  # every rank plans with rank 1's
+    assert by_rank[1] <= 256 * 1024 * 1024 < by_rank[0] <= 1024 * 1024 * 1024
+
+
+def test_a_rank_that_fails_to_build_stops_every_rank_and_leaves_nothing(ranks: list[dict[str, Any]]) -> None:
+    rank0, rank1 = (r["build_fails"] for r in ranks)
+    assert rank0["code"] == rank1["code"] == 3
+    assert rank0["stderr"] == rank1["stderr"]
+    assert rank0["stderr"].startswith("kvcache: does not fit: rank 1 (tp 1/2, pp 0/1): building the KV pools")
+    assert "out of memory (simulated on rank 1)" in rank0["stderr"]
+    assert rank0["buffers_made"] >= 3 and rank1["buffers_made"] == 1  # rank 0 built all its pools
+    assert rank0["buffers_alive"] == rank1["buffers_alive"] == 0
