@@ -28,8 +28,8 @@ COMMON = ["bootstrap", "--device", "cpu", "--max-running-requests", "8", "--json
 
 def scenarios(model: str, rank: int) -> dict[str, list[str]]:
     """Scenario name -> CLI arguments for this rank."""
-    base = [*COMMON, "--model", model, "--memory-limit", "256MiB", "--kv-cache-memory", "4MiB"]
-    uneven = [*COMMON, "--model", model, "--kv-cache-memory", "4MiB", "--tp-size", "2",
+    base = [*COMMON, "--model", model, "--memory-limit", "256MiB", "--kv-cache-memory", "16MiB"]
+    uneven = [*COMMON, "--model", model, "--kv-cache-memory", "16MiB", "--tp-size", "2",
               "--memory-limit", "1GiB" if rank == 0 else "256MiB"]
     return {
         "mismatch": [*base, "--tp-size", "4"],

@@ -6,13 +6,17 @@ ranks fork from pytest (spawning would import torch once more per rank) and run 
 single-threaded: a forked child that entered the parent's OpenMP pool would hang.
 
 The model is the tiny Llama of kvcache.testing with 3 layers (2 KV heads of 16, bf16:
-128 bytes per layer per token), a 4 MiB KV budget, page size 1, 8 requests. By hand:
-- TP 2: 1 KV head per rank, 3 x 64 = 192 B/token. The pool is one allocation in 2 MiB
-  multiples; 4 MiB would leave nothing for the free list and request table, so it is
-  2 MiB = (T + 1) x 192 at most: T = 10,921 on both ranks.
-- PP 2: stage 0 holds layers 0-1 (256 B/token): (T + 1) x 256 <= 2 MiB gives 8,191.
-  Stage 1 holds layer 2 (128 B/token) and alone would hold 16,383; it holds 8,191,
-  the smallest stage's count, in a 8,192 x 128 = 1 MiB pool.
+128 bytes per layer per token), a 16 MiB KV budget, page size 1, 8 requests. A worker's
+buffers sit in one arena (a 2 MiB multiple, at least 10 MiB); each buffer is 512-byte
+rounded up to 1 MiB and a 2 MiB multiple above; the table takes 9 x 256 x 4 = 9,216 B
+and the allocator's free log 16 B per token. By hand:
+- TP 2: 1 KV head per rank, 3 x 64 = 192 B/token. At 65,536 tokens the log is 1 MiB and
+  the pool 65,537 x 192 B -> 14 MiB: 15 MiB + 9,216 B fits 16 MiB; one token more makes
+  the log a 2 MiB block and it no longer fits. Both ranks: 65,536.
+- PP 2: stage 0 holds layers 0-1 (256 B/token): 57,344 x 256 B is exactly 14 MiB, so
+  57,343 tokens. Stage 1 holds layer 2 (128 B/token) and alone would hold 98,303 (a
+  12 MiB pool, a 2 MiB log); it holds 57,343, the smallest stage's count: a 7 MiB pool
+  in an 8 MiB block, in a 10 MiB arena instead of stage 0's 16 MiB.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ def test_every_rank_tears_down_the_group_it_created_and_only_that(ranks: list[di
     for rank in ranks:
         assert [name for name, result in rank.items() if result["group_left"]] == ["embedded"]
         assert rank["embedded"]["code"] == 0
-    assert json.loads(ranks[0]["embedded"]["stdout"])["ranks"][1]["max_total_num_tokens"] == 8_191
+    assert json.loads(ranks[0]["embedded"]["stdout"])["ranks"][1]["max_total_num_tokens"] == 57_343
 
 
 def test_tp2_ranks_split_the_heads_and_agree(ranks: list[dict[str, Any]]) -> None:
@@ -73,11 +77,11 @@ def test_tp2_ranks_split_the_heads_and_agree(ranks: list[dict[str, Any]]) -> Non
     assert rank1["stdout"] == ""  # rank 0 prints for everyone
     report = json.loads(rank0["stdout"])
     assert [(p["name"], p["layers"], p["bytes_per_token"], p["max_total_num_tokens"]) for p in report["ranks"]] == [
-        ("rank 0 (tp 0/2, pp 0/1)", [0, 3], 192, 10_921),
-        ("rank 1 (tp 1/2, pp 0/1)", [0, 3], 192, 10_921),
+        ("rank 0 (tp 0/2, pp 0/1)", [0, 3], 192, 65_536),
+        ("rank 1 (tp 1/2, pp 0/1)", [0, 3], 192, 65_536),
     ]
     assert all(p["allocated_bytes"] == p["planned_bytes"] for p in report["ranks"])
-    assert report["buffers"]["kv_full"] == 2 * 1024 * 1024
+    assert report["buffers"]["kv_full"] == 14 * 1024 * 1024
 
 
 def test_pp2_stages_plan_their_own_layers_and_hold_the_smallest_count(ranks: list[dict[str, Any]]) -> None:
@@ -85,10 +89,9 @@ def test_pp2_stages_plan_their_own_layers_and_hold_the_smallest_count(ranks: lis
     assert rank0["code"] == rank1["code"] == 0 and rank1["stdout"] == ""
     plans = json.loads(rank0["stdout"])["ranks"]
     assert [(p["layers"], p["bytes_per_token"], p["max_total_num_tokens"]) for p in plans] == [
-        ([0, 2], 256, 8_191), ([2, 3], 128, 8_191),
+        ([0, 2], 256, 57_343), ([2, 3], 128, 57_343),
     ]
-    # stage 1's pool: 8,192 rows (one padding) x 128 B = 1 MiB, half of stage 0's 2 MiB
-    assert plans[0]["planned_bytes"] - plans[1]["planned_bytes"] == 2 * 1024 * 1024 - 1024 * 1024
+    assert [p["planned_bytes"] for p in plans] == [16 * 1024 * 1024, 10 * 1024 * 1024]
 
 
 def test_a_layout_that_is_not_the_world_is_refused_on_every_rank(ranks: list[dict[str, Any]]) -> None:
@@ -122,7 +125,7 @@ def test_a_rank_that_fails_to_build_stops_every_rank_and_leaves_nothing(ranks: l
     rank0, rank1 = (r["build_fails"] for r in ranks)
     assert rank0["code"] == rank1["code"] == 3
     assert rank0["stderr"] == rank1["stderr"]
-    assert rank0["stderr"].startswith("kvcache: does not fit: rank 1 (tp 1/2, pp 0/1): building the KV pools")
+    assert rank0["stderr"].startswith("kvcache: does not fit: out of memory: rank 1 (tp 1/2, pp 0/1): building the KV pools")
     assert "out of memory (simulated on rank 1)" in rank0["stderr"]
     assert rank0["buffers_made"] >= 3 and rank1["buffers_made"] == 1  # rank 0 built all its pools
     assert rank0["buffers_alive"] == rank1["buffers_alive"] == 0
