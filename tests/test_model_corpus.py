@@ -70,6 +70,7 @@ def cache_bytes(name: str, tp: int = 1) -> tuple[int, int]:
     ("Meta-Llama-3.1-70B", 80 * 8 * (128 + 128) * 2),  # 327,680
     ("Meta-Llama-3.1-405B", 126 * 8 * 256 * 2),  # 516,096
     ("Qwen3-30B-A3B", 48 * 4 * 256 * 2),  # 98,304: MoE does not change the cache
+    ("Qwen1.5-MoE-A2.7B", 24 * 16 * 256 * 2),  # 196,608: Qwen2-MoE, shared expert with its gate
     ("Qwen3-235B-A22B", 94 * 4 * 256 * 2),  # 192,512
     ("Mixtral-8x22B-v0.1", 56 * 8 * 256 * 2),  # 229,376
     ("MiniMax-M2.5", 62 * 8 * 256 * 2),  # 253,952
@@ -129,7 +130,8 @@ def test_hybrid_token_and_state_bytes_by_hand(name: str, tokens: int, state: int
     ("c4ai-command-r-v01", 35e9), ("granite-3.1-8b-instruct", 8.17e9), ("GLM-4-9B-0414", 9.4e9),
     ("starcoder2-15b", 15.96e9), ("starcoder", 15.5e9), ("SmolLM3-3B", 3.08e9), ("mistral-nemo-instruct-2407", 12.2e9),
     ("codellama-34b-instruct-hf", 33.7e9), ("yi-34b", 34.4e9), ("gemma-3-27b-it", 27.4e9),
-    ("Qwen2-VL-7B-Instruct", 8.29e9), ("Mistral-Small-3.1-24B-Instruct-2503", 24.0e9),
+    ("Qwen2-VL-7B-Instruct", 8.29e9), ("Mistral-Small-3.1-24B-Instruct-2503", 24.0e9), ("Qwen1.5-MoE-A2.7B", 14.3e9),
+    ("ERNIE-4.5-21B-A3B-PT", 21.8e9),
 ])
 def test_parameters_match_the_published_total(name: str, published: float) -> None:
     assert count_parameters(corpus(name)) == pytest.approx(published, rel=0.01)

@@ -106,9 +106,15 @@ def test_tolerated_spellings(edit: dict[str, Any], value: int) -> None:
 _VALUES = st.sampled_from([None, 0, -3, 1, "x", True, 0.5, 2.0, [], {}, [1, "a"], {"a": 1}, 10**12])
 
 
+_CORPUS = Path(__file__).with_name("model_corpus")
+_SOURCES = [PRESET_DIR / f"{n}.json" for n in preset_names()] + sorted(_CORPUS.glob("*.json"))
+
+
 @st.composite
 def mutated_configs(draw: st.DrawFn) -> dict[str, Any]:
-    hf = raw(draw(st.sampled_from(preset_names())))
+    """A preset or corpus config with 1-3 fields removed or replaced (inside text_config half the time)."""
+    source = json.loads(draw(st.sampled_from(_SOURCES)).read_text())
+    hf = source["text_config"] if isinstance(source.get("text_config"), dict) and draw(st.booleans()) else source
     for _ in range(draw(st.integers(1, 3))):
         key = draw(st.sampled_from(sorted(hf)))
         if isinstance(hf[key], dict) and hf[key] and draw(st.booleans()):
@@ -117,7 +123,7 @@ def mutated_configs(draw: st.DrawFn) -> dict[str, Any]:
             del hf[key]
         else:
             hf[key] = draw(_VALUES)
-    return hf
+    return source
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
