@@ -78,6 +78,7 @@ def run_rank(rank: int, model: str, ports: dict[str, int], out_dir: str) -> None
             "code": code, "stdout": out.getvalue(), "stderr": err.getvalue(),
             "group_left": dist.is_initialized(), "buffers_made": len(made),
             "buffers_alive": sum(ref() is not None for ref in made),
+            "arenas_alive": len(device_buffers._ARENAS),  # weights and KV arenas still referenced anywhere
         }
         if name == "embedded" and dist.is_initialized():
             dist.destroy_process_group()

@@ -131,3 +131,4 @@ def test_a_rank_that_fails_to_build_stops_every_rank_and_leaves_nothing(ranks: l
     assert "out of memory (simulated on rank 1)" in rank0["stderr"]
     assert rank0["buffers_made"] >= 3 and rank1["buffers_made"] == 1  # rank 0 built all its pools
     assert rank0["buffers_alive"] == rank1["buffers_alive"] == 0
+    assert rank0["arenas_alive"] == rank1["arenas_alive"] == 0
