@@ -1,17 +1,16 @@
 """The one place the engine gets device memory from, and how its bytes are counted.
 
-Every buffer takes `allocation_size(nbytes)`: up to 1 MiB in 512-byte blocks (PyTorch's
-CUDA caching allocator's small pool), above that in 2 MiB multiples, the size the
-caching allocator would give it. The tensor is a view of the first nbytes.
-
 A worker's KV cache (pools, request table, allocator lists, state) is carved from ONE
-`Arena`: a single allocation of `arena_size(total)` bytes, a 2 MiB multiple of at least
-10 MiB. The CUDA caching allocator serves a request of 10 MiB or more from a segment of
+`Arena`: each buffer a slot of `slot_size(nbytes)` (512-byte aligned, packed back to
+back) in a single allocation of `arena_size(slots)` bytes, a 2 MiB multiple of at least
+10 MiB. Dummy weights come from an arena of their own. The CUDA caching allocator serves a request of 10 MiB or more from a segment of
 exactly that size (smaller ones share 2 MiB or 20 MiB segments), so the arena lowers
 cudaMemGetInfo's free bytes by exactly its size, not only torch.cuda.memory_allocated.
 While an arena is `active()`, `allocate_zeros` and `carve` take slots from it instead of
-allocating, so pools and allocators need no knowledge of it. Tests make the N-th
-allocation fail through this module.
+allocating, so pools and allocators need no knowledge of it. Outside an arena (a pool or
+allocator built on its own) a buffer takes `allocation_size(nbytes)`, what the caching
+allocator gives it: 512-byte blocks up to 1 MiB, 2 MiB multiples above. Tests make the
+N-th allocation fail through this module.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ LARGE_ROUND = 2 * MiB
 SMALL_UP_TO = 1 * MiB
 HOST_MAP_THRESHOLD = 1 * MiB
 OWN_SEGMENT_FROM = 10 * MiB  # the caching allocator's kMinLargeAlloc: requests this big get their own segment
-WEIGHT_ALIGN = 512
+SLOT_ALIGN = 512
 
 
 def allocation_size(nbytes: int) -> int:
@@ -53,9 +52,9 @@ def arena_size(slot_bytes: int) -> int:
     return max(-(-slot_bytes // LARGE_ROUND) * LARGE_ROUND, OWN_SEGMENT_FROM)
 
 
-def weight_slot_size(nbytes: int) -> int:
-    """Weights pack tightly in their arena, each tensor 512-byte aligned."""
-    return -(-nbytes // WEIGHT_ALIGN) * WEIGHT_ALIGN
+def slot_size(nbytes: int) -> int:
+    """Bytes a buffer takes inside an arena: packed back to back, each 512-byte aligned."""
+    return -(-nbytes // SLOT_ALIGN) * SLOT_ALIGN
 
 
 CudaBacking = Callable[[int, torch.device], torch.Tensor]
@@ -94,11 +93,10 @@ _ACTIVE: contextvars.ContextVar["Arena | None"] = contextvars.ContextVar("active
 class Arena:
     """One allocation that buffers are carved from back to back, each in a slot of `slot_size(n)` bytes."""
 
-    def __init__(self, nbytes: int, device: torch.device, *, slot_size: Callable[[int], int] = allocation_size,
+    def __init__(self, nbytes: int, device: torch.device, *,
                  zeroed: bool = True) -> None:
         self.nbytes = nbytes
         self.device = device
-        self._slot_size = slot_size
         self._flat = _flat(nbytes, device, zeroed=zeroed)
         self._starts: list[int] = []
         self._ends: list[int] = []
@@ -114,7 +112,7 @@ class Arena:
         if torch.device(device) != self.device:
             raise PlanMismatchError(f"a buffer for {device} was asked of the arena on {self.device}")
         nbytes = prod(shape) * dtype.itemsize
-        start, size = self.used, self._slot_size(nbytes)
+        start, size = self.used, slot_size(nbytes)
         if start + size > self.nbytes:
             raise PlanMismatchError(
                 f"a {nbytes:,} B buffer does not fit in the KV arena: {start:,} of {self.nbytes:,} B are taken; "

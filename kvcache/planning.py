@@ -2,13 +2,13 @@
 
 The cost of holding T tokens (T a multiple of page_size) is the total of the plan the
 planner would return for T, `candidate_plan(req, T).total_bytes`: each worker's arena
-(kvcache.device_buffers.arena_size) holding its buffers, every buffer at
-A(n) = allocation_size(n):
+(kvcache.device_buffers.arena_size: the slots' sum rounded up to 2 MiB, at least 10 MiB)
+holding its buffers, every buffer in a slot of S(n) = slot_size(n) (n rounded up to 512 B):
 
-    pools       A((tokens_p(T) + page_size) * bytes_per_token_p)
+    pools       S((tokens_p(T) + page_size) * bytes_per_token_p)
     allocator   allocator_index_bytes(T, page, swa tokens)         # free lists (+ SWA map)
-    table       A((R(T) + 1) * (row_width [+ 1]) * 4)               # req_to_token (+ state-slot column)
-    state       [A(slots * slot_bytes)]                             # hybrids: recurrent state
+    table       S((R(T) + 1) * (row_width [+ 1]) * 4)               # req_to_token (+ state-slot column)
+    state       [S(slots * slot_bytes)]                             # hybrids: recurrent state
 
 tokens_p(T) is T for pools that hold every token and align_down(T * swa_ratio) for
 sliding-window pools, and R(T) is the running-request cap. The cost is monotone in T,

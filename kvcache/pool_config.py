@@ -11,7 +11,7 @@ from typing import Literal
 import msgspec
 
 from kvcache.allocators.footprint import allocator_index_bytes
-from kvcache.device_buffers import allocation_size, arena_size
+from kvcache.device_buffers import arena_size, slot_size
 from kvcache.memory_budget import MemoryBudget
 
 PoolKind = Literal["full", "swa", "mla"]
@@ -41,8 +41,8 @@ class KVPoolPlan(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def total_bytes(self) -> int:
-        """Every buffer's rows, as allocated (rounded per kvcache.device_buffers.allocation_size)."""
-        return allocation_size(self.num_rows * self.bytes_per_token)
+        """Every layer's rows, in one slot of the worker's arena (kvcache.device_buffers.slot_size)."""
+        return slot_size(self.num_rows * self.bytes_per_token)
 
 
 class StatePoolPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,7 +64,7 @@ class StatePoolPlan(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def total_bytes(self) -> int:
-        return allocation_size(self.num_slots * self.bytes_per_slot)
+        return slot_size(self.num_slots * self.bytes_per_slot)
 
 
 class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,7 +89,7 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
         """(max_running_requests + 1) rows of int32 token indices (row 0 is padding); hybrid
         models add one int32 column mapping each row to its state slot. One allocation."""
         width = self.req_to_token_row_width + (1 if self.state_pool else 0)
-        return allocation_size((self.max_running_requests + 1) * width * REQ_TO_TOKEN_ELEMENT_BYTES)
+        return slot_size((self.max_running_requests + 1) * width * REQ_TO_TOKEN_ELEMENT_BYTES)
 
     def pool(self, name: str) -> KVPoolPlan:
         for p in self.kv_pools:
@@ -127,8 +127,16 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def buffers(self) -> dict[str, int]:
-        """Every buffer the configurator allocates, by name, in bytes (target's, then any draft's)."""
-        return {**self.worker_buffers(), **self.worker_buffers(draft=True)}
+        """Every buffer the configurator allocates, by name, in bytes (target's, then any draft's), with
+        each arena's rounding up to 2 MiB as `arena_padding` (`draft_arena_padding`): they sum to total_bytes."""
+        out: dict[str, int] = {}
+        for draft, prefix in ((False, ""), (True, DRAFT_POOL_PREFIX)):
+            worker = self.worker_buffers(draft=draft)
+            out.update(worker)
+            padding = self.arena_bytes(draft=draft) - sum(worker.values())
+            if padding:
+                out[f"{prefix}arena_padding"] = padding
+        return out
 
     @property
     def total_bytes(self) -> int:

@@ -43,7 +43,8 @@ def test_a_worker_allocates_one_arena_of_exactly_the_plan(make_engine: Any, mode
     result = configured(make_engine, load_model_config(model), device="meta", kv_cache_memory=3 * GiB, **args)
     plan = result.memory_pool_config
     assert result.allocated_bytes == plan.arena_bytes() == plan.total_bytes <= 3 * GiB
-    assert plan.total_bytes == arena_size(sum(plan.buffers.values())) and plan.total_bytes % (2 * MiB) == 0
+    assert plan.total_bytes == arena_size(sum(plan.worker_buffers().values())) == sum(plan.buffers.values())
+    assert plan.total_bytes % (2 * MiB) == 0
     tensors = [*result.req_to_token_pool.__dict__.values()]
     storages = {t.untyped_storage()._cdata for t in tensors if isinstance(t, torch.Tensor)}
     assert len(storages) == 1  # the request table is a slot of the one arena
@@ -102,9 +103,9 @@ def test_the_guard_refuses_a_build_that_differs_from_the_plan(make_engine: Any, 
 def test_an_arena_refuses_a_buffer_beyond_its_size() -> None:
     arena = Arena(10 * MiB, torch.device("cpu"))
     with arena.active():
-        device_buffers.allocate_zeros((8 * MiB,), torch.uint8, torch.device("cpu"))  # 8 MiB slot
+        device_buffers.allocate_zeros((8 * MiB,), torch.uint8, torch.device("cpu"))
         with pytest.raises(PlanMismatchError, match="does not fit in the KV arena: 8,388,608 of 10,485,760 B"):
-            device_buffers.allocate_zeros((3 * MiB,), torch.uint8, torch.device("cpu"))  # a 4 MiB slot
+            device_buffers.allocate_zeros((2 * MiB + 1,), torch.uint8, torch.device("cpu"))  # a 2 MiB + 512 B slot
     assert arena.used == 8 * MiB
 
 
@@ -114,9 +115,9 @@ def test_views_of_an_arena_count_their_slots() -> None:
         pool = MHATokenToKVPool(size=1000, page_size=1, dtype=KV_CACHE_DTYPES["bfloat16"], kv_heads=2, head_dim=64,
                                 v_head_dim=64, layer_ids=range(3), device=META)
         small = device_buffers.allocate_zeros((100,), torch.int64, META)
-    # 1,001 rows x 3 layers x (K + V) x 2 heads x 64 x 2 B = 1,537,536 B -> a 2 MiB slot; 800 B -> 1,024 B
-    assert pool.nbytes == 2 * MiB and device_buffers.tensor_bytes([small]) == 1024
-    assert arena.used == 2 * MiB + 1024
+    # 1,001 rows x 3 layers x (K + V) x 2 heads x 64 x 2 B = 1,537,536 B (512-aligned); 800 B -> 1,024 B
+    assert pool.nbytes == 1_537_536 and device_buffers.tensor_bytes([small]) == 1024
+    assert arena.used == 1_537_536 + 1024
 
 
 @pytest.mark.parametrize("head_dim", [16, 32, 48, 64, 80, 96, 112, 128, 192, 256])

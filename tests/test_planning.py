@@ -1,9 +1,9 @@
 """plan_pool_sizes: tokens, requests and every buffer's bytes, by hand and through the configurator.
 
-Buffer sizes follow kvcache.device_buffers.allocation_size, A(n): n rounded up to 512 B, and
-from 10 MiB up to a multiple of 2 MiB. The allocator's index is one int64 per page (per token
-at page_size 1), plus, with a paired sliding-window pool, its free list and one int64 per
-full-pool row.
+Each buffer is a slot of its worker's one arena, S(n) = kvcache.device_buffers.slot_size: n
+rounded up to 512 B; the arena is the slots' sum rounded up to 2 MiB (at least 10 MiB). The
+allocator's index is a free log of two int64 per page (per token at page_size 1), plus, with a
+paired sliding-window pool, its free log and one int64 per full-pool row.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import torch
 
 from kvcache.byte_units import GiB, MiB
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
-from kvcache.device_buffers import allocation_size
 from kvcache.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.errors import (
     BudgetBelowOnePageError, BudgetBelowOneRequestError, DoesNotFitError, KVCacheMemoryTooLargeError,
@@ -31,7 +30,7 @@ from kvcache.planning import (
     KVPoolDemand, PlanRequest, StateDemand, align_down, plan_cost, plan_pool_sizes, running_requests,
 )
 from kvcache.pool_config import MemoryPoolConfig
-from kvcache.device_buffers import arena_size
+from kvcache.device_buffers import arena_size, slot_size
 from kvcache.pool_layout import DRAFT_POOL_PREFIX, worker_cache_layout
 from kvcache.presets import load_model_config
 from kvcache.server_args import ServerArgs
@@ -93,30 +92,31 @@ def slots_of(plan: MemoryPoolConfig) -> int:
 
 def test_a_tiny_plan_by_hand() -> None:
     # one pool of 256 B/token, page 1, 7 requests of a 256-token row, a 10 MiB budget (the smallest arena):
-    #   request table: (7 + 1) x 256 x 4 = 8,192 B (a multiple of 512)
-    #   pool: A((T + 1) x 256), allocator index (a free log of 2 T int64): A(16 T); the arena: their sum
-    #   rounded up to 2 MiB
-    #   T = 32,767: pool A(8 MiB) = 8 MiB, index A(524,272) = 524,288: 8,921,088 B -> a 10 MiB arena
-    #   T = 32,768: pool A(8 MiB + 256) = 10 MiB, so the arena would be 12 MiB > budget
+    #   every buffer is a 512-byte aligned slot of the worker's one arena, whose size is the slots' sum
+    #   rounded up to 2 MiB (at least 10 MiB)
+    #   request table: (7 + 1) x 256 x 4 = 8,192 B; pool: S((T + 1) x 256); allocator index (a free log
+    #   of 2 T int64): S(16 T)
+    #   T = 38,519: pool 38,520 x 256 = 9,861,120, index S(616,304) = 616,448: 10,485,760 B, the whole arena
+    #   T = 38,520: pool S(9,861,376) = 9,861,632, index 616,448: 10,486,272 B -> a 12 MiB arena > budget
     req = request(10 * MiB, (full(256),), max_running_requests=7)
     plan = plan_pool_sizes(req)
-    assert (plan.max_total_num_tokens, plan.max_running_requests) == (32_767, 7)
-    assert plan.buffers == {"req_to_token": 8_192, "allocator_index": 524_288, "kv_full": 8 * MiB}
+    assert (plan.max_total_num_tokens, plan.max_running_requests) == (38_519, 7)
+    assert plan.buffers == {"req_to_token": 8_192, "allocator_index": 616_448, "kv_full": 9_861_120}  # no padding
     assert plan.total_bytes == plan.arena_bytes() == 10 * MiB
-    assert plan_cost(req, 32_768, 0) == 12 * MiB
+    assert plan_cost(req, 38_520, 0) == 12 * MiB
 
 
 def test_llama_8b_with_10_gib_by_hand() -> None:
-    # Llama-3.1-8B bf16: 131,072 B/token; --context-length 32768; a 10 GiB budget (10,240 MiB)
+    # Llama-3.1-8B bf16: 131,072 B/token; --context-length 32768; a 10 GiB budget (10,737,418,240 B)
     #   R = clamp(T x 512 // 32,768, 2,048, 4,096) = 2,048 (T is about 80k, so T x 512 // 32k is about 1,250)
-    #   request table: 2,049 x 32,768 x 4 = 268,566,528 B = 256.125 MiB -> A = 258 MiB
-    #   left: 10,240 - 258 = 9,982 MiB for the pool (T + 1) x 131,072 = (T + 1) / 8 MiB, rounded up to 2 MiB
-    #   (16 tokens), plus the index 16 T (a free log of 2 T int64): T + 1 = 79,856 would take all 9,982 MiB
-    #   with no room for the index, so T + 1 = 79,840 (9,980 MiB) and the index A(1,277,424) = 2 MiB fits the
-    #   2 MiB left: T = 79,839
+    #   request table: 2,049 x 32,768 x 4 = 268,566,528 B (512-aligned already)
+    #   left: 10,468,851,712 B for the pool (T + 1) x 131,072 plus the index S(16 T):
+    #   T = 79,860: 10,467,540,992 + S(1,277,760) = 1,277,952 -> 32,768 B to spare, less than a token
     req, plan = plan_for("Llama-3.1-8B-Instruct", 10 * GiB, context_length=32768)
-    assert (plan.max_total_num_tokens, plan.max_running_requests) == (79_839, 2_048)
-    assert plan.buffers == {"req_to_token": 258 * MiB, "allocator_index": 2 * MiB, "kv_full": 9_980 * MiB}
+    assert (plan.max_total_num_tokens, plan.max_running_requests) == (79_860, 2_048)
+    assert plan.worker_buffers() == {"req_to_token": 268_566_528, "allocator_index": 1_277_952, "kv_full": 79_861 * 131_072}
+    assert plan.buffers == {**plan.worker_buffers(), "arena_padding": 32_768}
+    assert plan.total_bytes == 10 * GiB
     assert plan.bytes_per_token == 131_072
 
 
@@ -130,10 +130,10 @@ def test_qwen3_next_state_slots_with_a_radix_cache() -> None:
     assert (plan.state_pool.num_slots, plan.state_pool.usable_slots, plan.state_pool.bytes_per_slot) == (289, 288, 77_266_944)
     assert plan.state_pool.slots_per_request == 5
     assert plan.max_running_requests == plan.state_pool.request_cap == 57
-    assert plan.buffers["state"] == allocation_size(289 * 77_266_944)
+    assert plan.buffers["state"] == slot_size(289 * 77_266_944)
     assert plan.pool("full").bytes_per_token == 24_576
     # the request table holds one more int32 column: each row's state slot
-    assert plan.req_to_token_bytes == allocation_size(58 * (262_144 + 1) * 4)
+    assert plan.req_to_token_bytes == slot_size(58 * (262_144 + 1) * 4) == 60_817_920
 
 
 def test_qwen3_next_state_slots_without_a_radix_cache() -> None:
@@ -225,14 +225,15 @@ def test_tokens_fill_the_budget_to_a_page(page: int) -> None:
 )
 def test_every_buffer_is_in_the_plan(model: str, args: dict[str, Any], buffers: set[str]) -> None:
     req, plan = plan_for(model, 40 * GiB, **args)
-    assert set(plan.buffers) == buffers
-    assert plan.total_bytes == arena_size(sum(plan.buffers.values())) == plan_cost(req, plan.max_total_num_tokens, slots_of(plan))
+    assert set(plan.worker_buffers()) == buffers
+    assert plan.total_bytes == arena_size(sum(plan.worker_buffers().values())) == sum(plan.buffers.values())
+    assert plan.total_bytes == plan_cost(req, plan.max_total_num_tokens, slots_of(plan))
     assert plan.total_bytes % (2 * MiB) == 0
     assert plan.total_bytes <= 40 * GiB
     r, width = plan.max_running_requests, plan.req_to_token_row_width + (1 if plan.state_pool else 0)
-    assert plan.buffers["req_to_token"] == allocation_size((r + 1) * width * 4)
+    assert plan.buffers["req_to_token"] == slot_size((r + 1) * width * 4)
     for pool in plan.kv_pools:
-        assert plan.buffers[f"kv_{pool.name}"] == allocation_size((pool.num_tokens + plan.page_size) * pool.bytes_per_token)
+        assert plan.buffers[f"kv_{pool.name}"] == slot_size((pool.num_tokens + plan.page_size) * pool.bytes_per_token)
 
 
 @pytest.mark.parametrize("model", ["Llama-3.1-8B-Instruct", "gpt-oss-20b", QWEN3_NEXT, "DeepSeek-V3"])

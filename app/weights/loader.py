@@ -31,7 +31,7 @@ from typing import Any, Literal
 import torch
 
 from app.weights.shapes import ParamSpec
-from kvcache.device_buffers import Arena, arena_size, weight_slot_size
+from kvcache.device_buffers import Arena, arena_size, slot_size
 
 QuantizedStorage = Literal["fp8", "mxfp4"]
 MXFP4_GROUP = 32
@@ -101,7 +101,7 @@ def bytes_needed(specs: Sequence[ParamSpec], dtype: torch.dtype, quantized_stora
                  fp8_block_size: tuple[int, int] | None = (128, 128)) -> int:
     """Exact bytes `load` will allocate for these specs, scales included: the one arena."""
     stored = [t for spec in specs for t in storage_of(spec, dtype, quantized_storage, fp8_block_size)]
-    return arena_size(sum(weight_slot_size(t.nbytes) for t in stored))
+    return arena_size(sum(slot_size(t.nbytes) for t in stored))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,7 +118,7 @@ class LoadedWeights:
 
 def _arena(nbytes: int, device: torch.device) -> Arena:
     """The one allocation call (tests replace it to fail)."""
-    return Arena(nbytes, device, slot_size=weight_slot_size, zeroed=False)
+    return Arena(nbytes, device, zeroed=False)
 
 
 def _noise(dtype: torch.dtype, device: torch.device, generator: torch.Generator) -> torch.Tensor:

@@ -3,9 +3,10 @@
 A token allocator keeps a free log of two int64 entries per token, a paged one per
 page (plus, with check_frees, one bool per id and one for the padding id); an SWA
 allocator keeps both sides' free logs and an int64 full -> SWA map with a row per
-full-pool row (tokens + one padding page) and SGLang's trailing -1 row, each buffer at
-allocation_size (the bytes the device allocator really takes). Each allocator's
-`nbytes` equals this. Transient: when a free log fills it moves into a fresh log of
+full-pool row (tokens + one padding page) and SGLang's trailing -1 row, each buffer in a
+slot of the worker's KV arena (kvcache.device_buffers.slot_size: 512-byte aligned). An
+allocator built in an arena has `nbytes` equal to this (on its own, each buffer takes the
+caching allocator's allocation_size instead, the same up to 1 MiB). Transient: when a free log fills it moves into a fresh log of
 the same size (kvcache.allocators.free_log), and the old one returns to the caching
 allocator once no handed-out view refers to it; backup journals of the SWA map are
 sized by what changes between backup and restore.
@@ -14,7 +15,7 @@ sized by what changes between backup and restore.
 from __future__ import annotations
 
 from kvcache.allocators.free_log import LOG_LENGTH_FACTOR
-from kvcache.device_buffers import allocation_size
+from kvcache.device_buffers import slot_size
 
 INDEX_BYTES = 8  # torch.int64
 FLAG_BYTES = 1  # torch.bool
@@ -23,7 +24,7 @@ FLAG_BYTES = 1  # torch.bool
 def free_list_bytes(tokens: int, page_size: int, check_frees: bool = False) -> int:
     """The free log (two entries per page; per token at page_size 1), plus the is-free flags when checking."""
     ids = tokens // page_size
-    return allocation_size(LOG_LENGTH_FACTOR * ids * INDEX_BYTES) + (allocation_size((ids + 1) * FLAG_BYTES) if check_frees else 0)
+    return slot_size(LOG_LENGTH_FACTOR * ids * INDEX_BYTES) + (slot_size((ids + 1) * FLAG_BYTES) if check_frees else 0)
 
 
 def allocator_index_bytes(
@@ -32,5 +33,5 @@ def allocator_index_bytes(
     """Bytes of every index buffer the allocator for these pools allocates."""
     total = free_list_bytes(full_tokens, page_size, check_frees)
     if swa_tokens is not None:
-        total += free_list_bytes(swa_tokens, page_size, check_frees) + allocation_size((full_tokens + page_size + 1) * INDEX_BYTES)
+        total += free_list_bytes(swa_tokens, page_size, check_frees) + slot_size((full_tokens + page_size + 1) * INDEX_BYTES)
     return total
