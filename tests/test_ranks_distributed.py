@@ -7,16 +7,16 @@ single-threaded: a forked child that entered the parent's OpenMP pool would hang
 
 The model is the tiny Llama of kvcache.testing with 3 layers (2 KV heads of 16, bf16:
 128 bytes per layer per token), a 16 MiB KV budget, page size 1, 8 requests. A worker's
-buffers sit in one arena (a 2 MiB multiple, at least 10 MiB); each buffer is 512-byte
-rounded up to 1 MiB and a 2 MiB multiple above; the table takes 9 x 256 x 4 = 9,216 B
-and the allocator's free log 16 B per token. By hand:
-- TP 2: 1 KV head per rank, 3 x 64 = 192 B/token. At 65,536 tokens the log is 1 MiB and
-  the pool 65,537 x 192 B -> 14 MiB: 15 MiB + 9,216 B fits 16 MiB; one token more makes
-  the log a 2 MiB block and it no longer fits. Both ranks: 65,536.
-- PP 2: stage 0 holds layers 0-1 (256 B/token): 57,344 x 256 B is exactly 14 MiB, so
-  57,343 tokens. Stage 1 holds layer 2 (128 B/token) and alone would hold 98,303 (a
-  12 MiB pool, a 2 MiB log); it holds 57,343, the smallest stage's count: a 7 MiB pool
-  in an 8 MiB block, in a 10 MiB arena instead of stage 0's 16 MiB.
+buffers sit in one arena (a 2 MiB multiple, at least 10 MiB), each in a 512-byte aligned
+slot; the table takes 9 x 256 x 4 = 9,216 B and the allocator's free log 16 B per token.
+By hand:
+- TP 2: 1 KV head per rank, 3 x 64 = 192 B/token. At 80,612 tokens the pool's 80,613 x 192
+  = 15,477,696 B take a 15,477,760 B slot and the log's 1,289,792 B a 1,290,240 B one:
+  with the table exactly 16 MiB; one token more does not fit. Both ranks: 80,612.
+- PP 2: stage 0 holds layers 0-1 (256 B/token): at 61,645 tokens the pool is 61,646 x 256
+  = 15,781,376 B and the log 986,624 B: with the table exactly 16 MiB. Stage 1 holds
+  layer 2 (128 B/token) and alone would hold 116,443; it holds 61,645, the smallest
+  stage's count: 8,886,784 B of slots in a 10 MiB arena instead of stage 0's 16 MiB.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_every_rank_tears_down_the_group_it_created_and_only_that(ranks: list[di
     for rank in ranks:
         assert [name for name, result in rank.items() if result["group_left"]] == ["embedded"]
         assert rank["embedded"]["code"] == 0
-    assert json.loads(ranks[0]["embedded"]["stdout"])["ranks"][1]["max_total_num_tokens"] == 57_343
+    assert json.loads(ranks[0]["embedded"]["stdout"])["ranks"][1]["max_total_num_tokens"] == 61_645
 
 
 def test_tp2_ranks_split_the_heads_and_agree(ranks: list[dict[str, Any]]) -> None:
@@ -78,11 +78,11 @@ def test_tp2_ranks_split_the_heads_and_agree(ranks: list[dict[str, Any]]) -> Non
     assert rank1["stdout"] == ""  # rank 0 prints for everyone
     report = json.loads(rank0["stdout"])
     assert [(p["name"], p["layers"], p["bytes_per_token"], p["max_total_num_tokens"]) for p in report["ranks"]] == [
-        ("rank 0 (tp 0/2, pp 0/1)", [0, 3], 192, 65_536),
-        ("rank 1 (tp 1/2, pp 0/1)", [0, 3], 192, 65_536),
+        ("rank 0 (tp 0/2, pp 0/1)", [0, 3], 192, 80_612),
+        ("rank 1 (tp 1/2, pp 0/1)", [0, 3], 192, 80_612),
     ]
     assert all(p["allocated_bytes"] == p["planned_bytes"] for p in report["ranks"])
-    assert report["buffers"]["kv_full"] == 14 * 1024 * 1024
+    assert report["buffers"]["kv_full"] == 15_477_760
 
 
 def test_pp2_stages_plan_their_own_layers_and_hold_the_smallest_count(ranks: list[dict[str, Any]]) -> None:
@@ -90,7 +90,7 @@ def test_pp2_stages_plan_their_own_layers_and_hold_the_smallest_count(ranks: lis
     assert rank0["code"] == rank1["code"] == 0 and rank1["stdout"] == ""
     plans = json.loads(rank0["stdout"])["ranks"]
     assert [(p["layers"], p["bytes_per_token"], p["max_total_num_tokens"]) for p in plans] == [
-        ([0, 2], 256, 57_343), ([2, 3], 128, 57_343),
+        ([0, 2], 256, 61_645), ([2, 3], 128, 61_645),
     ]
     assert [p["planned_bytes"] for p in plans] == [16 * 1024 * 1024, 10 * 1024 * 1024]
 
