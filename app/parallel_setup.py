@@ -52,11 +52,21 @@ def check_layout(world_size: int, server_args: ServerArgs) -> None:
         )
 
 
+def check_local_rank(local_rank: int, device_count: int) -> None:
+    """One GPU per process: this host must have a GPU for every local rank."""
+    if local_rank >= device_count:
+        raise ConfigError(
+            f"local rank {local_rank} needs GPU {local_rank}, but torch sees {device_count} CUDA device(s) on this host; "
+            f"launch at most {device_count} processes per node (torchrun --nproc-per-node {device_count})"
+        )
+
+
 def _init_default_group(server_args: ServerArgs, environ: Mapping[str, str]) -> int:
     """Initialise the default group from torchrun's environment; returns the local rank."""
     local_rank = int(environ.get("LOCAL_RANK", "0"))
     backend = "gloo"
     if resolve_device(server_args.device).type == "cuda":
+        check_local_rank(local_rank, torch.cuda.device_count())
         torch.cuda.set_device(local_rank)
         backend = "nccl"
     dist.init_process_group(backend=backend, init_method="env://", timeout=COLLECTIVE_TIMEOUT)

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from app.parallel_setup import check_layout, parallel_state_resource
+from app.parallel_setup import check_layout, check_local_rank, parallel_state_resource
 from kvcache.byte_units import GiB
 from kvcache.errors import ConfigError, DoesNotFitError, RankFailedError, UnbalancedMemoryError
 from kvcache.parallel import ParallelState, group_ranks
@@ -38,6 +38,12 @@ def test_the_world_must_be_tp_times_pp() -> None:
     check_layout(4, ServerArgs(tp_size=2, pp_size=2))
     with pytest.raises(ConfigError, match=r"launcher started 2 ranks but --tp-size 2 x --pp-size 2 = 4; launch 4 "):
         check_layout(2, ServerArgs(tp_size=2, pp_size=2))
+
+
+def test_each_local_rank_needs_its_own_gpu() -> None:
+    check_local_rank(1, 2)
+    with pytest.raises(ConfigError, match=r"local rank 2 needs GPU 2, but torch sees 2 CUDA device\(s\).*--nproc-per-node 2"):
+        check_local_rank(2, 2)
 
 
 def test_a_torchrun_world_that_is_not_the_layout_is_refused_before_joining() -> None:
