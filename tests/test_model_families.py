@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from app.weights import parameter_specs
@@ -11,7 +13,12 @@ from kvcache.model_config import ModelConfig
 from kvcache.parallel import ParallelState
 from kvcache.pool_layout import worker_cache_layout
 from kvcache.pools import MLATokenToKVPool
-from tests.test_model_corpus import corpus
+
+CORPUS = Path(__file__).with_name("model_corpus")
+
+
+def corpus(name: str) -> ModelConfig:
+    return ModelConfig.from_hf_config(CORPUS / f"{name}.json", name=name)
 
 
 def layout(m: ModelConfig):  # type: ignore[no-untyped-def]
