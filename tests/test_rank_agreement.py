@@ -1,4 +1,5 @@
-"""Rank layout, the memory-balance rule and error sharing, in one process (the 2-rank runs are in test_ranks_distributed)."""
+"""Rank layout, the memory-balance rule, error sharing and the agreed resize, in one process
+(the 2-rank runs are in test_ranks_distributed)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ import pickle
 import pytest
 
 from app.parallel_setup import check_layout, check_local_rank, parallel_state_resource
-from kvcache.byte_units import GiB
+from kvcache.agreed_resize import agree_on_resize, capped_resize
+from kvcache.byte_units import GiB, MiB
 from kvcache.errors import ConfigError, DoesNotFitError, RankFailedError, UnbalancedMemoryError
+from kvcache.memory_budget import MemoryBudget
 from kvcache.parallel import ParallelState, group_ranks
+from kvcache.planning import KVPoolDemand, PlanRequest, plan_pool_sizes
 from kvcache.rank_agreement import RankAgreement, _failure_of, check_memory_balance
+from kvcache.runtime import compute_post_capture_kv_resize
 from kvcache.server_args import ServerArgs
 
 NAMES = ("rank 0", "rank 1", "rank 2")
@@ -107,3 +112,19 @@ def test_a_typed_error_travels_to_other_ranks_as_the_same_type_and_numbers() -> 
 def test_an_error_that_is_not_ours_reaches_other_ranks_as_rank_failed() -> None:
     rebuilt = _failure_of(RuntimeError("boom"), rank=0).error("rank 0")
     assert isinstance(rebuilt, RankFailedError) and str(rebuilt) == "rank 0: RuntimeError: boom"
+
+
+def test_a_rank_that_would_keep_more_after_capture_keeps_the_smallest_count() -> None:
+    budget = MemoryBudget(budget_bytes=64 * MiB, total_bytes=GiB, free_before_load_bytes=GiB,
+                          free_after_load_bytes=GiB - 8 * MiB, mem_fraction_static=0.9, kv_cache_memory_bytes=None)
+    plan = plan_pool_sizes(PlanRequest(
+        budget=budget, page_size=16, context_length=256, req_to_token_row_width=256, max_running_requests=8,
+        kv_pools=(KVPoolDemand(name="full", kind="full", num_layers=2, bytes_per_token=512),)))
+    unchanged = compute_post_capture_kv_resize(plan=plan, free_after_capture_bytes=GiB, headroom_bytes=0)
+    agreed = plan.max_total_num_tokens // 2 // 16 * 16  # another rank (a longer stage) shrank to half
+    capped = capped_resize(unchanged, agreed)
+    assert capped.tokens_after == agreed and capped.changed and capped.before == plan
+    assert capped.after.max_running_requests == plan.max_running_requests
+    assert capped.after.total_bytes < plan.total_bytes
+    assert capped_resize(unchanged, plan.max_total_num_tokens) is unchanged
+    assert agree_on_resize(capped, RankAgreement.alone()) is capped

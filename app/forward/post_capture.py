@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvcache.agreed_resize import agree_on_resize
 from kvcache.configurator import KVCacheConfigResult
 from kvcache.runtime_reserve import RuntimeShape, runtime_reserve_mib
 from kvcache.memory_probe import MemoryProbe
@@ -44,10 +45,12 @@ def apply_post_capture_resize(
         plan=plan, pre_model_load_bytes=pre_model_load_memory, cuda_graph_max_bs=captured_max_bs,
         activation_reserve_mib=eager_activation_reserve_mib(settings, parallel_state, total),
     )
-    resize = compute_post_capture_kv_resize(
+    ranks = parallel_state.agreement  # one rank that cannot resize stops all; all keep the smallest count
+    resize = ranks.run_everywhere(lambda: compute_post_capture_kv_resize(
         plan=plan, free_after_capture_bytes=memory_probe.free_bytes(), headroom_bytes=headroom,
         mapping_slack_bytes=2 * backing.granularity * len(buffers) + plan.allocator_index_bytes,
-    )
+    ))
+    resize = agree_on_resize(resize, ranks)
     if not resize.changed:
         return resize, kv_cache.token_to_kv_pool_allocator, 0
     allocator = shrink_allocator(kv_cache.token_to_kv_pool_allocator, resize.tokens_after)
