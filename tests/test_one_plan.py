@@ -160,3 +160,23 @@ def test_a_simulated_card_charges_its_overhead_with_the_first_allocation_only() 
     probe.note_allocation(100 * MiB)
     probe.note_allocation(100 * MiB)
     assert probe.free_bytes() == GiB - 210 * MiB
+
+
+def test_an_arena_that_cannot_be_allocated_is_a_build_error_with_nothing_held(make_engine: Any, monkeypatch: Any) -> None:
+    from kvcache.errors import PoolBuildError
+
+    asked: list[int] = []
+
+    def out_of_memory(size: int, device: torch.device, *, zeroed: bool) -> torch.Tensor:
+        asked.append(size)
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    engine = make_engine(kv_cache_memory=64 * MiB, probe=FixedMemoryProbe(total_bytes=GiB))
+    configurator = engine.target.configurator()
+    monkeypatch.setattr(device_buffers, "_flat", out_of_memory)
+    gc.collect()
+    arenas_before = len(device_buffers._ARENAS)
+    with pytest.raises(PoolBuildError, match="failed part-way on cpu: CUDA out of memory"):
+        configurator.configure(pre_model_load_memory=GiB)
+    assert len(asked) == 1 and asked[0] % (2 * MiB) == 0  # one request, the whole arena
+    assert len(device_buffers._ARENAS) == arenas_before
