@@ -12,11 +12,13 @@ as SGLang reads them from nvidia-smi; the arithmetic is exact (Fractions).
             + 8 * len(prefill graph sizes), or 1536 with MLA       (prefill graphs; none with PP > 1)
     at least 10 GiB on cards above 60 GiB;  fraction = round((card - reserve) / card, 3)
 
-Checked against SGLang 0.5.23's own `handle_gpu_memory_settings` (run with the card size
-stubbed): L4 0.684, A10 0.684, RTX-4090 0.704, A100-40GB 0.823, H100-80GB 0.830, H200
-(143,771 MiB) 0.903, B200 0.854. Earlier 0.5 releases (and this project before) added
-2 GiB (6 GiB for STANDALONE) for a draft model, had no prefill-graph term and gave 20-35
-GiB cards chunked prefill 2048 and batch 24 (L4 0.837); 0.5.23 has none of these.
+Checked against SGLang 0.5.23's own `handle_gpu_memory_settings` (card size stubbed, the
+model lookups stubbed; `tests/test_runtime_reserve.py` holds the numbers): L4 and A10 0.684,
+RTX-4090 0.704, A100-40GB 0.823, H100-80GB 0.830, H200 (143,155 MiB) 0.903, B200 0.854;
+L4 at TP4 0.658, MLA on the H200 at TP4 0.889, TP8 x attention-DP8 on 80 GiB 0.588.
+The rule this project used before (from an older SGLang) added 2 GiB (6 GiB for STANDALONE)
+for a draft model, had no prefill-graph term and gave 20-35 GiB cards chunked prefill 2048
+and batch 24 (L4 0.837); 0.5.23 has none of these.
 """
 
 from __future__ import annotations
