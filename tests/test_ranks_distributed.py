@@ -28,12 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import rank_worker
 from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG
 
 SPAWN_TIMEOUT_S = 120
+pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="this torch build has no gloo process groups")
 
 
 def _free_port() -> int:
