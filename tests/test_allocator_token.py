@@ -276,6 +276,8 @@ def test_meta_allocator_constructs_but_holds_no_indices() -> None:
         a.alloc(4)
     with pytest.raises(ValueError, match="meta-device allocator"):
         a.free(torch.tensor([1]))
+    with pytest.raises(ValueError, match="meta-device allocator"):
+        a.free(torch.empty(3, dtype=torch.int64, device="meta"))  # not through the hot path either
     with pytest.raises(ValueError, match="check_frees=True needs real tensors"):
         TokenToKVPoolAllocator(size=8, device="meta", check_frees=True)
 

@@ -23,6 +23,7 @@ class TokenToKVPoolAllocator(FreeListAllocator):
             raise ValueError(f"size must be a positive number of tokens, got {size}")
         super().__init__(capacity=size, page_size=1, device=device, check_frees=check_frees, unit="token index",
                          kvcache=kvcache)
+        self._plain = not check_frees and self._device.type != "meta"  # frees may take the hot path
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """need_size free token indices (a view that is never overwritten), or None when fewer are free."""
@@ -33,7 +34,7 @@ class TokenToKVPoolAllocator(FreeListAllocator):
 
     def free(self, free_index: torch.Tensor) -> None:
         """Give back token indices; outside a free group a flat int64 tensor on the device is appended as is."""
-        if (self._group.is_open or self._checking or free_index.dtype != torch.int64 or free_index.dim() != 1
+        if (not self._plain or self._group.is_open or free_index.dtype != torch.int64 or free_index.dim() != 1
                 or free_index.device != self._device):
             super().free(free_index)  # the general path: conversions, checks, deferral
         else:
