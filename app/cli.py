@@ -70,7 +70,7 @@ def server_args_from(ns: argparse.Namespace, *, device: str | None = None) -> Se
 
 
 def _card(ns: argparse.Namespace) -> SimulatedCard:
-    return card_named(ns.gpu) if ns.gpu else card_of_size(ns.gpu_memory)
+    return card_named(ns.gpu) if ns.gpu is not None else card_of_size(ns.gpu_memory)
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -91,6 +91,7 @@ def test_bad_input_exits_2_in_one_line_without_a_traceback(capsys: pytest.Captur
         (["plan", "--gpu-memory", "80GiB", "--page-size", "0"], "argument --page-size: expected an integer >= 1, got '0'"),
         (["plan", "--gpu-memory", "80GiB", "--kv-cache-dtype", "fp7"], "argument --kv-cache-dtype: invalid choice: 'fp7'"),
         (["plan", "--gpu", "H300"], "unknown card 'H300'"),
+        (["plan", "--gpu", ""], "unknown card ''"),
         (["plan", "--gpu-memory", "80GiB", "--context-length", "100000"], "longer than SmolLM2-135M's max_position_embeddings 8192"),
         (["plan", "--gpu-memory", "80GiB", "--mem-fraction-static", "0.9", "--kv-cache-memory", "1GiB"], "give only one"),
     ],
