@@ -69,6 +69,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     nextn_of_target: bool = False  # a NEXTN draft: its weights are the target's MTP layers
     # multimodal: the vision tower's weights are counted when its config gives its shapes
     vision_weights: VisionWeights = "none"
+    # numerics a forward pass needs (validated like every other field)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10_000.0
     hf_config: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -56,6 +56,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     (LLAMA, {"architectures": ["T5ForConditionalGeneration"], "is_encoder_decoder": True},
      "architecture 'T5ForConditionalGeneration' is not a decoder-only language model"),
     (LLAMA, {"sliding_window": 0}, "field 'sliding_window' is 0; expected a positive integer"),
+    (LLAMA, {"rms_norm_eps": "1e-5"}, "field 'rms_norm_eps' is '1e-5'; expected a positive, finite number"),
+    (LLAMA, {"rope_theta": 0}, "field 'rope_theta' is 0; expected a positive, finite number"),
     (LLAMA, {"layer_types": ["full_attention"] * 3}, "field 'layer_types' is 'a list of 3'; expected one entry per layer (32)"),
     (LLAMA, {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}},
      "field 'quantization_config.weight_block_size' is [128]; expected two positive integers"),
@@ -85,6 +87,13 @@ def test_the_cli_exits_2_with_the_same_line(name: str, edit: dict[str, Any], mes
     assert main(["plan", "--model", str(tmp_path), "--gpu", "H100-80GB"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_numerics_for_the_forward_pass_are_read_once() -> None:
+    m = ModelConfig.from_hf_config(raw(LLAMA))
+    assert (m.rms_norm_eps, m.rope_theta) == (1e-5, 500000.0)
+    nested = edited(LLAMA, {"rope_theta": ..., "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}})
+    assert ModelConfig.from_hf_config(nested).rope_theta == 1e6
 
 
 def test_field_errors_are_config_errors() -> None:

@@ -239,6 +239,14 @@ def _tied(src: ModelSource, default: bool) -> bool:
     return default
 
 
+def _rope_theta(t: ConfigFields) -> float:
+    """rope_theta, or the newer rope_parameters.rope_theta; 10,000 when neither is given."""
+    nested = t.section("rope_parameters")
+    if not t.has("rope_theta") and nested is not None:
+        return nested.number("rope_theta", default=10_000.0)
+    return t.number("rope_theta", default=10_000.0)
+
+
 def describe(src: ModelSource, *, kinds: tuple[LayerKind, ...], heads: Heads, weights: WeightLayout,
              **extra: Any) -> ModelConfig:
     """The ModelConfig: the common cache fields, this family's extras, and the weight layout."""
@@ -251,7 +259,9 @@ def describe(src: ModelSource, *, kinds: tuple[LayerKind, ...], heads: Heads, we
         max_position_embeddings=t.int("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length",
                                       "n_ctx", "max_seq_len", high=MAX_POSITIONS),
         checkpoint_dtype=src.top.dtype_name() or t.dtype_name(), layer_kinds=kinds, weights=weights,
-        hf_config=src.raw,
+        rms_norm_eps=t.number("rms_norm_eps", "layer_norm_epsilon", "norm_eps", "layernorm_epsilon", "layer_norm_eps",
+                              default=1e-6),
+        rope_theta=_rope_theta(t), hf_config=src.raw,
     )
     fields.update(extra)
     return ModelConfig(**fields)

@@ -91,6 +91,16 @@ class ConfigFields:
             self.fail(name, value, _int_range(low, high))
         return value
 
+    def number(self, *names: str, default: float) -> float:
+        """A positive, finite real number (norm epsilons, RoPE bases); `default` when all are absent."""
+        found = self._find(names)
+        if found is None:
+            return default
+        name, value = found
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            self.fail(name, value, "a positive, finite number")
+        return float(value)
+
     def flag(self, *names: str, default: bool = False) -> bool:
         """A true/false switch (JSON booleans; 0 and 1 are accepted as some configs write them)."""
         found = self._find(names)
