@@ -165,8 +165,9 @@ class FreeLog:
 
     def reset(self) -> None:
         """Everything free again, in the fresh order; any backup becomes void."""
-        fresh = torch.arange(1, self._capacity + 1, dtype=torch.int64, device=self._device) * self._stride
-        self._log[:self._capacity].copy_(fresh)
+        if self._device.type != "meta":  # meta holds no values (and its arange costs a second of imports)
+            fresh = torch.arange(1, self._capacity + 1, dtype=torch.int64, device=self._device) * self._stride
+            self._log[:self._capacity].copy_(fresh)
         self._head, self._tail = 0, self._capacity
         self._reset_flags()
         self._generation += 1
