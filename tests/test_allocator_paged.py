@@ -185,7 +185,7 @@ def test_alloc_needs_a_multiple_of_page_size() -> None:
 def test_properties_and_nbytes_match_the_planner() -> None:
     a = PagedTokenToKVPoolAllocator(size=4096, page_size=16, device="cpu")
     assert (a.size, a.page_size, a.num_pages, a.device) == (4096, 16, 256, torch.device("cpu"))
-    assert a.nbytes == allocator_index_bytes(4096, 16) == 2 * 256 * 8  # a log of 512 int64 = 4,096 B: eight 512 B blocks
+    assert a.nbytes == allocator_index_bytes(4096, 16) == 2 * 2 * 256 * 8  # two logs of 512 int64 = 2 x 4,096 B
 
 
 def test_meta_allocator_constructs_but_holds_no_indices() -> None:

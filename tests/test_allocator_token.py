@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvcache import device_buffers
 from kvcache.allocators import TokenToKVPoolAllocator, allocator_index_bytes
+from kvcache.byte_units import MiB
+from kvcache.device_buffers import Arena
+
+CPU = torch.device("cpu")
 
 
 def make(size: int = 8, check_frees: bool = True) -> TokenToKVPoolAllocator:
@@ -74,7 +79,9 @@ def test_alloc_result_is_not_overwritten_by_later_frees() -> None:
     snapshot = x.clone()
     a.free(y)
     a.free(torch.tensor([1]))
-    for _ in range(20):  # many cycles: the log fills and moves to a fresh tensor, never over x
+    # 4 + 4 x 2 = 12 frees after x was handed out, past the guarantee of capacity (8) frees: the log
+    # (16 entries, tail 12 now) fills on the 3rd cycle and moves to the other log, never over x
+    for _ in range(4):
         z = a.alloc(2)
         assert z is not None
         a.free(z)
@@ -262,7 +269,7 @@ def test_constructor_is_keyword_only() -> None:
 def test_properties_and_nbytes_match_the_planner() -> None:
     a = TokenToKVPoolAllocator(size=100, device="cpu")
     assert (a.size, a.page_size, a.device) == (100, 1, torch.device("cpu"))
-    assert a.nbytes == allocator_index_bytes(100, 1) == 2048  # a log of 200 x int64 = 1,600 B, in four 512 B blocks
+    assert a.nbytes == allocator_index_bytes(100, 1) == 4096  # two logs of 200 x int64 = 1,600 B, each four 512 B blocks
     assert make(100).nbytes == allocator_index_bytes(100, 1, check_frees=True)
 
 
@@ -291,3 +298,56 @@ def test_cuda_allocator_keeps_indices_on_the_device() -> None:
     a.free(out)
     a.restore_state(state)
     assert a.available_size() == 56
+
+
+def _held_tensors(obj: object, seen: set[int] | None = None) -> list[torch.Tensor]:
+    """Every tensor reachable from obj's attributes through kvcache objects (the allocator's live buffers)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for item in obj for t in _held_tensors(item, seen)]
+    if not type(obj).__module__.startswith("kvcache."):
+        return []
+    names = [*getattr(obj, "__dict__", {})] + [n for c in type(obj).__mro__ for n in getattr(c, "__slots__", ())]
+    return [t for n in names if hasattr(obj, n) for t in _held_tensors(getattr(obj, n), seen)]
+
+
+@pytest.mark.parametrize("check_frees", [False, True])
+def test_compactions_allocate_nothing_beyond_the_plan_and_lose_no_index(check_frees: bool) -> None:
+    # 100 tokens: two logs of 200 int64 = 1,600 B, each a 2,048 B slot (plus 101 flags in a 512 B slot when
+    # checking). 30 held, 60 cycles of alloc 7 / free 7 free 420 ids: log A (head 30, tail 100) fills after 14
+    # cycles, then 3 compactions in all, each into the other log.
+    planned = allocator_index_bytes(100, 1, check_frees=check_frees)
+    assert planned == 2 * 2_048 + (512 if check_frees else 0)
+    arena = Arena(10 * MiB, CPU)
+    with arena.active():
+        a = TokenToKVPoolAllocator(size=100, device=CPU, check_frees=check_frees)
+    held = a.alloc(30)
+    assert held is not None
+    held = held.clone()
+    for step in range(60):
+        out = a.alloc(7)
+        assert out is not None
+        a.free(out.flip(0) if step % 2 else out)
+    assert a.nbytes == device_buffers.tensor_bytes(_held_tensors(a)) == planned == arena.used
+    rest = a.alloc(a.available_size())
+    assert rest is not None
+    assert sorted([*held.tolist(), *rest.tolist()]) == list(range(1, 101))  # every index once
+
+
+def test_a_restore_across_two_compactions_gives_back_the_backed_up_free_set() -> None:
+    a = TokenToKVPoolAllocator(size=8, device=CPU)
+    held = a.alloc(3)
+    assert held is not None
+    state = a.backup_state()
+    for _ in range(30):  # 30 frees: log A (16 entries) fills, its ids move to B, B fills and they move back over A
+        a.free(a.alloc(1))
+    a.restore_state(state)
+    assert a.available_size() == 5 and held_after_drain(a) == {4, 5, 6, 7, 8}
+    a.restore_state(state)  # still restorable
+    assert held_after_drain(a) == {4, 5, 6, 7, 8}
+    assert a.nbytes == allocator_index_bytes(8, 1)

@@ -94,28 +94,29 @@ def test_a_tiny_plan_by_hand() -> None:
     # one pool of 256 B/token, page 1, 7 requests of a 256-token row, a 10 MiB budget (the smallest arena):
     #   every buffer is a 512-byte aligned slot of the worker's one arena, whose size is the slots' sum
     #   rounded up to 2 MiB (at least 10 MiB)
-    #   request table: (7 + 1) x 256 x 4 = 8,192 B; pool: S((T + 1) x 256); allocator index (a free log
-    #   of 2 T int64): S(16 T)
-    #   T = 38,519: pool 38,520 x 256 = 9,861,120, index S(616,304) = 616,448: 10,485,760 B, the whole arena
-    #   T = 38,520: pool S(9,861,376) = 9,861,632, index 616,448: 10,486,272 B -> a 12 MiB arena > budget
+    #   request table: (7 + 1) x 256 x 4 = 8,192 B; pool: S((T + 1) x 256); allocator index (two free
+    #   logs of 2 T int64 each): 2 x S(16 T)
+    #   T = 36,379: pool 36,380 x 256 = 9,313,280, index 2 x S(582,064) = 2 x 582,144 = 1,164,288:
+    #   8,192 + 9,313,280 + 1,164,288 = 10,485,760 B, the whole arena
+    #   T = 36,380: pool S(9,313,536) = 9,313,792, index 1,164,288: 10,486,272 B -> a 12 MiB arena > budget
     req = request(10 * MiB, (full(256),), max_running_requests=7)
     plan = plan_pool_sizes(req)
-    assert (plan.max_total_num_tokens, plan.max_running_requests) == (38_519, 7)
-    assert plan.buffers == {"req_to_token": 8_192, "allocator_index": 616_448, "kv_full": 9_861_120}  # no padding
+    assert (plan.max_total_num_tokens, plan.max_running_requests) == (36_379, 7)
+    assert plan.buffers == {"req_to_token": 8_192, "allocator_index": 1_164_288, "kv_full": 9_313_280}  # no padding
     assert plan.total_bytes == plan.arena_bytes() == 10 * MiB
-    assert plan_cost(req, 38_520, 0) == 12 * MiB
+    assert plan_cost(req, 36_380, 0) == 12 * MiB
 
 
 def test_llama_8b_with_10_gib_by_hand() -> None:
     # Llama-3.1-8B bf16: 131,072 B/token; --context-length 32768; a 10 GiB budget (10,737,418,240 B)
     #   R = clamp(T x 512 // 32,768, 2,048, 4,096) = 2,048 (T is about 80k, so T x 512 // 32k is about 1,250)
     #   request table: 2,049 x 32,768 x 4 = 268,566,528 B (512-aligned already)
-    #   left: 10,468,851,712 B for the pool (T + 1) x 131,072 plus the index S(16 T):
-    #   T = 79,860: 10,467,540,992 + S(1,277,760) = 1,277,952 -> 32,768 B to spare, less than a token
+    #   left: 10,468,851,712 B for the pool (T + 1) x 131,072 plus the index 2 x S(16 T):
+    #   T = 79,850: 10,466,230,272 + 2 x S(1,277,600) = 2 x 1,277,952 -> 65,536 B to spare, less than a token
     req, plan = plan_for("Llama-3.1-8B-Instruct", 10 * GiB, context_length=32768)
-    assert (plan.max_total_num_tokens, plan.max_running_requests) == (79_860, 2_048)
-    assert plan.worker_buffers() == {"req_to_token": 268_566_528, "allocator_index": 1_277_952, "kv_full": 79_861 * 131_072}
-    assert plan.buffers == {**plan.worker_buffers(), "arena_padding": 32_768}
+    assert (plan.max_total_num_tokens, plan.max_running_requests) == (79_850, 2_048)
+    assert plan.worker_buffers() == {"req_to_token": 268_566_528, "allocator_index": 2_555_904, "kv_full": 79_851 * 131_072}
+    assert plan.buffers == {**plan.worker_buffers(), "arena_padding": 65_536}
     assert plan.total_bytes == 10 * GiB
     assert plan.bytes_per_token == 131_072
 

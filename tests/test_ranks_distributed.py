@@ -8,15 +8,17 @@ single-threaded: a forked child that entered the parent's OpenMP pool would hang
 The model is the tiny Llama of kvcache.testing with 3 layers (2 KV heads of 16, bf16:
 128 bytes per layer per token), a 16 MiB KV budget, page size 1, 8 requests. A worker's
 buffers sit in one arena (a 2 MiB multiple, at least 10 MiB), each in a 512-byte aligned
-slot; the table takes 9 x 256 x 4 = 9,216 B and the allocator's free log 16 B per token.
+slot; the table takes 9 x 256 x 4 = 9,216 B and the allocator's two free logs 16 B per token each.
 By hand:
-- TP 2: 1 KV head per rank, 3 x 64 = 192 B/token. At 80,612 tokens the pool's 80,613 x 192
-  = 15,477,696 B take a 15,477,760 B slot and the log's 1,289,792 B a 1,290,240 B one:
-  with the table exactly 16 MiB; one token more does not fit. Both ranks: 80,612.
-- PP 2: stage 0 holds layers 0-1 (256 B/token): at 61,645 tokens the pool is 61,646 x 256
-  = 15,781,376 B and the log 986,624 B: with the table exactly 16 MiB. Stage 1 holds
-  layer 2 (128 B/token) and alone would hold 116,443; it holds 61,645, the smallest
-  stage's count: 8,886,784 B of slots in a 10 MiB arena instead of stage 0's 16 MiB.
+- TP 2: 1 KV head per rank, 3 x 64 = 192 B/token. At 74,852 tokens the pool's 74,853 x 192
+  = 14,371,776 B take a 14,371,840 B slot and each log's 1,197,632 B a 1,198,080 B one:
+  9,216 + 14,371,840 + 2 x 1,198,080 = 16,777,216, the table exactly 16 MiB; one token more
+  (pool slot 14,372,352) does not fit. Both ranks: 74,852.
+- PP 2: stage 0 holds layers 0-1 (256 B/token): at 58,219 tokens the pool is 58,220 x 256
+  = 14,904,320 B and each log S(931,504) = 931,840 B: 9,216 + 14,904,320 + 2 x 931,840 =
+  16 MiB exactly. Stage 1 holds layer 2 (128 B/token) and alone would hold 104,799; it holds
+  58,219, the smallest stage's count: 9,216 + 7,452,160 + 2 x 931,840 = 9,325,056 B of slots
+  in a 10 MiB arena instead of stage 0's 16 MiB.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def test_every_rank_tears_down_the_group_it_created_and_only_that(ranks: list[di
     for rank in ranks:
         assert [name for name, result in rank.items() if result["group_left"]] == ["embedded"]
         assert rank["embedded"]["code"] == 0
-    assert json.loads(ranks[0]["embedded"]["stdout"])["ranks"][1]["max_total_num_tokens"] == 61_645
+    assert json.loads(ranks[0]["embedded"]["stdout"])["ranks"][1]["max_total_num_tokens"] == 58_219
 
 
 def test_tp2_ranks_split_the_heads_and_agree(ranks: list[dict[str, Any]]) -> None:
@@ -81,11 +83,11 @@ def test_tp2_ranks_split_the_heads_and_agree(ranks: list[dict[str, Any]]) -> Non
     assert rank1["stdout"] == ""  # rank 0 prints for everyone
     report = json.loads(rank0["stdout"])
     assert [(p["name"], p["layers"], p["bytes_per_token"], p["max_total_num_tokens"]) for p in report["ranks"]] == [
-        ("rank 0 (tp 0/2, pp 0/1)", [0, 3], 192, 80_612),
-        ("rank 1 (tp 1/2, pp 0/1)", [0, 3], 192, 80_612),
+        ("rank 0 (tp 0/2, pp 0/1)", [0, 3], 192, 74_852),
+        ("rank 1 (tp 1/2, pp 0/1)", [0, 3], 192, 74_852),
     ]
     assert all(p["allocated_bytes"] == p["planned_bytes"] for p in report["ranks"])
-    assert report["buffers"]["kv_full"] == 15_477_760
+    assert report["buffers"]["kv_full"] == 14_371_840
 
 
 def test_pp2_stages_plan_their_own_layers_and_hold_the_smallest_count(ranks: list[dict[str, Any]]) -> None:
@@ -93,7 +95,7 @@ def test_pp2_stages_plan_their_own_layers_and_hold_the_smallest_count(ranks: lis
     assert rank0["code"] == rank1["code"] == 0 and rank1["stdout"] == ""
     plans = json.loads(rank0["stdout"])["ranks"]
     assert [(p["layers"], p["bytes_per_token"], p["max_total_num_tokens"]) for p in plans] == [
-        ([0, 2], 256, 61_645), ([2, 3], 128, 61_645),
+        ([0, 2], 256, 58_219), ([2, 3], 128, 58_219),
     ]
     assert [p["planned_bytes"] for p in plans] == [16 * 1024 * 1024, 10 * 1024 * 1024]
 

@@ -1,23 +1,31 @@
 """FreeLog: the free ids of one pool in an append-only device log; alloc hands out views, free appends.
 
-Layout: an int64 tensor `log` of 2 * capacity entries and host ints head <= tail. The
-free ids are exactly log[head:tail].
+Layout: TWO int64 logs of 2 * capacity entries each, both allocated up front through
+kvcache.device_buffers (so they are slots of the worker's arena, counted by the plan), one
+of them active, and host ints head <= tail. The free ids are exactly active[head:tail].
 
 - take(n)  returns the view log[head:head+n] and moves head up: no kernel, no sync.
 - put(xs)  copies xs into log[tail:tail+len] and moves tail up: one kernel, no sync.
-  When the log's end is reached, the free ids move to the front of a FRESH log (one
-  copy, at most once per `capacity` freed ids, so O(1) amortized per id).
+  When the active log's end is reached, the free ids (at most `capacity`) are copied to
+  the front of the OTHER log, which becomes active (a compaction: one copy, at most once
+  per `capacity` freed ids, so O(1) amortized per id). No memory is allocated after
+  construction.
 
-Nothing ever writes at or below head of a log, and a full log is replaced, never
-rewritten, so a view take() handed out keeps its values for as long as the caller
-holds it (torch keeps the old log alive through the view) -- SGLang 0.5.23's
-allocators give the same guarantee by concatenating into new tensors on every free,
-at O(pool) per call. That is what makes alloc() a view and an alloc+free cycle one
-kernel launch at page size 1, flat in the pool size.
+The guarantee: nothing writes at or below head of the active log, so a view take()
+handed out keeps its values until at least `capacity` more ids have been freed. Its log
+is written again only by the compaction after next: the next compaction leaves at least
+`capacity` free entries in the other log (2 * capacity long, at most capacity ids
+copied), so filling it takes at least `capacity` frees. SGLang's callers consume
+alloc()'s result within a step (it is written into req_to_token), far inside that
+bound. This is what makes alloc() a view and an alloc+free cycle one kernel launch at
+page size 1, flat in the pool size.
 
-backup() is O(1): the log tensor, head and tail. Since log[head:tail] of that tensor
-is never written again, restore() just reinstates them (indices handed out after the
-backup are void once restored). Only the latest backup is restorable.
+backup() is O(1): which log, head and tail. Until a compaction writes into that log
+again (two compactions later), its [head:tail] is untouched and restore() just
+reinstates them (indices handed out after the backup are void once restored). If that
+second compaction comes first, it copies the backup's free ids aside (transient, at
+most capacity * 8 B, and only then), and restore() copies them to the front of the
+inactive log. Only the latest backup is restorable.
 
 Ids are multiples of `stride` (page starts in a paged pool: page p is stored as
 p * page_size). With check=True a bool `is_free` row per id catches double frees,
@@ -37,17 +45,25 @@ from kvcache import device_buffers
 _serials = itertools.count(1)
 
 LOG_LENGTH_FACTOR = 2  # log entries per id: room for `capacity` frees between compactions
+FREE_LOGS = 2  # the active log and the one a compaction copies into
 
 
 @dataclass(frozen=True, slots=True)
 class FreeLogState:
-    """An opaque backup: which log made it, which backup generation, and the log, head and tail then."""
+    """An opaque backup: which FreeLog made it and which backup generation (the log keeps the rest)."""
 
     owner: int
     generation: int
-    log: torch.Tensor
+
+
+@dataclass(slots=True)
+class _Saved:
+    """Where the latest backup's free ids live: logs[index][head:tail], or `spill` once that log was rewritten."""
+
+    index: int
     head: int
     tail: int
+    spill: torch.Tensor | None = None
 
 
 class FreeLog:
@@ -62,7 +78,11 @@ class FreeLog:
         self._device = device
         self._unit = unit
         self._stride = stride
-        self._log = device_buffers.allocate_zeros((LOG_LENGTH_FACTOR * capacity,), torch.int64, device)
+        self._logs = tuple(device_buffers.allocate_zeros((LOG_LENGTH_FACTOR * capacity,), torch.int64, device)
+                           for _ in range(FREE_LOGS))
+        self._active = 0
+        self._log = self._logs[0]
+        self._saved: _Saved | None = None
         self._is_free: torch.Tensor | None = None
         if check:
             self._is_free = device_buffers.allocate_zeros((capacity + 1,), torch.bool, device)
@@ -83,14 +103,14 @@ class FreeLog:
     @property
     def nbytes(self) -> int:
         """Device bytes held for the life of the log (kvcache.allocators.footprint states the formula)."""
-        return device_buffers.tensor_bytes(t for t in (self._log, self._is_free) if t is not None)
+        return device_buffers.tensor_bytes(t for t in (*self._logs, self._is_free) if t is not None)
 
     def free_ids(self) -> torch.Tensor:
         """The free ids, in the order take() would hand them out (a view)."""
         return self._log[self._head:self._tail]
 
     def take(self, n: int) -> torch.Tensor | None:
-        """n free ids as a view that is never overwritten, or None (nothing changes) when fewer are free."""
+        """n free ids as a view kept until `capacity` more ids are freed, or None (nothing changes) when fewer are free."""
         if n < 0:
             raise ValueError(f"cannot allocate a negative number of {self._unit}s ({n})")
         if n > self._tail - self._head:
@@ -129,12 +149,18 @@ class FreeLog:
         if self._is_free is not None:
             self._is_free[dest // self._stride] = True
 
+    def _activate(self, index: int, head: int, tail: int) -> None:
+        self._active, self._log, self._head, self._tail = index, self._logs[index], head, tail
+
     def _compact(self) -> None:
-        """Move the free ids to the front of a fresh log; views of the old one stay valid."""
-        fresh = torch.empty_like(self._log)
+        """Copy the free ids to the front of the other log and make it active (see the module's guarantee)."""
+        other = 1 - self._active
+        saved = self._saved
+        if saved is not None and saved.spill is None and saved.index == other:
+            saved.spill = self._logs[other][saved.head:saved.tail].clone()  # rare: a backup across 2 compactions
         count = self._tail - self._head
-        fresh[:count].copy_(self._log[self._head:self._tail])
-        self._log, self._head, self._tail = fresh, 0, count
+        self._logs[other][:count].copy_(self._log[self._head:self._tail])
+        self._activate(other, 0, count)
 
     def _validate(self, ids: torch.Tensor) -> None:
         """Raise ValueError naming the first bad id: padding 0, out of range, repeated, or already free."""
@@ -169,13 +195,15 @@ class FreeLog:
             fresh = torch.arange(1, self._capacity + 1, dtype=torch.int64, device=self._device) * self._stride
             self._log[:self._capacity].copy_(fresh)
         self._head, self._tail = 0, self._capacity
+        self._saved = None
         self._reset_flags()
         self._generation += 1
 
     def backup(self) -> FreeLogState:
         """O(1); voids any earlier backup."""
         self._generation += 1
-        return FreeLogState(owner=self._serial, generation=self._generation, log=self._log, head=self._head, tail=self._tail)
+        self._saved = _Saved(self._active, self._head, self._tail)
+        return FreeLogState(owner=self._serial, generation=self._generation)
 
     def restore(self, state: FreeLogState) -> None:
         """Make the free set what it was at `state`: O(1) (O(capacity) with check=True)."""
@@ -184,5 +212,11 @@ class FreeLog:
                 f"allocator state (backup #{state.generation}) is not the latest backup of this allocator "
                 f"(latest is #{self._generation}; a newer backup_state() or a clear() replaced it)"
             )
-        self._log, self._head, self._tail = state.log, state.head, state.tail
+        saved = self._saved
+        assert saved is not None
+        if saved.spill is not None:  # its log was rewritten: the copy goes to the front of the inactive log
+            count = saved.spill.numel()
+            self._logs[1 - self._active][:count].copy_(saved.spill)
+            self._saved = saved = _Saved(1 - self._active, 0, count)
+        self._activate(saved.index, saved.head, saved.tail)
         self._reset_flags()

@@ -127,7 +127,7 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
         starts = self._log.take(count)
         if starts is None:
             return None
-        if count == batch:  # every request starts a page (a view, never overwritten)
+        if count == batch:  # every request starts a page (a view: see FreeLog's guarantee)
             return starts
         if last.dtype == torch.int64:
             out = last + 1

@@ -26,7 +26,7 @@ class TokenToKVPoolAllocator(FreeListAllocator):
         self._plain = not check_frees and self._device.type != "meta"  # frees may take the hot path
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
-        """need_size free token indices (a view that is never overwritten), or None when fewer are free."""
+        """need_size free token indices (a view kept until `size` more tokens are freed), or None when fewer are free."""
         if need_size < 0 or self._device.type == "meta":
             check_need_size(need_size, 1)
             reject_meta(self._device, "alloc")
