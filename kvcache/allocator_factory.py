@@ -7,6 +7,8 @@ above, as SGLang 0.5.23 chooses. Sizes come from the plan alone.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
@@ -14,13 +16,16 @@ from kvcache.allocators.protocol import TokenAllocator
 from kvcache.pool_config import MemoryPoolConfig
 
 
-def allocator_for_plan(*, plan: MemoryPoolConfig, device: torch.device) -> TokenAllocator:
-    """The allocator over the plan's token rows: SWA-paired, token-level or paged."""
+def allocator_for_plan(*, plan: MemoryPoolConfig, device: torch.device, kvcache: Any = None) -> TokenAllocator:
+    """The allocator over the plan's token rows: SWA-paired, token-level or paged; `kvcache` is the KV pool
+    its indices address (what get_kvcache() returns)."""
     window = plan.paired_window_pool
     if window is not None:
         return SWATokenToKVPoolAllocator(
             full_size=plan.max_total_num_tokens, swa_size=window.num_tokens, page_size=plan.page_size, device=device,
+            kvcache=kvcache,
         )
     if plan.page_size == 1:
-        return TokenToKVPoolAllocator(size=plan.max_total_num_tokens, device=device)
-    return PagedTokenToKVPoolAllocator(size=plan.max_total_num_tokens, page_size=plan.page_size, device=device)
+        return TokenToKVPoolAllocator(size=plan.max_total_num_tokens, device=device, kvcache=kvcache)
+    return PagedTokenToKVPoolAllocator(size=plan.max_total_num_tokens, page_size=plan.page_size, device=device,
+                                       kvcache=kvcache)

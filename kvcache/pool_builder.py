@@ -119,9 +119,17 @@ def _build_in(
         state_pool = RecurrentStatePool(
             num_slots=plan.state_pool.num_slots, spec=layout.state.spec, layer_ids=layout.state.layer_ids, device=device,
         )
-    allocator = shared_allocator if shared_allocator is not None else allocator_factory(plan=plan, device=device)
+    if shared_allocator is not None:
+        allocator = shared_allocator
+        token_to_kv_pool = _attention_pool(layout, kv_pools, allocator)
+    else:
+        single = None if _paired_window(layout) else _attention_pool(layout, kv_pools, None)
+        allocator = allocator_factory(plan=plan, device=device, kvcache=single)
+        token_to_kv_pool = single if single is not None else _attention_pool(layout, kv_pools, allocator)
+        if single is None:  # the hybrid pool needed the allocator's full -> SWA map first
+            allocator.attach_kvcache(token_to_kv_pool)  # type: ignore[attr-defined]
     return WorkerPools(
-        arena=arena, kv_pools=kv_pools, token_to_kv_pool=_attention_pool(layout, kv_pools, allocator),
+        arena=arena, kv_pools=kv_pools, token_to_kv_pool=token_to_kv_pool,
         state_pool=state_pool,
         req_to_token_pool=req_pool if shared_req_to_token_pool is None else None,
         allocator=allocator if shared_allocator is None else None,
@@ -146,9 +154,16 @@ def check_against_plan(pools: WorkerPools, plan: MemoryPoolConfig, *, draft: boo
         )
 
 
-def _attention_pool(layout: CacheLayout, pools: dict[str, Any], allocator: TokenAllocator) -> KVPool:
+def _paired_window(layout: CacheLayout) -> bool:
+    """Whether the attention pool is hybrid: a sliding-window pool paired with the full pool."""
+    return any(g.paired_with_full for g in layout.kv_groups)
+
+
+def _attention_pool(layout: CacheLayout, pools: dict[str, Any], allocator: TokenAllocator | None) -> KVPool:
+    """The pool the model's attention reads; a hybrid SWA pool takes the allocator's full -> SWA map."""
     swa = [g for g in layout.kv_groups if g.paired_with_full]
     if swa:
+        assert allocator is not None
         full = next(g for g in layout.kv_groups if not g.paired_with_full)
         return HybridSWAKVPool(full=pools[full.name], swa=pools[swa[0].name],
                                full_to_swa=allocator.full_to_swa_index_mapping)  # type: ignore[attr-defined]

@@ -129,7 +129,18 @@ def test_an_allocator_factory_overridden_on_the_instance_is_used(make_engine) ->
     assert allocator.size == runner.max_total_num_tokens and allocator.page_size == 4
     assert allocator.alloc(8).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]  # pages 1 and 2; page 0 is padding
     assert allocator.calls == [("alloc", 8)]
+    assert allocator.get_kvcache() is runner.token_to_kv_pool
     assert not WorkerContainer.allocator_factory.overridden
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_a_bootstrapped_allocator_addresses_the_runner_s_kv_pool(make_engine, page_size: int) -> None:
+    engine = make_engine(kv_cache_memory=16 * MiB, page_size=page_size)
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
+    engine.engine().bootstrap()
+    runner = engine.engine().target
+    assert runner.token_to_kv_pool is not None
+    assert runner.token_to_kv_pool_allocator.get_kvcache() is runner.token_to_kv_pool
 
 
 def test_a_forward_stream_overridden_on_the_instance_builds_the_pools(make_engine) -> None:

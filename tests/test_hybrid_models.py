@@ -57,7 +57,12 @@ def test_gpt_oss_pairs_a_full_and_a_sliding_pool(bootstrap) -> None:
     # swa tokens = align_down(int(full x 0.8), page)
     assert swa.num_tokens == full.num_tokens * 4 // 5 // 16 * 16
     assert isinstance(runner.token_to_kv_pool, HybridSWAKVPool)
-    assert isinstance(runner.token_to_kv_pool_allocator, SWATokenToKVPoolAllocator)
+    allocator = runner.token_to_kv_pool_allocator
+    assert isinstance(allocator, SWATokenToKVPoolAllocator)
+    # the hybrid pool is built after the allocator (it takes the allocator's map), then attached to it
+    assert allocator.get_kvcache() is runner.token_to_kv_pool
+    assert allocator.full_attn_allocator.get_kvcache() is runner.token_to_kv_pool.full_kv_pool
+    assert allocator.swa_attn_allocator.get_kvcache() is runner.token_to_kv_pool.swa_kv_pool
 
 
 def test_a_sliding_pool_too_small_for_one_window_names_a_ratio(bootstrap) -> None:

@@ -75,12 +75,12 @@ def test_a_draft_worker_has_its_own_arena_and_the_target_pays_for_both(make_engi
     assert runtime.target.kv_cache.allocated_bytes + draft_arena == plan.total_bytes <= 2 * GiB
 
 
-def _checking_allocator(*, plan: Any, device: torch.device) -> TokenToKVPoolAllocator:
+def _checking_allocator(*, plan: Any, device: torch.device, kvcache: Any = None) -> TokenToKVPoolAllocator:
     """An allocator with is-free flags the plan did not pay for."""
     return TokenToKVPoolAllocator(size=plan.max_total_num_tokens, device=device, check_frees=True)
 
 
-def _undersized_allocator(*, plan: Any, device: torch.device) -> TokenToKVPoolAllocator:
+def _undersized_allocator(*, plan: Any, device: torch.device, kvcache: Any = None) -> TokenToKVPoolAllocator:
     """An allocator over half the plan's tokens: smaller index buffers than planned."""
     return TokenToKVPoolAllocator(size=plan.max_total_num_tokens // 2, device=device)
 

@@ -128,6 +128,10 @@ class FreeListAllocator(SegmentFrees):
         """The KV pool these indices address (None when built without one)."""
         return self._kvcache
 
+    def attach_kvcache(self, kvcache: Any) -> None:
+        """Name the KV pool these indices address, for a pool built after the allocator."""
+        self._kvcache = kvcache
+
     def available_size(self) -> int:
         """Free tokens."""
         return self._log.available * self._page_size

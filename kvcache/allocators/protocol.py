@@ -8,7 +8,7 @@ business and are not part of this protocol.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -36,6 +36,8 @@ class TokenAllocator(Protocol):
 
 
 class AllocatorFactory(Protocol):
-    """Builds the allocator a plan calls for (its rows and sizes come from the plan alone)."""
+    """Builds the allocator a plan calls for (its rows and sizes come from the plan alone); `kvcache` is the
+    attention KV pool it addresses, or None when that pool is built after it (a hybrid SWA pool needs the
+    allocator's map: the builder then calls the allocator's attach_kvcache)."""
 
-    def __call__(self, *, plan: "MemoryPoolConfig", device: torch.device) -> TokenAllocator: ...
+    def __call__(self, *, plan: "MemoryPoolConfig", device: torch.device, kvcache: Any = None) -> TokenAllocator: ...

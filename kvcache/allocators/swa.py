@@ -65,17 +65,15 @@ class SWATokenToKVPoolAllocator(SegmentFrees):
         self._device = torch.device(device)
         self._page_size = page_size
         self._check = check_frees
-        self._kvcache = kvcache
-        self.full_attn_allocator = _side("full_size", full_size, page_size, self._device, check_frees,
-                                         getattr(kvcache, "full_kv_pool", None))
-        self.swa_attn_allocator = _side("swa_size", swa_size, page_size, self._device, check_frees,
-                                        getattr(kvcache, "swa_kv_pool", None))
+        self._kvcache: Any = None
+        self.full_attn_allocator = _side("full_size", full_size, page_size, self._device, check_frees, None)
+        self.swa_attn_allocator = _side("swa_size", swa_size, page_size, self._device, check_frees, None)
         self._map = FullToSWAMap(rows=full_size + page_size, device=self._device)
         self._group = FreeGroup()
         self._serial = next(_serials)
         self._generation = 0
-        if kvcache is not None and hasattr(kvcache, "register_mapping"):
-            kvcache.register_mapping(self._map.table)
+        if kvcache is not None:
+            self.attach_kvcache(kvcache)
 
     @property
     def size(self) -> int:
@@ -113,6 +111,15 @@ class SWATokenToKVPoolAllocator(SegmentFrees):
 
     def get_kvcache(self) -> Any:
         return self._kvcache
+
+    def attach_kvcache(self, kvcache: Any) -> None:
+        """Name the hybrid KV pool (its full and SWA sides go to the side allocators) and register the map
+        with it: the pool builder builds the hybrid pool after this allocator, since the pool needs the map."""
+        self._kvcache = kvcache
+        self.full_attn_allocator.attach_kvcache(getattr(kvcache, "full_kv_pool", None))
+        self.swa_attn_allocator.attach_kvcache(getattr(kvcache, "swa_kv_pool", None))
+        if hasattr(kvcache, "register_mapping"):
+            kvcache.register_mapping(self._map.table)
 
     def available_size(self) -> int:
         """Tokens that can be handed out now: both sides must have room."""

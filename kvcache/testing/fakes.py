@@ -52,9 +52,9 @@ class RecordingAllocator:
         self.calls: list[tuple[str, Any]] = []
 
     @classmethod
-    def from_plan(cls, *, plan: MemoryPoolConfig, device: torch.device) -> "RecordingAllocator":
+    def from_plan(cls, *, plan: MemoryPoolConfig, device: torch.device, kvcache: Any = None) -> "RecordingAllocator":
         """The allocator the plan calls for (kvcache.allocator_factory), wrapped."""
-        return cls(allocator_for_plan(plan=plan, device=device))
+        return cls(allocator_for_plan(plan=plan, device=device, kvcache=kvcache))
 
     def _record(self, name: str, arg: Any = None) -> None:
         self.calls.append((name, arg))
@@ -106,6 +106,12 @@ class RecordingAllocator:
     @property
     def nbytes(self) -> int:
         return self._inner.nbytes
+
+    def get_kvcache(self) -> Any:
+        return self._inner.get_kvcache()
+
+    def attach_kvcache(self, kvcache: Any) -> None:
+        self._inner.attach_kvcache(kvcache)
 
     @property
     def full_to_swa_index_mapping(self) -> torch.Tensor:
