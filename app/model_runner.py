@@ -25,6 +25,7 @@ from kvcache.vmm_storage import VmmBacking
 from kvcache.byte_units import MiB, format_bytes
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.errors import KVCacheError, WeightsDoNotFitError
+from kvcache.layer_specs import tensor_parallel_sizes
 from kvcache.runtime_reserve import default_cuda_graph_max_bs
 from kvcache.memory_probe import MemoryProbe
 from kvcache.model_config import ModelConfig
@@ -225,17 +226,26 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _tp_size_that_fits(self, needed: int, free: int) -> int | None:
+        """The smallest --tp-size above this one whose weight shard (needed x tp now / tp) takes at most 90%
+        of `free` and whose attention TP (tp / attention DP) splits the model's heads; None if none does."""
+        parallel = self.parallel_state
+        for attention_tp in tensor_parallel_sizes(self.model_config):
+            tp = attention_tp * parallel.attention_dp_size
+            if tp > parallel.tp_size and needed * parallel.tp_size // tp <= free * 9 // 10:
+                return tp
+        return None
+
     def _weights_do_not_fit(self, needed: int) -> WeightsDoNotFitError:
         free = self.pre_model_load_memory or 0
-        current = tp = self.parallel_state.tp_size
-        while needed * current // tp > free * 9 // 10 and tp < 1024:
-            tp *= 2
+        tp = self._tp_size_that_fits(needed, free)
+        per_rank = () if tp is None else (
+            f"--tp-size {tp} (about {format_bytes(needed * self.parallel_state.tp_size // tp)} per rank)",)
         return WeightsDoNotFitError(
             f"{self.model_config.name}'s {self.role} weights ({format_bytes(needed)} on this rank) do not fit "
             f"in the {format_bytes(free)} free on {self.device}",
             needed_bytes=needed, available_bytes=free,
-            suggestions=(f"--tp-size {tp} (about {format_bytes(needed * current // tp)} per rank)",
-                         "a card with more memory") if self.device.type != "cpu" else (
+            suggestions=(*per_rank, "a card with more memory") if self.device.type != "cpu" else (
                 f"--memory-limit {-(-(self.memory_probe.total_bytes() + needed - free) // MiB)}MiB or more "
                 "(the weights alone need that much; the KV cache needs more)",),
         )

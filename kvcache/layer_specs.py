@@ -135,13 +135,22 @@ def _fits(tp: int, count: int, may_replicate: bool) -> bool:
     return count % tp == 0 or (may_replicate and tp % count == 0)
 
 
+MAX_TP_SIZE = 1024
+
+
+def tensor_parallel_sizes(model: ModelConfig, up_to: int = MAX_TP_SIZE) -> list[int]:
+    """The attention TP sizes 1..up_to that split the model's heads (tensor_parallel_rules), ascending."""
+    rules = tensor_parallel_rules(model)
+    return [t for t in range(1, up_to + 1) if all(_fits(t, c, r) for _, c, r in rules)]
+
+
 def check_tensor_parallel(model: ModelConfig, attention_tp: int) -> None:
     """Refuse an attention TP size that does not split the model's heads, listing the sizes that do."""
     rules = tensor_parallel_rules(model)
     broken = [(what, count, rep) for what, count, rep in rules if not _fits(attention_tp, count, rep)]
     if not broken:
         return
-    working = [t for t in range(1, 1025) if all(_fits(t, c, r) for _, c, r in rules)]
+    working = tensor_parallel_sizes(model)
     why = "; ".join(f"its {count} {what} must divide by it" + (" or it by them" if rep else "")
                     for what, count, rep in broken)
     raise ConfigError(

@@ -60,6 +60,32 @@ def test_weights_larger_than_the_card_fail_before_allocating(make_engine) -> Non
         engine.engine().target.load_weights()
 
 
+def _weights_failure(make_engine, model: str, total_bytes: int) -> WeightsDoNotFitError:  # type: ignore[no-untyped-def]
+    engine = make_engine(device="meta", model=load_model_config(model))
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=total_bytes))
+    with pytest.raises(WeightsDoNotFitError) as caught:
+        engine.engine().target.load_weights()
+    return caught.value
+
+
+def test_the_suggested_tp_size_splits_the_model_s_heads(make_engine) -> None:
+    # SmolLM2-135M: 9 attention heads, 3 KV heads, so attention TP 1, 3 or 9 (tensor_parallel_sizes).
+    # Its 270,532,608 B of weights on a 200 MiB card (90% = 188,743,680 B): TP 2 would fit (135,266,304 B)
+    # but does not split 9 heads; TP 3 does and fits: 270,532,608 / 3 = 90,177,536 B = 0.08 GiB.
+    failure = _weights_failure(make_engine, "SmolLM2-135M", 200 * MiB)
+    assert failure.needed_bytes == 270_532_608
+    assert failure.suggestions == ("--tp-size 3 (about 0.08 GiB (90,177,536 B) per rank)", "a card with more memory")
+
+
+@pytest.mark.parametrize(("model", "total_bytes"), [("SmolLM2-135M", 16 * MiB), ("Llama-3.1-8B-Instruct", 512 * MiB)])
+def test_weights_no_tp_size_fits_suggest_only_a_larger_card(make_engine, model: str, total_bytes: int) -> None:
+    # SmolLM2's largest TP is 9: 270,532,608 // 9 = 30,059,178 B > 90% of 16 MiB = 15,099,494 B.
+    # Llama-8B's largest is 32 (32 heads): 16,060,522,496 // 32 = 501,891,328 B > 90% of 512 MiB =
+    # 483,183,820 B (doubling up to 1024 suggested --tp-size 1024, which splits no 32 heads).
+    failure = _weights_failure(make_engine, model, total_bytes)
+    assert failure.suggestions == ("a card with more memory",)
+
+
 def test_a_pool_build_failing_part_way_frees_everything(make_engine, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = make_engine(kv_cache_memory=16 * MiB)
     engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
