@@ -46,6 +46,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     free_after_load_bytes: int
     total_memory_bytes: int
     weights_bytes: int
+    vision_weights: str  # "none", "counted", or "not_counted" (the config lacks the tower's shapes)
     buffers: dict[str, int]
     planned_bytes: int
     allocated_bytes: int
@@ -85,7 +86,8 @@ def build_report(engine: Engine, *, card: str | None = None) -> BootstrapReport:
         max_total_num_tokens=plan.max_total_num_tokens, max_running_requests=plan.max_running_requests,
         budget_bytes=budget.budget_bytes, mem_fraction_static=budget.mem_fraction_static,
         free_before_load_bytes=budget.free_before_load_bytes, free_after_load_bytes=budget.free_after_load_bytes,
-        total_memory_bytes=budget.total_bytes, weights_bytes=weights, buffers=plan.buffers,
+        total_memory_bytes=budget.total_bytes, weights_bytes=weights,
+        vision_weights=target.model_config.vision_weights, buffers=plan.buffers,
         planned_bytes=plan.total_bytes, allocated_bytes=sum(w.kv_cache.allocated_bytes for w in engine.workers),
         plan=plan.to_dict(),
         state_request_cap=plan.state_pool.request_cap if plan.state_pool else None,
@@ -104,7 +106,8 @@ def render_text(report: BootstrapReport) -> str:
         f"memory              total {format_bytes(r.total_memory_bytes)}",
         f"                    free before load {format_bytes(r.free_before_load_bytes)}",
         f"                    free after load  {format_bytes(r.free_after_load_bytes)}",
-        f"weights             {format_bytes(r.weights_bytes)}",
+        f"weights             {format_bytes(r.weights_bytes)}"
+        + ("  (vision tower not counted: its shapes are not in config.json)" if r.vision_weights == "not_counted" else ""),
         "KV budget           " + format_bytes(r.budget_bytes)
         + (f"  (mem_fraction_static {r.mem_fraction_static})" if r.mem_fraction_static is not None else "  (--kv-cache-memory)"),
         f"bytes per token     {r.bytes_per_token:,}",

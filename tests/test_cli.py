@@ -210,3 +210,24 @@ def test_every_suggested_value_really_fits(capsys: pytest.CaptureFixture[str]) -
         assert main(argv + ["--json"]) == 0, (flag, value, capsys.readouterr().err)
         capsys.readouterr()
     assert GiB  # sizes in messages are GiB for people, bytes for scripts
+
+
+CORPUS = Path(__file__).parent / "model_corpus"
+
+
+@pytest.mark.parametrize(
+    ("config", "argv", "vision"),
+    [
+        ("Kimi-K2.5.json", ["--gpu-memory", "1TiB", "--tp-size", "8", "--page-size", "64"], "not_counted"),
+        ("gemma-3-27b-it.json", ["--gpu", "H200"], "counted"),
+    ],
+)
+def test_the_report_says_when_the_vision_tower_is_not_counted(
+    config: str, argv: list[str], vision: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Kimi-K2.5's config names a vision tower without its shapes; Gemma-3's gives them."""
+    assert main(["plan", "--model", str(CORPUS / config), *argv]) == 0
+    weights_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("weights "))
+    assert ("vision tower not counted" in weights_line) == (vision == "not_counted")
+    assert main(["plan", "--model", str(CORPUS / config), *argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["vision_weights"] == vision
