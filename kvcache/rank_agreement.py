@@ -105,9 +105,15 @@ class RankAgreement:
         """Every rank's picklable `obj`, indexed by rank."""
         if self.group is None:
             return [obj]
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
+        # Our own byte exchange: torch's all_gather_object needs NumPy, which this engine does not install.
+        payload = pickle.dumps(obj)
+        lengths = [n for (n,) in self.gather_int64((len(payload),))]
+        local = torch.zeros(max(lengths), dtype=torch.uint8)
+        if payload:
+            local[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        out = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(out, local, group=self.group)
+        return [pickle.loads(bytes(t[:n].tolist())) for t, n in zip(out, lengths)]
 
     def agree_on_memory(self, *, free_before_load: int, free_after_load: int, total_bytes: int) -> AgreedMemory:
         """The MIN of each number over the ranks, after checking free memory before load is balanced."""
