@@ -166,9 +166,14 @@ class KVCacheConfigurator:
         )
 
     # ---- internals --------------------------------------------------------
-    def _build(self, plan: MemoryPoolConfig, layout: CacheLayout) -> WorkerPools:
+    def _build(self, plan: MemoryPoolConfig, layout: CacheLayout, shared: SharedTargetCache | None = None) -> WorkerPools:
+        """Build the pools on the forward stream and wait for them (a draft reuses the target's table and allocator)."""
         with self.forward_stream:
-            pools = build_worker_pools(plan=plan, layout=layout, device=self.device, allocator_factory=self.allocator_factory)
+            pools = build_worker_pools(
+                plan=plan, layout=layout, device=self.device, allocator_factory=self.allocator_factory,
+                shared_req_to_token_pool=shared.req_to_token_pool if shared else None,
+                shared_allocator=shared.token_to_kv_pool_allocator if shared else None,
+            )
         self.forward_stream.synchronize()
         return pools
 
@@ -242,12 +247,7 @@ class KVCacheConfigurator:
                 )
         if layout.state is not None:
             raise ConfigError("a draft worker with recurrent-state layers cannot share the target's request table")
-        with self.forward_stream:
-            pools = build_worker_pools(
-                plan=plan, layout=layout, device=self.device, allocator_factory=self.allocator_factory,
-                shared_req_to_token_pool=shared.req_to_token_pool, shared_allocator=shared.token_to_kv_pool_allocator,
-            )
-        self.forward_stream.synchronize()
+        pools = self._build(plan, layout, shared)
         self.memory_probe.note_allocation(pools.nbytes)
         return self._result(plan, pools, shared.req_to_token_pool, shared.token_to_kv_pool_allocator)
 
