@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcache.errors import ConfigError
-from kvcache.rank_agreement import RankAgreement
+from kvcache.rank_agreement import SGLANG_MIN_RANK_MEMORY_RATIO, RankAgreement
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,7 @@ class ParallelState:
     pp_rank: int = 0
     attention_dp_size: int = 1
     local_rank: int = 0  # the accelerator index on this host
-    min_rank_memory_ratio: float = 0.9  # --min-rank-memory-ratio: how unbalanced the ranks' free memory may be
+    min_rank_memory_ratio: float = SGLANG_MIN_RANK_MEMORY_RATIO  # --min-rank-memory-ratio: how unbalanced the ranks' free memory may be
     groups: ProcessGroups | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
