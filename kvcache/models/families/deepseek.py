@@ -9,6 +9,7 @@ are numbered after the main ones, as in the checkpoint.
 
 from __future__ import annotations
 
+from kvcache.layer_specs import INDEX_SCALE_BLOCK
 from kvcache.model_config import ModelConfig
 from kvcache.models.decoder import (
     Heads,
@@ -22,8 +23,6 @@ from kvcache.models.decoder import (
 from kvcache.models.fields import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, ConfigFields
 from kvcache.models.weight_blocks import Indexer, Layer, Linear, MLAttention, Norm
 from kvcache.models.generic import text_model_type
-
-INDEX_SCALE_BLOCK = 128  # SGLang 0.5.23's DSA indexer: one float32 scale per 128 fp8 key values
 
 
 def mla_attention(t: ConfigFields, hidden: int, heads: int) -> MLAttention:
