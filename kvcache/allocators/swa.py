@@ -172,17 +172,14 @@ class SWATokenToKVPoolAllocator(SegmentFrees):
             raise ValueError(f"{op}() needs page_size > 1; with page_size 1 use alloc(n)")
         return full, swa
 
-    def _swa_last_loc(self, last: torch.Tensor, continues: torch.Tensor | None) -> torch.Tensor:
-        """last_loc in SWA space; with check_frees, every request that continues a page (CPU mask) must still map."""
-        swa_last = self._map.lookup(last)
-        if self._check and continues is not None:
-            lost = continues.to(self._device) & (swa_last == 0)
-            if bool(lost.any()):
-                raise ValueError(
-                    f"full index {int(last[lost][0])} continues a partial page but has no SWA slot "
-                    "(its page left the window through free_swa while still being written)"
-                )
-        return swa_last
+    def _check_still_mapped(self, last: torch.Tensor, swa_last: torch.Tensor, continues: torch.Tensor) -> None:
+        """check_frees only (it syncs): every request that continues a page (CPU mask) must still have its SWA slot."""
+        lost = continues.to(self._device) & (swa_last == 0)
+        if bool(lost.any()):
+            raise ValueError(
+                f"full index {int(last[lost][0])} continues a partial page but has no SWA slot "
+                "(its page left the window through free_swa while still being written)"
+            )
 
     def alloc_extend(
         self, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor, seq_lens: torch.Tensor,
@@ -193,8 +190,11 @@ class SWATokenToKVPoolAllocator(SegmentFrees):
         plan, last = full_side._plan_extend(prefix_lens_cpu, seq_lens_cpu, last_loc, extend_num_tokens)
         if plan.num_new_pages * self._page_size > self.available_size():
             return None
-        prefix = prefix_lens_cpu.reshape(-1).cpu()
-        swa_last = self._swa_last_loc(last, (prefix % self._page_size != 0) & (seq_lens_cpu.reshape(-1).cpu() > prefix))
+        swa_last = self._map.lookup(last)
+        if self._check:
+            prefix = prefix_lens_cpu.reshape(-1).cpu()
+            continues = (prefix % self._page_size != 0) & (seq_lens_cpu.reshape(-1).cpu() > prefix)
+            self._check_still_mapped(last, swa_last, continues)
         full, swa = full_side._extend_with(plan, last), swa_side._extend_with(plan, swa_last)
         assert full is not None and swa is not None
         self._map.write(full, swa)
@@ -206,9 +206,11 @@ class SWATokenToKVPoolAllocator(SegmentFrees):
         starting, batch, last = full_side._plan_decode(seq_lens_cpu, last_loc)
         if starting.numel() * self._page_size > self.available_size():
             return None
-        continues = torch.ones(batch, dtype=torch.bool)
-        continues[starting] = False
-        swa_last = self._swa_last_loc(last, continues)
+        swa_last = self._map.lookup(last)
+        if self._check:
+            continues = torch.ones(batch, dtype=torch.bool)
+            continues[starting] = False
+            self._check_still_mapped(last, swa_last, continues)
         full, swa = full_side._decode_with(starting, batch, last), swa_side._decode_with(starting, batch, swa_last)
         assert full is not None and swa is not None
         self._map.write(full, swa)
