@@ -10,7 +10,6 @@ from app.engine import Engine
 from app.model_runner import ModelRunner
 from kvcache.byte_units import format_bytes
 from kvcache.dtypes import model_dtype_name
-from kvcache.pool_layout import DRAFT_POOL_PREFIX
 
 
 class WorkerReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,7 +68,7 @@ def _worker(runner: ModelRunner) -> WorkerReport:
 
 def _pool_names(runner: ModelRunner) -> list[str]:
     plan = runner.memory_pool_config
-    return [p.name for p in plan.kv_pools if p.name.startswith(DRAFT_POOL_PREFIX) == (runner.role == "draft")]
+    return [p.name for p in plan.kv_pools if p.of_draft_worker == (runner.role == "draft")]
 
 
 def build_report(engine: Engine, *, card: str | None = None) -> BootstrapReport:
