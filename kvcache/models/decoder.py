@@ -13,7 +13,7 @@ from typing import Any
 
 from kvcache.model_config import LayerKind, ModelConfig
 from kvcache.models.fields import MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigFields
-from kvcache.models.weight_blocks import Attention, Block, GatedMLP, Layer, MoE, Norm, PlainMLP
+from kvcache.models.weight_blocks import Block, GatedMLP, Layer, MoE, Norm, Part, PlainMLP
 from kvcache.models.weights_layout import Quantization, WeightLayout
 
 LAYER_ALIASES = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -195,15 +195,24 @@ def ffn_blocks(f: ConfigFields, hidden: int, n: int, *, model_type: str, score_b
 # ---- layers and the model -------------------------------------------------------------------------
 
 
+_NORMS = ("input_layernorm", "post_attention_layernorm")
+
+
 def standard_layers(attention: Block, ffns: tuple[Block, ...], hidden: int, *,
-                    norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")) -> tuple[Layer, ...]:
-    """Pre-norm decoder layers: the first norm, attention, the other norms, the MLP; alike layers share one object."""
+                    norms: tuple[str, ...] = _NORMS) -> tuple[Layer, ...]:
+    """Pre-norm decoder layers with the same attention in every layer (see mixed_layers)."""
+    return mixed_layers((("self_attn", attention),) * len(ffns), ffns, hidden, norms=norms)
+
+
+def mixed_layers(mixers: tuple[Part, ...], ffns: tuple[Block, ...], hidden: int, *,
+                 norms: tuple[str, ...] = _NORMS, ffn_name: str = "mlp") -> tuple[Layer, ...]:
+    """Pre-norm decoder layers, each with its own (name, mixer): the first norm, the mixer, the other
+    norms, the MLP; alike layers share one object."""
     norm = Norm(hidden)
-    made: dict[Block, Layer] = {}
-    for ffn in set(ffns):
-        parts = ((norms[0], norm), ("self_attn", attention), *((n, norm) for n in norms[1:]), ("mlp", ffn))
-        made[ffn] = Layer(parts)
-    return tuple(made[ffn] for ffn in ffns)
+    made: dict[tuple[Part, Block], Layer] = {}
+    for mixer, ffn in set(zip(mixers, ffns)):
+        made[(mixer, ffn)] = Layer(((norms[0], norm), mixer, *((n, norm) for n in norms[1:]), (ffn_name, ffn)))
+    return tuple(made[key] for key in zip(mixers, ffns))
 
 
 def quantization(f: ConfigFields) -> Quantization:

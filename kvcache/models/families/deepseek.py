@@ -18,6 +18,7 @@ from kvcache.models.decoder import (
     ffn_blocks,
     hidden_size,
     num_layers,
+    standard_layers,
     weight_layout,
 )
 from kvcache.models.fields import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, ConfigFields
@@ -55,16 +56,13 @@ def read_deepseek(src: ModelSource) -> ModelConfig:
     attn = mla_attention(t, hidden, heads)
     score_bias = t.text("topk_method", default="") == "noaux_tc" or text_model_type(src) == "deepseek_v3"
     ffns = ffn_blocks(t, hidden, n, model_type="deepseek", score_bias=score_bias)
+    layers = standard_layers(attn, ffns, hidden)
     norm = Norm(hidden)
-
-    def layer(ffn: object) -> tuple:
-        return (("input_layernorm", norm), ("self_attn", attn), ("post_attention_layernorm", norm), ("mlp", ffn))
-
-    made = {ffn: Layer(layer(ffn)) for ffn in set(ffns)}
     nextn = t.int("num_nextn_predict_layers", default=0, low=0, high=MAX_LAYERS)
-    mtp = Layer((("enorm", norm), ("hnorm", norm), ("eh_proj", Linear(hidden, 2 * hidden)), *layer(ffns[-1]),
+    # an MTP layer: its own input norms and projection around a copy of the last decoder layer
+    mtp = Layer((("enorm", norm), ("hnorm", norm), ("eh_proj", Linear(hidden, 2 * hidden)), *layers[-1].parts,
                  ("shared_head.norm", norm)))
-    weights = weight_layout(src, tuple(made[f] for f in ffns), hidden, nextn_layers=(mtp,) * nextn)
+    weights = weight_layout(src, layers, hidden, nextn_layers=(mtp,) * nextn)
     qk_dim = attn.nope_dim + attn.rope_dim
     return describe(src, kinds=("mla",) * n, heads=Heads(hidden, heads, heads, qk_dim), weights=weights,
                     v_head_dim=attn.v_dim, num_nextn_predict_layers=nextn, **mla_cache_fields(attn))

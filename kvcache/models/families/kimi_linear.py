@@ -10,10 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvcache.model_config import LayerKind, ModelConfig
-from kvcache.models.decoder import Heads, ModelSource, describe, ffn_blocks, hidden_size, num_layers, weight_layout
+from kvcache.models.decoder import (
+    Heads,
+    ModelSource,
+    describe,
+    ffn_blocks,
+    hidden_size,
+    mixed_layers,
+    num_layers,
+    weight_layout,
+)
 from kvcache.models.families.deepseek import mla_attention, mla_cache_fields
 from kvcache.models.fields import MAX_HEAD_DIM, MAX_HEADS
-from kvcache.models.weight_blocks import Layer, Norm, ParamSpec, Shard, linear
+from kvcache.models.weight_blocks import ParamSpec, Shard, linear
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +64,8 @@ def read_kimi_linear(src: ModelSource) -> ModelConfig:
     delta = KimiDeltaAttention(hidden, lin.int("num_heads", high=MAX_HEADS), lin.int("head_dim", high=MAX_HEAD_DIM),
                                lin.int("short_conv_kernel_size", high=64))
     ffns = ffn_blocks(t, hidden, n, model_type="kimi_linear", score_bias=True)
-    norm = Norm(hidden)
-    made = {(k, f): Layer((("input_layernorm", norm), ("self_attn", mla if k == "mla" else delta),
-                          ("post_attention_layernorm", norm), ("mlp", f))) for k, f in set(zip(kinds, ffns))}
-    weights = weight_layout(src, tuple(made[k] for k in zip(kinds, ffns)), hidden)
+    mixers = tuple(("self_attn", mla if k == "mla" else delta) for k in kinds)
+    weights = weight_layout(src, mixed_layers(mixers, ffns, hidden), hidden)
     return describe(src, kinds=kinds, heads=Heads(hidden, heads, heads, mla.nope_dim + mla.rope_dim), weights=weights,
                     v_head_dim=mla.v_dim, **mla_cache_fields(mla),
                     linear_num_key_heads=delta.heads, linear_num_value_heads=delta.heads,

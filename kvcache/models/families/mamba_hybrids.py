@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kvcache.model_config import LayerKind, ModelConfig
@@ -21,6 +22,7 @@ from kvcache.models.decoder import (
     describe,
     experts_count,
     hidden_size,
+    mixed_layers,
     moe_block,
     num_layers,
     read_heads,
@@ -29,7 +31,20 @@ from kvcache.models.decoder import (
 from kvcache.models.families.nemotron_h import mamba2_cache_fields, mamba2_mixer
 from kvcache.models.fields import MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, ConfigFields
 from kvcache.models.generic import attention_block, text_model_type
-from kvcache.models.weight_blocks import Attention, Block, GatedMLP, Layer, Linear, Mamba2Mixer, MoE, Norm, ParamSpec, Shard, linear
+from kvcache.models.weight_blocks import (
+    Attention,
+    Block,
+    GatedMLP,
+    Layer,
+    Linear,
+    Mamba2Mixer,
+    MoE,
+    Norm,
+    ParamSpec,
+    Part,
+    Shard,
+    linear,
+)
 
 
 def _mamba2(t: ConfigFields, hidden: int) -> Mamba2Mixer:
@@ -42,11 +57,6 @@ def _mamba2(t: ConfigFields, hidden: int) -> Mamba2Mixer:
             t.fail("mamba_n_heads", heads, f"a divisor of the Mamba width {inner}")
         head_dim = inner // heads
     return mamba2_mixer(t, hidden, heads=heads, head_dim=head_dim)
-
-
-def _layers(blocks: dict[str, tuple[tuple[str, Block], ...]], plan: tuple[str, ...]) -> tuple[Layer, ...]:
-    made = {key: Layer(parts) for key, parts in blocks.items()}
-    return tuple(made[key] for key in plan)
 
 
 def read_falcon_h1(src: ModelSource) -> ModelConfig:
@@ -69,16 +79,19 @@ def _ffn_granite(t: ConfigFields, hidden: int) -> Block:
     return MoE(hidden, experts, t.int("intermediate_size"), shared_intermediate=shared, shared_name="shared_mlp")
 
 
+def _mixer_of(mamba: Block, attention: Block) -> Callable[[LayerKind], Part]:
+    """A Mamba-or-attention layer's (name, mixer) by its kind."""
+    return lambda kind: ("mamba", mamba) if kind == "mamba2" else ("self_attn", attention)
+
+
 def _either_or(src: ModelSource, kinds: tuple[LayerKind, ...], ffn: Block) -> ModelConfig:
     """Layers that are Mamba-2 or attention, each followed by the same MLP block."""
     t = src.text
     heads = read_heads(t)
-    norm, mamba = Norm(heads.hidden), _mamba2(t, heads.hidden)
-    mixers: dict[str, Block] = {"mamba2": mamba, "full_attention": attention_block(t, heads, text_model_type(src))}
-    names = {"mamba2": "mamba", "full_attention": "self_attn"}
-    blocks = {k: (("input_layernorm", norm), (names[k], mixers[k]), ("post_attention_layernorm", norm), ("mlp", ffn))
-              for k in set(kinds)}
-    return describe(src, kinds=kinds, heads=heads, weights=weight_layout(src, _layers(blocks, kinds), heads.hidden),
+    mamba = _mamba2(t, heads.hidden)
+    mixer = _mixer_of(mamba, attention_block(t, heads, text_model_type(src)))
+    layers = mixed_layers(tuple(map(mixer, kinds)), (ffn,) * len(kinds), heads.hidden)
+    return describe(src, kinds=kinds, heads=heads, weights=weight_layout(src, layers, heads.hidden),
                     **mamba2_cache_fields(mamba))
 
 
@@ -119,7 +132,8 @@ def read_zamba2(src: ModelSource) -> ModelConfig:
     shared = Attention(hidden=hidden, heads=heads.heads, kv_heads=heads.kv_heads, head_dim=head_dim, input_size=2 * hidden)
     mlp = GatedMLP(hidden, t.int("intermediate_size"))
     copies = t.int("num_mem_blocks", default=1, high=MAX_LAYERS)
-    layers = _layers(blocks, types)
+    made = {key: Layer(parts) for key, parts in blocks.items()}
+    layers = tuple(made[x] for x in types)
     shared_parts = tuple(part for k in range(copies) for part in (
         (f"model.shared_transformer.{k}.input_layernorm", Norm(2 * hidden)), (f"model.shared_transformer.{k}.self_attn", shared),
         (f"model.shared_transformer.{k}.pre_ff_layernorm", norm), (f"model.shared_transformer.{k}.mlp", mlp)))
@@ -163,13 +177,10 @@ def read_jamba(src: ModelSource) -> ModelConfig:
     e_period, e_offset = t.int("expert_layer_period", default=1, high=MAX_LAYERS), t.int("expert_layer_offset", default=0, low=0, high=MAX_LAYERS)
     dense = GatedMLP(hidden, t.int("intermediate_size"))
     moe = moe_block(t, hidden, experts, router_name="router") if experts > 1 else dense
-    norm = Norm(hidden)
-    mixers: dict[str, Block] = {"mamba2": mamba, "full_attention": attention_block(t, heads, text_model_type(src))}
-    names = {"mamba2": "mamba", "full_attention": "self_attn"}
-    plan = tuple(f"{k}|{int(i % e_period == e_offset)}" for i, k in enumerate(kinds))
-    blocks = {key: (("input_layernorm", norm), (names[key.split('|')[0]], mixers[key.split('|')[0]]),
-                    ("pre_ff_layernorm", norm), ("feed_forward", moe if key.endswith("|1") else dense))
-              for key in set(plan)}
-    return describe(src, kinds=kinds, heads=heads, weights=weight_layout(src, _layers(blocks, plan), hidden),
+    mixer = _mixer_of(mamba, attention_block(t, heads, text_model_type(src)))
+    ffns = tuple(moe if i % e_period == e_offset else dense for i in range(n))
+    layers = mixed_layers(tuple(map(mixer, kinds)), ffns, hidden, norms=("input_layernorm", "pre_ff_layernorm"),
+                          ffn_name="feed_forward")
+    return describe(src, kinds=kinds, heads=heads, weights=weight_layout(src, layers, hidden),
                     mamba_num_heads=inner, mamba_head_dim=1, ssm_state_size=state, mamba_n_groups=0,
                     mamba_conv_kernel=conv)

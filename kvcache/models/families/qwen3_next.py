@@ -13,13 +13,14 @@ from kvcache.models.decoder import (
     describe,
     ffn_blocks,
     listed_layer_kinds,
+    mixed_layers,
     num_layers,
     read_heads,
     weight_layout,
 )
 from kvcache.models.fields import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, ConfigFields
 from kvcache.models.generic import attention_block, text_model_type
-from kvcache.models.weight_blocks import GatedDeltaNet, Layer, Norm
+from kvcache.models.weight_blocks import GatedDeltaNet
 
 _KINDS = frozenset({"full_attention", "linear_attention"})
 
@@ -55,10 +56,6 @@ def read_qwen3_next(src: ModelSource) -> ModelConfig:
                                 gated=t.flag("attn_output_gate", default=True))
     gdn = gated_delta_net(t, heads.hidden)
     ffns = ffn_blocks(t, heads.hidden, n, model_type="qwen3_next")
-    norm = Norm(heads.hidden)
-    made: dict[tuple[str, object], Layer] = {}
-    for kind, ffn in set(zip(kinds, ffns)):
-        mixer = ("self_attn", attention) if kind == "full_attention" else ("linear_attn", gdn)
-        made[(kind, ffn)] = Layer((("input_layernorm", norm), mixer, ("post_attention_layernorm", norm), ("mlp", ffn)))
-    weights = weight_layout(src, tuple(made[k] for k in zip(kinds, ffns)), heads.hidden)
+    mixers = tuple(("self_attn", attention) if k == "full_attention" else ("linear_attn", gdn) for k in kinds)
+    weights = weight_layout(src, mixed_layers(mixers, ffns, heads.hidden), heads.hidden)
     return describe(src, kinds=kinds, heads=heads, weights=weights, **linear_state_fields(gdn))
