@@ -67,10 +67,18 @@ def page_disjoint(segments: Iterable[tuple[torch.Tensor, int]], page_size: int) 
         yield free_index, start_pos
 
 
-class SegmentFrees:
-    """free_segments / free_full_segments over free_segment / free_full_segment (SGLang 0.5.23's base)."""
+class SharedAllocatorAPI:
+    """What the token, paged and SWA allocators share of SGLang 0.5.23's base: free_segments /
+    free_full_segments over free_segment / free_full_segment, and get_extend_allocation_demand."""
 
     page_size: int
+
+    def get_extend_allocation_demand(
+        self, prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, *, conservative_num_tokens: int,
+        shard_size: int = 1,
+    ) -> int:
+        """Tokens to make room for before a paged extend (SGLang 0.5.23: the caller's conservative bound)."""
+        return conservative_num_tokens
 
     def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         raise NotImplementedError
@@ -88,7 +96,7 @@ class SegmentFrees:
             self.free_full_segment(free_index, start_pos=start_pos)
 
 
-class FreeListAllocator(SegmentFrees):
+class FreeListAllocator(SharedAllocatorAPI):
     """SGLang's allocator API over one FreeLog of ids, each id standing for page_size tokens."""
 
     def __init__(
@@ -142,13 +150,6 @@ class FreeListAllocator(SegmentFrees):
     def get_all_free_pages(self) -> torch.Tensor:
         """The free page ids (token indices at page size 1), for censuses and debugging (SGLang 0.5.23's name)."""
         return self._log.free_ids() // self._page_size
-
-    def get_extend_allocation_demand(
-        self, prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, *, conservative_num_tokens: int,
-        shard_size: int = 1,
-    ) -> int:
-        """Tokens to make room for before a paged extend (SGLang 0.5.23: the caller's conservative bound)."""
-        return conservative_num_tokens
 
     def evict_to_free_tokens(self, tree_cache: Any, num_tokens: int) -> None:
         """Ask tree_cache to evict until num_tokens could be allocated (nothing when they already can)."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from kvcache.allocators.base import AllocatorState, SegmentFrees, as_indices, check_need_size, reject_meta
+from kvcache.allocators.base import AllocatorState, SharedAllocatorAPI, as_indices, check_need_size, reject_meta
 from kvcache.allocators.eviction import evict_shortfall
 from kvcache.allocators.free_group import FreeGroup, FreeGroupState
 from kvcache.allocators.index_map import FullToSWAMap, IndexMapState
@@ -53,7 +53,7 @@ def _side(name: str, size: int, page_size: int, device: torch.device, check: boo
     return PagedTokenToKVPoolAllocator(size=size, page_size=page_size, device=device, check_frees=check, kvcache=kvcache)
 
 
-class SWATokenToKVPoolAllocator(SegmentFrees):
+class SWATokenToKVPoolAllocator(SharedAllocatorAPI):
     """Full and SWA allocators behind SGLang 0.5.23's allocator API; hands out full-pool indices."""
 
     def __init__(
@@ -130,12 +130,6 @@ class SWATokenToKVPoolAllocator(SegmentFrees):
 
     def swa_available_size(self) -> int:
         return self.swa_attn_allocator.available_size()
-
-    def get_extend_allocation_demand(
-        self, prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, *, conservative_num_tokens: int,
-        shard_size: int = 1,
-    ) -> int:
-        return conservative_num_tokens
 
     def evict_to_free_tokens(self, tree_cache: Any, num_tokens: int) -> None:
         """Ask tree_cache for each side's shortfall in one evict_for_alloc call."""
