@@ -190,7 +190,7 @@ class KVCacheConfigurator:
     def _plan_this_rank(self, layout: CacheLayout, free_before: int, free_after: int,
                         total: int) -> tuple[MemoryPoolConfig, PlanRequest]:
         a = self.settings
-        fraction = None if a.kv_cache_memory is not None else self.mem_fraction_static()
+        fraction = None if a.kv_cache_memory is not None else self.mem_fraction_static(total)  # the agreed card
 
         def budget_for(f: float) -> int:
             return compute_budget(total_bytes=total, free_before_load=free_before, free_after_load=free_after,

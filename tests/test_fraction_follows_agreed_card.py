@@ -1,0 +1,31 @@
+"""A derived mem_fraction_static follows the card size the ranks agreed on, like the budget it scales."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvcache.cards import card_named
+from kvcache.rank_agreement import RankAgreement
+
+
+def test_the_derived_fraction_uses_the_ranks_smallest_card(make_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    h100 = card_named("H100-80GB").total_bytes
+    alone = RankAgreement.gather_int64
+
+    def two_ranks(self: RankAgreement, values: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        (mine,) = alone(self, values)
+        if len(mine) != 3:  # only agree_on_memory's (free before, free after, total) gets a second rank
+            return (mine,)
+        return (mine, (mine[0], mine[1], h100))  # a peer with the same free memory on a smaller card
+
+    monkeypatch.setattr(RankAgreement, "gather_int64", two_ranks)
+    engine = make_engine(model="Llama-3.1-8B-Instruct", card=card_named("H200"), device="meta")
+    runner = engine.engine()
+    runner.bootstrap()
+    configurator = engine.target.configurator()
+    plan = runner.target.memory_pool_config
+    assert plan.budget.total_bytes == h100
+    assert plan.budget.mem_fraction_static == configurator.mem_fraction_static(h100)
+    assert configurator.mem_fraction_static(h100) != configurator.mem_fraction_static()  # 0.830 vs 0.903
