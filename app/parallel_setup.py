@@ -73,12 +73,13 @@ def _init_default_group(server_args: ServerArgs, environ: Mapping[str, str]) -> 
     return local_rank
 
 
-def _new_groups(server_args: ServerArgs, rank: int) -> tuple[ProcessGroups, list[object]]:
-    """Every group kind; new_group is called for every group on every rank, in the same order."""
+def _new_groups(server_args: ServerArgs, rank: int, created: list[object]) -> ProcessGroups:
+    """Every group kind; new_group is called for every group on every rank, in the same order.
+    Each group this rank belongs to goes into `created` as soon as it exists, so a failure part-way
+    leaves the caller what to destroy."""
     layout = group_ranks(tp_size=server_args.tp_size, pp_size=server_args.pp_size,
                          attention_dp_size=server_args.attention_dp_size)
     mine: dict[str, object] = {}
-    created: list[object] = []
     for kind, groups in layout.items():
         for ranks in groups:
             group = dist.new_group(ranks, timeout=COLLECTIVE_TIMEOUT)
@@ -87,7 +88,7 @@ def _new_groups(server_args: ServerArgs, rank: int) -> tuple[ProcessGroups, list
                 created.append(group)
     agreement = dist.new_group(list(range(dist.get_world_size())), backend="gloo", timeout=COLLECTIVE_TIMEOUT)
     created.append(agreement)
-    return ProcessGroups(agreement=agreement, **mine), created  # type: ignore[arg-type]
+    return ProcessGroups(agreement=agreement, **mine)  # type: ignore[arg-type]
 
 
 def parallel_state_resource(server_args: ServerArgs, environ: Mapping[str, str] | None = None) -> Iterator[ParallelState]:
@@ -110,7 +111,7 @@ def parallel_state_resource(server_args: ServerArgs, environ: Mapping[str, str] 
         rank = dist.get_rank()
         if not owns_default_group:
             local_rank = int(env.get("LOCAL_RANK", rank))
-        groups, created = _new_groups(a, rank)
+        groups = _new_groups(a, rank, created)
         yield ParallelState(
             tp_size=a.tp_size, tp_rank=rank % a.tp_size, pp_size=a.pp_size, pp_rank=rank // a.tp_size,
             attention_dp_size=a.attention_dp_size, local_rank=local_rank, groups=groups,

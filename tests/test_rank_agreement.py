@@ -57,6 +57,28 @@ def test_a_torchrun_world_that_is_not_the_layout_is_refused_before_joining() -> 
         next(resource)
 
 
+def test_a_group_that_fails_part_way_leaves_the_groups_made_before_it_destroyed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import app.parallel_setup as setup
+
+    made: list[object] = []
+    destroyed: list[object] = []
+
+    def new_group(ranks: list[int], **_: object) -> object:
+        if len(made) == 2:
+            raise RuntimeError("new_group failed")
+        made.append(object())
+        return made[-1]
+
+    monkeypatch.setattr(setup.dist, "is_initialized", lambda: True)  # an embedding engine's group: not ours to destroy
+    monkeypatch.setattr(setup.dist, "get_world_size", lambda: 1)
+    monkeypatch.setattr(setup.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(setup.dist, "new_group", new_group)
+    monkeypatch.setattr(setup.dist, "destroy_process_group", lambda group=None: destroyed.append(group))
+    with pytest.raises(RuntimeError, match="new_group failed"):
+        next(parallel_state_resource(ServerArgs(), environ={}))
+    assert destroyed == made[::-1]
+
+
 def test_one_process_plans_rank_0_alone() -> None:
     (state,) = list(parallel_state_resource(ServerArgs(tp_size=8, pp_size=2), environ={}))
     assert (state.rank, state.pp_rank, state.groups) == (0, 0, None)
