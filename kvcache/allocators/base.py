@@ -183,10 +183,14 @@ class FreeListAllocator(SharedAllocatorAPI):
         if starts.numel() == 0:
             return
         reject_meta(self._device, "free_page_starts")
+        self._put_starts(starts)
+
+    def _put_starts(self, ids: torch.Tensor, *, multiply: int = 1) -> None:
+        """Free the distinct page starts ids * multiply: appended in one kernel, or a copy deferred in a free group."""
         if self._group.is_open:
-            self._group.defer((starts.to(torch.int64, copy=True), False))
+            self._group.defer((ids * multiply if multiply != 1 else ids.to(torch.int64, copy=True), False))
         else:
-            self._log.put(starts)
+            self._log.put(ids, multiply=multiply)
 
     def free_full(self, free_index: torch.Tensor) -> None:
         """free() (a single pool has no sliding-window peer)."""

@@ -143,11 +143,7 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
         if page_ids.numel() == 0:
             return
         reject_meta(self._device, "free_page_ids")
-        pages = as_indices(page_ids, self._device, "page_ids")
-        if self._group.is_open:
-            self._group.defer((pages * self._page_size, False))
-        else:
-            self._log.put(pages, multiply=self._page_size)
+        self._put_starts(as_indices(page_ids, self._device, "page_ids"), multiply=self._page_size)
 
     def _set_ids(self, indices: torch.Tensor) -> tuple[torch.Tensor, bool]:
         return indices - indices % self._page_size, True
