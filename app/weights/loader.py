@@ -97,11 +97,20 @@ def storage_of(spec: ParamSpec, dtype: torch.dtype, quantized_storage: Quantized
     raise ValueError(f"unknown quantized storage {quantized_storage!r}; supported: 'fp8', 'mxfp4', None")
 
 
+def _stored(specs: Sequence[ParamSpec], dtype: torch.dtype, quantized_storage: QuantizedStorage | None,
+            fp8_block_size: tuple[int, int] | None) -> list[StoredTensor]:
+    return [t for spec in specs for t in storage_of(spec, dtype, quantized_storage, fp8_block_size)]
+
+
+def _arena_bytes(stored: Sequence[StoredTensor]) -> int:
+    """The one arena that holds these tensors, each in its aligned slot."""
+    return arena_size(sum(slot_size(t.nbytes) for t in stored))
+
+
 def bytes_needed(specs: Sequence[ParamSpec], dtype: torch.dtype, quantized_storage: QuantizedStorage | None,
                  fp8_block_size: tuple[int, int] | None = (128, 128)) -> int:
     """Exact bytes `load` will allocate for these specs, scales included: the one arena."""
-    stored = [t for spec in specs for t in storage_of(spec, dtype, quantized_storage, fp8_block_size)]
-    return arena_size(sum(slot_size(t.nbytes) for t in stored))
+    return _arena_bytes(_stored(specs, dtype, quantized_storage, fp8_block_size))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,9 +173,8 @@ class DummyWeightLoader:
 
     def load(self, specs: Sequence[ParamSpec]) -> LoadedWeights:
         """Allocate and fill every tensor; on failure free them all and raise WeightsDoNotFitError."""
-        needed = self.bytes_needed(specs)
-        stored = [t for spec in specs
-                  for t in storage_of(spec, self.dtype, self.quantized_storage, self.fp8_block_size)]
+        stored = _stored(specs, self.dtype, self.quantized_storage, self.fp8_block_size)
+        needed = _arena_bytes(stored)
         try:
             arena = _arena(needed, self.device)
         except RuntimeError as error:  # torch.OutOfMemoryError is a RuntimeError
