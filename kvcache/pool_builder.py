@@ -85,12 +85,12 @@ def build_worker_pools(
         with arena.active():
             pools = _build_in(arena, plan, layout, device, allocator_factory, shared_req_to_token_pool, shared_allocator)
         check_against_plan(pools, plan, draft=draft)
-    except (torch.OutOfMemoryError, RuntimeError, MemoryError, PlanMismatchError) as exc:
+    except BaseException as exc:  # whatever failed, nothing built stays allocated
         arena = pools = None  # type: ignore[assignment]
         traceback.clear_frames(exc.__traceback__)  # the error keeps no buffer alive
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        if isinstance(exc, PlanMismatchError):
+        if isinstance(exc, PlanMismatchError) or not isinstance(exc, (torch.OutOfMemoryError, RuntimeError, MemoryError)):
             raise
         raise PoolBuildError(
             f"building the KV pools ({format_bytes(plan.total_bytes)} planned) failed part-way on {device}: "
