@@ -160,8 +160,13 @@ def test_a_resize_that_cannot_keep_the_headroom_says_what_to_change():
 def test_a_resize_that_would_cut_running_requests_is_refused():
     plan = _plan(64 * MiB, max_running_requests=100_000)  # capped at tokens // 2
     assert plan.max_running_requests == plan.max_total_num_tokens // 2
-    with pytest.raises(PostCaptureResizeError, match="running requests"):
+    with pytest.raises(PostCaptureResizeError, match="running requests") as err:
         compute_post_capture_kv_resize(plan=plan, free_after_capture_bytes=0, headroom_bytes=4 * MiB)
+    # needed: the whole plan (request table and allocator lists too) capped at two tokens per running request
+    keeping = _plan(64 * MiB, max_running_requests=plan.max_running_requests,
+                    max_total_tokens=2 * plan.max_running_requests)
+    assert keeping.max_running_requests == plan.max_running_requests
+    assert err.value.needed_bytes == keeping.total_bytes > 2 * plan.max_running_requests * plan.bytes_per_token
 
 
 @settings(max_examples=40, deadline=None)

@@ -19,7 +19,7 @@ import msgspec
 from kvcache.byte_units import MiB, format_bytes
 from kvcache.errors import DoesNotFitError
 from kvcache.memory_budget import exact_fraction
-from kvcache.planning import KVPoolDemand, PlanRequest, plan_pool_sizes
+from kvcache.planning import KVPoolDemand, PlanRequest, align_up, plan_cost, plan_pool_sizes
 from kvcache.pool_config import MemoryPoolConfig
 
 
@@ -104,10 +104,16 @@ def compute_post_capture_kv_resize(
     except DoesNotFitError as exc:
         raise _cannot_resize(plan, free_after_capture_bytes, headroom_bytes, exc.needed_bytes) from None
     if after.max_running_requests != plan.max_running_requests:
-        raise _cannot_resize(plan, free_after_capture_bytes, headroom_bytes,
-                             plan.max_running_requests * 2 * plan.bytes_per_token)
+        raise _cannot_resize(plan, free_after_capture_bytes, headroom_bytes, _bytes_to_keep_running_requests(plan))
     return PostCaptureKVResize(before=plan, after=after, free_after_capture_bytes=free_after_capture_bytes,
                                headroom_bytes=headroom_bytes, mapping_slack_bytes=mapping_slack_bytes)
+
+
+def _bytes_to_keep_running_requests(plan: MemoryPoolConfig) -> int:
+    """What the smallest plan that keeps `plan`'s running requests allocates (each request needs two tokens),
+    by the planner's own cost, so it compares with the whole-plan bytes the error says are available."""
+    tokens = align_up(2 * plan.max_running_requests, plan.page_size)
+    return plan_cost(resized_plan_request(plan, plan.budget.budget_bytes), tokens, 0)
 
 
 def _cannot_resize(plan: MemoryPoolConfig, free: int, headroom: int, needed: int) -> PostCaptureResizeError:
