@@ -122,12 +122,13 @@ def _build_in(
     if shared_allocator is not None:
         allocator = shared_allocator
         token_to_kv_pool = _attention_pool(layout, kv_pools, allocator)
+    elif _window_group(layout) is not None:  # the hybrid pool needs the allocator's full -> SWA map first
+        allocator = allocator_factory(plan=plan, device=device, kvcache=None)
+        token_to_kv_pool = _attention_pool(layout, kv_pools, allocator)
+        allocator.attach_kvcache(token_to_kv_pool)  # type: ignore[attr-defined]
     else:
-        single = None if _paired_window(layout) else _attention_pool(layout, kv_pools, None)
-        allocator = allocator_factory(plan=plan, device=device, kvcache=single)
-        token_to_kv_pool = single if single is not None else _attention_pool(layout, kv_pools, allocator)
-        if single is None:  # the hybrid pool needed the allocator's full -> SWA map first
-            allocator.attach_kvcache(token_to_kv_pool)  # type: ignore[attr-defined]
+        token_to_kv_pool = _attention_pool(layout, kv_pools, None)
+        allocator = allocator_factory(plan=plan, device=device, kvcache=token_to_kv_pool)
     return WorkerPools(
         arena=arena, kv_pools=kv_pools, token_to_kv_pool=token_to_kv_pool,
         state_pool=state_pool,
@@ -154,18 +155,18 @@ def check_against_plan(pools: WorkerPools, plan: MemoryPoolConfig, *, draft: boo
         )
 
 
-def _paired_window(layout: CacheLayout) -> bool:
-    """Whether the attention pool is hybrid: a sliding-window pool paired with the full pool."""
-    return any(g.paired_with_full for g in layout.kv_groups)
+def _window_group(layout: CacheLayout) -> KVPoolGroup | None:
+    """The sliding-window group paired with the full pool (the attention pool is then hybrid), if any."""
+    return next((g for g in layout.kv_groups if g.paired_with_full), None)
 
 
 def _attention_pool(layout: CacheLayout, pools: dict[str, Any], allocator: TokenAllocator | None) -> KVPool:
     """The pool the model's attention reads; a hybrid SWA pool takes the allocator's full -> SWA map."""
-    swa = [g for g in layout.kv_groups if g.paired_with_full]
-    if swa:
+    swa = _window_group(layout)
+    if swa is not None:
         assert allocator is not None
         full = next(g for g in layout.kv_groups if not g.paired_with_full)
-        return HybridSWAKVPool(full=pools[full.name], swa=pools[swa[0].name],
+        return HybridSWAKVPool(full=pools[full.name], swa=pools[swa.name],
                                full_to_swa=allocator.full_to_swa_index_mapping)  # type: ignore[attr-defined]
     if len(pools) != 1:
         raise PoolBuildError(f"expected one attention pool, got {sorted(pools)}")
