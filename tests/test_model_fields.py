@@ -69,6 +69,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("Qwen3-Next-80B-A3B-Thinking", {"linear_conv_kernel_dim": 0}, "field 'linear_conv_kernel_dim' is 0"),
     ("Nemotron-H-56B-Base-8K", {"mamba_num_heads": [256]}, "field 'mamba_num_heads' is [256]; expected a positive integer"),
     ("gpt-oss-20b", {"layer_types": None, "sliding_window": "128"}, "field 'sliding_window' is '128'"),
+    (LLAMA, {"quantization_config": {"quant_method": "fp8", "ignore": ["lm_head", "re:.*mlp(.*"]}},
+     "field 'quantization_config.ignore[1]' is 're:.*mlp(.*'; expected a valid regular expression after 're:'"),
 ]
 
 

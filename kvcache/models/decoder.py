@@ -7,6 +7,7 @@ once for every family.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -224,7 +225,15 @@ def quantization(f: ConfigFields) -> Quantization:
     block = q.int_list("weight_block_size", low=1, high=1 << 16)
     if block is not None and len(block) != 2:
         q.fail("weight_block_size", list(block), "two positive integers [rows, columns]")
-    exempt = [p for key in ("modules_to_not_convert", "ignored_layers", "ignore") for p in q.text_list(key) or ()]
+    exempt: list[str] = []
+    for key in ("modules_to_not_convert", "ignored_layers", "ignore"):
+        for i, pattern in enumerate(q.text_list(key) or ()):
+            if pattern.startswith("re:"):
+                try:
+                    re.compile(pattern[3:])
+                except re.error as error:
+                    q.fail(f"{key}[{i}]", pattern, f"a valid regular expression after 're:' ({error})")
+            exempt.append(pattern)
     return Quantization(method=method, exempt=tuple(exempt))
 
 

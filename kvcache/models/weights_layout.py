@@ -27,19 +27,12 @@ class Quantization:
         if self.method is None:
             return False
         for pattern in self.exempt:
-            if pattern.startswith("re:"):
-                if _regex_matches(pattern[3:], name):
+            if pattern.startswith("re:"):  # the reader checked that it compiles
+                if re.match(pattern[3:], name):
                     return False
             elif fnmatchcase(name, pattern) or fnmatchcase(name, f"{pattern}.*"):
                 return False
         return True
-
-
-def _regex_matches(pattern: str, name: str) -> bool:
-    try:
-        return re.match(pattern, name) is not None
-    except re.error:
-        return False
 
 
 @dataclass(frozen=True, slots=True)
