@@ -102,7 +102,7 @@ def static_run(model: str) -> dict[str, Any]:
                pre_model_load=runner.pre_model_load_memory, kv_total_bytes=plan.total_bytes,
                capture_bytes=capture.bytes_taken, capture_s=capture.seconds, graphs=len(capture.batch_sizes),
                free_after_capture=capture.free_after_bytes,
-               promised_headroom=round(runner.pre_model_load_memory * (1 - plan.budget.mem_fraction_static)))
+               promised_headroom=plan.budget.free_after_load_bytes - plan.budget.budget_bytes)  # the budget's keep-free
     del runner
     release(engine)
     return out
