@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from app.forward import DecodeBatch, DecodeRequests, PoolAttention, build_decoder, paged_decode_attention_torch
+from app.forward import ContextFullError, DecodeBatch, DecodeRequests, PoolAttention, build_decoder, paged_decode_attention_torch
 from app.weights import parameter_specs
 from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.dtypes import KV_CACHE_DTYPES
@@ -156,6 +156,19 @@ def test_the_kernel_masks_positions_past_each_request_and_reads_through_req_to_t
     q = torch.zeros(2, 1, 2)  # equal scores: the output is the mean of the visible values
     out = paged_decode_attention_torch(q, k, v, table, torch.tensor([1, 2]), torch.tensor([2, 1]), 1.0)
     assert out.flatten().tolist() == [35.0, 40.0]
+
+
+def test_a_step_past_the_context_length_is_a_typed_error_and_takes_no_slot():
+    allocator = TokenToKVPoolAllocator(size=POOL_TOKENS, device=CPU, check_frees=True)
+    requests = DecodeRequests(req_to_token_pool=ReqToTokenPool(size=2, max_context_len=2, device=CPU),
+                              allocator=allocator, device=CPU)
+    (row,) = requests.add(1)
+    for _ in range(2):
+        requests.step([row], torch.zeros(1, dtype=torch.int64))
+    free = allocator.available_size()
+    with pytest.raises(ContextFullError, match="reach 3 tokens, past its request-table row of 2"):
+        requests.step([row], torch.zeros(1, dtype=torch.int64))
+    assert allocator.available_size() == free and requests.seq_lens[row] == 2
 
 
 def test_families_without_a_reference_decode_are_refused():

@@ -1,11 +1,11 @@
 """The engine's reference decode step through the KV pools, its Triton kernel, and CUDA-graph capture."""
 
-from app.forward.batch import DecodeBatch, DecodeRequests, OutOfKVSlotsError
+from app.forward.batch import ContextFullError, DecodeBatch, DecodeRequests, OutOfKVSlotsError
 from app.forward.decoder import Decoder, build_decoder
 from app.forward.paged_attention import paged_decode_attention, paged_decode_attention_torch
 from app.forward.pool_attention import AttentionBackend, PoolAttention
 
 __all__ = [
-    "AttentionBackend", "DecodeBatch", "DecodeRequests", "Decoder", "OutOfKVSlotsError", "PoolAttention",
+    "AttentionBackend", "ContextFullError", "DecodeBatch", "DecodeRequests", "Decoder", "OutOfKVSlotsError", "PoolAttention",
     "build_decoder", "paged_decode_attention", "paged_decode_attention_torch",
 ]

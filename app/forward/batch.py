@@ -35,6 +35,10 @@ class OutOfKVSlotsError(KVCacheError):
     """The allocator has no free slot for the next decode token."""
 
 
+class ContextFullError(KVCacheError):
+    """A decode step would write past the end of a request's req_to_token row."""
+
+
 class DecodeRequests:
     """Running requests over a ReqToTokenPool and a token or paged allocator (host-side lengths)."""
 
@@ -57,6 +61,10 @@ class DecodeRequests:
         """The next decode batch for `rows`: a fresh KV slot each, recorded in req_to_token."""
         rows = list(rows)
         new_lens = [self.seq_lens[r] + 1 for r in rows]
+        width = self.req_to_token_pool.max_context_len
+        if max(new_lens, default=0) > width:  # checked before any slot is taken, so a refused step holds nothing
+            raise ContextFullError(f"a request would reach {max(new_lens)} tokens, past its request-table row of "
+                                   f"{width} (the context length); release it or raise --context-length")
         index = torch.tensor(rows, dtype=torch.int64, device=self.device)
         seq = torch.tensor(new_lens, dtype=torch.int64, device=self.device)
         loc = self._allocate(index, seq, torch.tensor(new_lens, dtype=torch.int64))
