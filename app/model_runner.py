@@ -217,9 +217,11 @@ class ModelRunner:
         """Configure; pools that the post-capture resize will trim are built on VMM storage."""
         if not configurator.post_capture_resize().active:
             return configurator.configure(pre_model_load_memory=pre_model_load_memory)
-        self._vmm_backing = VmmBacking()
-        with cuda_backing(self._vmm_backing):
-            return configurator.configure(pre_model_load_memory=pre_model_load_memory)
+        backing = VmmBacking()
+        with cuda_backing(backing):
+            result = configurator.configure(pre_model_load_memory=pre_model_load_memory)
+        self._vmm_backing = backing  # only once the pools exist: a failed build leaves nothing to resize
+        return result
 
     # ---- internals -----------------------------------------------------
     def _synchronize(self) -> None:

@@ -107,3 +107,24 @@ def test_a_pool_build_failing_part_way_frees_everything(make_engine, monkeypatch
     gc.collect()
     assert len(made) == 1 and made[0]() is None
     assert not runner.is_configured
+
+
+def test_pools_that_fail_to_build_leave_nothing_to_resize() -> None:
+    from app.model_runner import ModelRunner
+    from kvcache.parallel import ParallelState
+    from kvcache.runtime import PostCaptureEligibility
+
+    class ResizableButFails:
+        def post_capture_resize(self) -> PostCaptureEligibility:
+            return PostCaptureEligibility(active=True, reason="on")
+
+        def configure(self, *, pre_model_load_memory: int) -> None:
+            raise PoolBuildError("the pools could not be built")
+
+    runner = ModelRunner(role="target", model_config=load_model_config("SmolLM2-135M"), parallel_state=ParallelState(),
+                         device=torch.device("cpu"), model_dtype=torch.float32, memory_probe=FixedMemoryProbe(total_bytes=GiB),
+                         configurator_factory=ResizableButFails, forward_stream=None)
+    runner.pre_model_load_memory, runner.weights = GiB, object()  # type: ignore[assignment]
+    with pytest.raises(PoolBuildError):
+        runner.init_memory_pool()
+    assert runner.start_decode_runtime() is None  # no capture, no resize over pools that do not exist
