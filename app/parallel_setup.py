@@ -32,13 +32,18 @@ from kvcache.server_args import ServerArgs
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 
 
-def launched_world_size(environ: Mapping[str, str]) -> int:
-    """The world size torchrun announced (1 when not launched by it)."""
-    value = environ.get("WORLD_SIZE", "1")
+def _launcher_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    """An integer torchrun sets in the environment (`default` when it is unset)."""
+    value = environ.get(name, str(default))
     try:
         return int(value)
     except ValueError:
-        raise ConfigError(f"WORLD_SIZE={value!r} from the launcher is not a number") from None
+        raise ConfigError(f"{name}={value!r} from the launcher is not a number") from None
+
+
+def launched_world_size(environ: Mapping[str, str]) -> int:
+    """The world size torchrun announced (1 when not launched by it)."""
+    return _launcher_int(environ, "WORLD_SIZE", 1)
 
 
 def check_layout(world_size: int, server_args: ServerArgs) -> None:
@@ -63,7 +68,7 @@ def check_local_rank(local_rank: int, device_count: int) -> None:
 
 def _init_default_group(server_args: ServerArgs, environ: Mapping[str, str]) -> int:
     """Initialise the default group from torchrun's environment; returns the local rank."""
-    local_rank = int(environ.get("LOCAL_RANK", "0"))
+    local_rank = _launcher_int(environ, "LOCAL_RANK", 0)
     backend = "gloo"
     if resolve_device(server_args.device).type == "cuda":
         check_local_rank(local_rank, torch.cuda.device_count())
@@ -110,7 +115,7 @@ def parallel_state_resource(server_args: ServerArgs, environ: Mapping[str, str] 
         check_layout(dist.get_world_size(), a)
         rank = dist.get_rank()
         if not owns_default_group:
-            local_rank = int(env.get("LOCAL_RANK", rank))
+            local_rank = _launcher_int(env, "LOCAL_RANK", rank)
         groups = _new_groups(a, rank, created)
         yield ParallelState(
             tp_size=a.tp_size, tp_rank=rank % a.tp_size, pp_size=a.pp_size, pp_rank=rank // a.tp_size,

@@ -79,6 +79,13 @@ def test_a_group_that_fails_part_way_leaves_the_groups_made_before_it_destroyed(
     assert destroyed == made[::-1]
 
 
+def test_a_local_rank_that_is_not_a_number_is_a_config_error() -> None:
+    resource = parallel_state_resource(ServerArgs(tp_size=2, device="cpu"),
+                                       environ={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "x"})
+    with pytest.raises(ConfigError, match="LOCAL_RANK='x' from the launcher is not a number"):
+        next(resource)
+
+
 def test_one_process_plans_rank_0_alone() -> None:
     (state,) = list(parallel_state_resource(ServerArgs(tp_size=8, pp_size=2), environ={}))
     assert (state.rank, state.pp_rank, state.groups) == (0, 0, None)
