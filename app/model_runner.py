@@ -15,7 +15,7 @@ import msgspec
 import torch
 
 from app.weights import DummyWeightLoader, LoadedWeights, WeightsDoNotFitError as LoaderOutOfMemory
-from app.weights import parameter_specs, quantized_storage_for
+from app.weights import fp8_block_size_for, parameter_specs, quantized_storage_for
 from app.forward import DecodeBatch, DecodeRequests, Decoder, PoolAttention, build_decoder
 from app.forward.graphs import DecodeGraphs, GraphCapture, decode_graph_batch_sizes
 from app.forward.post_capture import apply_post_capture_resize
@@ -70,6 +70,7 @@ class ModelRunner:
         loader = DummyWeightLoader(
             device=self.device, dtype=self.model_dtype,
             quantized_storage=quantized_storage_for(self.model_config.hf_config),
+            fp8_block_size=fp8_block_size_for(self.model_config.hf_config),
         )
         needed = loader.bytes_needed(specs)
         if needed > self.pre_model_load_memory:

@@ -140,3 +140,26 @@ def test_a_failed_allocation_leaves_nothing(monkeypatch: pytest.MonkeyPatch, err
     assert failure.allocated_bytes == 0
     assert "0.25 GiB" in str(failure) and "--tp-size" in str(failure)
     assert failure.__cause__ is error
+
+
+
+def test_the_runner_sizes_fp8_scales_by_the_checkpoint_block_size(make_engine) -> None:  # type: ignore[no-untyped-def]
+    """The runner reads quantization_config.weight_block_size instead of assuming 128 x 128 blocks
+    (it used to, whatever the checkpoint said): the tiny model's 64 x 128 weights in 32 x 32 blocks
+    carry 2 x 4 float32 scales each, not 1."""
+    from app.weights import DummyWeightLoader
+    from kvcache.cards import card_named
+    from kvcache.model_config import ModelConfig
+    from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG
+
+    fp8 = {"quant_method": "fp8", "weight_block_size": [32, 32]}
+    model = ModelConfig.from_hf_config({**TINY_MODEL_HF_CONFIG, "quantization_config": fp8})
+    runner = make_engine(model=model, device="meta", card=card_named("H100-80GB")).engine().target
+    runner.load_weights()
+
+    def stored(block: tuple[int, int]) -> int:
+        loader = DummyWeightLoader(device=torch.device("meta"), dtype=runner.model_dtype, quantized_storage="fp8",
+                                   fp8_block_size=block)
+        return loader.load(runner.weight_specs()).tensor_bytes
+
+    assert runner.weights is not None and runner.weights.tensor_bytes == stored((32, 32)) != stored((128, 128))
