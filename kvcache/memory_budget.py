@@ -45,6 +45,11 @@ def derive_mem_fraction_static(total_bytes: int, reserve_mib: Fraction) -> float
     return float(max(Fraction(1, 20), value))
 
 
+def headroom_bytes(free_before_load: int, mem_fraction_static: float) -> int:
+    """What a fraction keeps free: round(free_before_load * (1 - fraction)), the fraction read exactly."""
+    return round(free_before_load * (1 - exact_fraction(mem_fraction_static)))
+
+
 def compute_budget(
     *, total_bytes: int, free_before_load: int, free_after_load: int,
     mem_fraction_static: float | None, kv_cache_memory: int | None,
@@ -60,7 +65,7 @@ def compute_budget(
         budget = kv_cache_memory
     else:
         assert mem_fraction_static is not None
-        keep_free = round(free_before_load * (1 - exact_fraction(mem_fraction_static)))
+        keep_free = headroom_bytes(free_before_load, mem_fraction_static)
         budget = free_after_load - keep_free
         if budget <= 0:
             raise WeightsLeaveNoRoomError(

@@ -108,11 +108,16 @@ def prefill_graph_reserve_mib(total_bytes: int, shape: RuntimeShape) -> int:
     return PREFILL_GRAPH_MIB_PER_SIZE * prefill_cuda_graph_count(max_tokens)
 
 
+def parallel_reserve_mib(tp_size: int, pp_size: int) -> Fraction:
+    """SGLang 0.5.23's per-rank communication reserve: tp * pp / 8 GiB, in MiB (exact)."""
+    return Fraction(tp_size * pp_size, 8) * GiB_IN_MIB
+
+
 def runtime_reserve_mib(total_bytes: int, shape: RuntimeShape) -> Fraction:
     """The reserve in MiB (exact), as in the module docstring."""
     chunk = shape.chunked_prefill_size or default_chunked_prefill_size(total_bytes)
     bs, dp = decode_cuda_graph_max_bs(total_bytes, shape), shape.attention_dp_size
-    reserve = 512 + Fraction(3, 2) * max(chunk, 2048) + Fraction(shape.tp_size * shape.pp_size, 8) * GiB_IN_MIB
+    reserve = 512 + Fraction(3, 2) * max(chunk, 2048) + parallel_reserve_mib(shape.tp_size, shape.pp_size)
     reserve += 2 * bs + prefill_graph_reserve_mib(total_bytes, shape)
     if dp > 1:
         reserve += 3 * bs * dp + (Fraction(3, 2) * bs * dp if bs > 300 else 0)

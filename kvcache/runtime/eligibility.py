@@ -17,6 +17,7 @@ import msgspec
 
 from kvcache.dtypes import KVCacheDtype
 from kvcache.pool_layout import CacheLayout
+from kvcache.runtime_reserve import parallel_reserve_mib
 from kvcache.server_args import ServerArgs
 from kvcache.sizing_settings import SizingSettings
 
@@ -68,4 +69,4 @@ def is_post_capture_kv_active(
 def post_capture_reserve_mib(*, tp_size: int, pp_size: int) -> Fraction:
     """The reserve a derived mem_fraction_static keeps when the resize runs (SGLang 0.5.23):
     1536 MiB plus tp * pp / 8 GiB, without the activation and graph terms or the 10 GiB floor."""
-    return Fraction(POST_CAPTURE_FLOOR_MIB) + Fraction(tp_size * pp_size, 8) * 1024
+    return Fraction(POST_CAPTURE_FLOOR_MIB) + parallel_reserve_mib(tp_size, pp_size)

@@ -18,7 +18,7 @@ import msgspec
 
 from kvcache.byte_units import MiB, format_bytes
 from kvcache.errors import DoesNotFitError
-from kvcache.memory_budget import exact_fraction
+from kvcache.memory_budget import headroom_bytes
 from kvcache.planning import KVPoolDemand, PlanRequest, align_up, plan_cost, plan_pool_sizes
 from kvcache.pool_config import MemoryPoolConfig
 
@@ -62,7 +62,7 @@ def post_capture_headroom_bytes(
     fraction = plan.budget.mem_fraction_static
     if fraction is None:
         raise ValueError("a plan made from --kv-cache-memory has no fraction to keep headroom by; it is not resized")
-    headroom = round(pre_model_load_bytes * (1 - exact_fraction(fraction)))
+    headroom = headroom_bytes(pre_model_load_bytes, fraction)
     if plan.max_running_requests > cuda_graph_max_bs:
         headroom = max(headroom, int(activation_reserve_mib * MiB))
     return headroom
