@@ -13,7 +13,7 @@ from math import prod
 import torch
 
 from kvcache.dtypes import KVCacheDtype
-from kvcache.errors import ConfigError, UnsupportedModelError
+from kvcache.errors import ConfigError, ModelConfigFieldError, UnsupportedModelError
 from kvcache.model_config import STATE_LAYER_KINDS, ModelConfig
 from kvcache.parallel import ParallelState
 
@@ -191,14 +191,14 @@ def _spec_for(
     if kind == "full_attention":
         return FullAttentionSpec(heads, m.head_dim, m.v_head_dim, kv)
     if kind == "sliding_attention":
-        return SlidingWindowSpec(heads, m.head_dim, m.v_head_dim, kv, _needed(m, "sliding_window", m.sliding_window))
+        return SlidingWindowSpec(heads, m.head_dim, m.v_head_dim, kv, _needed(m, "sliding_window"))
     if kind == "chunked_attention":
         # Llama-4's chunked local attention: only the current chunk's tokens stay live, so it is
         # a sliding pool of attention_chunk_size tokens (SGLang 0.5.23 sizes it the same way)
-        chunk = _needed(m, "attention_chunk_size", m.attention_chunk_size)
+        chunk = _needed(m, "attention_chunk_size")
         return SlidingWindowSpec(heads, m.head_dim, m.v_head_dim, kv, chunk)
     if kind == "mla":
-        return MLASpec(_needed(m, "kv_lora_rank", m.kv_lora_rank), _needed(m, "qk_rope_head_dim", m.qk_rope_head_dim),
+        return MLASpec(_needed(m, "kv_lora_rank"), _needed(m, "qk_rope_head_dim"),
                        kv, index_head_dim=m.index_head_dim or 0)
     if kind in ("linear_attention", "kda"):
         return _gated_delta_net_spec(m, p, model_dtype, ssm_dtype, kind)
@@ -209,10 +209,18 @@ def _spec_for(
     raise UnsupportedModelError(f"{m.name}: layer kind {kind!r} has no cache spec")
 
 
-def _needed(m: ModelConfig, field: str, value: int | None) -> int:
-    """A family field the layer kind needs; the readers set it, so None is a bug in a reader."""
-    if value is None:
-        raise UnsupportedModelError(f"{m.name}: a layer needs {field!r}, which its config did not give")
+def _needed(m: ModelConfig, field: str, *, low: int = 1) -> int:
+    """A ModelConfig field a layer kind needs, checked as an integer >= low (ModelConfigFieldError otherwise).
+
+    The config.json readers check these already; this guards a ModelConfig built or replaced by hand,
+    where an `assert` would be an AssertionError (or, under `python -O`, a silently wrong size)."""
+    value = getattr(m, field)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        need = "a positive integer" if low == 1 else f"an integer of at least {low}"
+        raise ModelConfigFieldError(
+            f"{m.name}: ModelConfig field '{field}' is {value!r}; expected {need} "
+            f"(config.json's {field} or its alias), which its {', '.join(sorted(set(m.layer_kinds) - {'mlp'}))} layers need"
+        )
     return value
 
 
@@ -220,15 +228,14 @@ def _gated_delta_net_spec(m: ModelConfig, p: ParallelState, conv_dtype: torch.dt
                           kind: str) -> RecurrentStateSpec:
     """Delta-rule linear attention (Qwen3-Next's gated delta net, Kimi's KDA): conv over q, k (key heads)
     and v (value heads); state per value head. SGLang 0.5.23 shapes both the same way."""
-    assert m.linear_num_key_heads and m.linear_num_value_heads and m.linear_key_head_dim
-    assert m.linear_value_head_dim and m.linear_conv_kernel_dim
-    k_heads = p.split_per_rank(m.linear_num_key_heads, "linear_num_key_heads")
-    v_heads = p.split_per_rank(m.linear_num_value_heads, "linear_num_value_heads")
-    conv_dim = 2 * k_heads * m.linear_key_head_dim + v_heads * m.linear_value_head_dim
+    k_heads = p.split_per_rank(_needed(m, "linear_num_key_heads"), "linear_num_key_heads")
+    v_heads = p.split_per_rank(_needed(m, "linear_num_value_heads"), "linear_num_value_heads")
+    key_dim, value_dim = _needed(m, "linear_key_head_dim"), _needed(m, "linear_value_head_dim")
+    conv_dim = 2 * k_heads * key_dim + v_heads * value_dim
     return RecurrentStateSpec(
         kind="gated_delta_net" if kind == "linear_attention" else "kda",
-        conv_shape=(conv_dim, m.linear_conv_kernel_dim - 1),
-        ssm_shape=(v_heads, m.linear_key_head_dim, m.linear_value_head_dim),
+        conv_shape=(conv_dim, _needed(m, "linear_conv_kernel_dim") - 1),
+        ssm_shape=(v_heads, key_dim, value_dim),
         conv_dtype=conv_dtype,
         ssm_dtype=ssm_dtype,
     )
@@ -236,16 +243,16 @@ def _gated_delta_net_spec(m: ModelConfig, p: ParallelState, conv_dtype: torch.dt
 
 def _mamba2_spec(m: ModelConfig, p: ParallelState, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> RecurrentStateSpec:
     """Mamba-2: conv over x (heads x head_dim), B and C (groups x state); SSM state per head."""
-    assert m.mamba_num_heads and m.mamba_head_dim and m.ssm_state_size and m.mamba_conv_kernel
-    assert m.mamba_n_groups is not None  # 0 for Mamba-1: B and C come after the conv, so it convolves x only
-    heads = p.split_per_rank(m.mamba_num_heads, "mamba_num_heads")
-    # groups that do not split over TP are extended to one per rank and sharded, as SGLang and vLLM do
-    groups = -(-m.mamba_n_groups // p.attention_tp_size)
-    conv_dim = heads * m.mamba_head_dim + 2 * groups * m.ssm_state_size
+    heads = p.split_per_rank(_needed(m, "mamba_num_heads"), "mamba_num_heads")
+    head_dim, state = _needed(m, "mamba_head_dim"), _needed(m, "ssm_state_size")
+    # groups that do not split over TP are extended to one per rank and sharded, as SGLang and vLLM do;
+    # 0 for Mamba-1: B and C come after the conv, so it convolves x only
+    groups = -(-_needed(m, "mamba_n_groups", low=0) // p.attention_tp_size)
+    conv_dim = heads * head_dim + 2 * groups * state
     return RecurrentStateSpec(
         kind="mamba2",
-        conv_shape=(conv_dim, m.mamba_conv_kernel - 1),
-        ssm_shape=(heads, m.mamba_head_dim, m.ssm_state_size),
+        conv_shape=(conv_dim, _needed(m, "mamba_conv_kernel") - 1),
+        ssm_shape=(heads, head_dim, state),
         conv_dtype=conv_dtype,
         ssm_dtype=ssm_dtype,
     )
