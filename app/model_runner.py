@@ -26,7 +26,7 @@ from kvcache.byte_units import MiB, format_bytes
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.errors import KVCacheError, WeightsDoNotFitError
 from kvcache.layer_specs import tensor_parallel_sizes
-from kvcache.runtime_reserve import default_cuda_graph_max_bs
+from kvcache.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
 from kvcache.memory_probe import MemoryProbe
 from kvcache.model_config import ModelConfig
 from kvcache.parallel import ParallelState
@@ -169,21 +169,40 @@ class ModelRunner:
                               device=self.device)
 
     # ---- CUDA graphs and the post-capture resize (app.forward) ------------
+    def decode_graph_max_bs(self, max_bs: int | None = None) -> int:
+        """The largest decode batch to capture: max_bs, else --cuda-graph-max-bs, else the card's default, by
+        the runtime reserve's own rule (0 with --disable-cuda-graph or a cap of 0); at most max_running_requests."""
+        s = self._configurator_factory().settings
+        if max_bs is None:
+            max_bs = decode_cuda_graph_max_bs(self.memory_probe.total_bytes(), RuntimeShape(
+                cuda_graphs=not s.disable_cuda_graph, cuda_graph_max_bs=s.cuda_graph_max_bs,
+                tp_size=self.parallel_state.tp_size, max_running_requests=self.max_running_requests))
+        return min(max_bs, self.max_running_requests)
+
     def capture_decode_graphs(self, max_bs: int | None = None) -> GraphCapture:
-        """Capture forward_decode for SGLang's batch sizes up to max_bs (--cuda-graph-max-bs, at most
-        max_running_requests) on one graph pool; returns what capture took (free memory before/after)."""
+        """Capture forward_decode for SGLang's batch sizes up to decode_graph_max_bs(max_bs) on one graph pool;
+        returns what capture took (free memory before/after). A cap of 0 captures nothing: decode runs eagerly."""
+        limit = self.decode_graph_max_bs(max_bs)
+        start = time.perf_counter()
+        if limit == 0:
+            free = self.memory_probe.free_bytes()
+            self.decode_graphs = None
+            self.graph_capture = GraphCapture(batch_sizes=(), free_before_bytes=free, free_after_bytes=free, seconds=0.0)
+            return self.graph_capture
         if self.device.type != "cuda":
             raise KVCacheError(f"CUDA graphs need a CUDA device; the {self.role} worker runs on {self.device}")
-        args = self._configurator_factory().settings
-        limit = max_bs or args.cuda_graph_max_bs or default_cuda_graph_max_bs(self.memory_probe.total_bytes(),
-                                                                             self.parallel_state.tp_size)
-        limit = min(limit, self.max_running_requests)
         graphs = DecodeGraphs(forward=self.forward_decode, device=self.device, max_bs=limit)
-        start = time.perf_counter()
         self.graph_capture = graphs.capture(decode_graph_batch_sizes(limit), self.memory_probe.free_bytes)
         self.timings["capture_decode_graphs_s"] = time.perf_counter() - start
         self.decode_graphs = graphs
         return self.graph_capture
+
+    def decode(self, batch: DecodeBatch) -> torch.Tensor:
+        """One decode step: the smallest captured graph that holds the batch, else eagerly (no graphs, or a
+        batch above the largest captured one)."""
+        if self.decode_graphs is not None and self.decode_graphs.holds(batch.batch_size):
+            return self.decode_graphs.replay(batch)
+        return self.forward_decode(batch)
 
     def post_capture_resize_kv_pool(self) -> PostCaptureKVResize:
         """After capture: shrink the pools to what is free less the fraction's headroom (never grow),

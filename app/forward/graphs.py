@@ -18,10 +18,13 @@ from app.forward.batch import DecodeBatch
 
 
 def decode_graph_batch_sizes(max_bs: int) -> tuple[int, ...]:
-    """SGLang 0.5.23's decode capture list (no speculative decoding), up to and including max_bs."""
+    """SGLang 0.5.23's decode capture list (no speculative decoding), up to and including max_bs;
+    none for 0 (--cuda-graph-max-bs 0: no decode graphs, as the runtime reserve reads it)."""
+    if max_bs < 0:
+        raise ValueError(f"the largest decode graph batch is 0 (no graphs) or more, not {max_bs}")
     sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
     sizes = [bs for bs in sizes if bs <= max_bs]
-    if max_bs not in sizes:
+    if max_bs and max_bs not in sizes:
         sizes.append(max_bs)
     return tuple(sizes)
 
@@ -42,6 +45,14 @@ class GraphCapture:
     @property
     def max_bs(self) -> int:
         return max(self.batch_sizes, default=0)
+
+    @property
+    def summary(self) -> str:
+        """One line for the operator: what was captured, or that decode runs eagerly."""
+        if not self.batch_sizes:
+            return "no decode CUDA graphs (--cuda-graph-max-bs 0 or --disable-cuda-graph): every decode step runs eagerly"
+        return (f"{len(self.batch_sizes)} decode CUDA graphs, batch sizes {self.batch_sizes[0]}..{self.max_bs}: "
+                f"{self.bytes_taken:,} B in {self.seconds:.1f} s")
 
 
 class DecodeGraphs:
@@ -90,6 +101,10 @@ class DecodeGraphs:
         seconds = time.perf_counter() - start
         return GraphCapture(batch_sizes=tuple(sorted(self._graphs)), free_before_bytes=before,
                             free_after_bytes=free_bytes(), seconds=seconds)
+
+    def holds(self, batch_size: int) -> bool:
+        """Whether a captured graph is large enough for a batch of batch_size."""
+        return any(size >= batch_size for size in self._graphs)
 
     def replay(self, batch: DecodeBatch) -> torch.Tensor:
         """Copy the batch into the static buffers (padding the rest) and replay the smallest graph that holds it."""
