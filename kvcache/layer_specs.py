@@ -12,6 +12,7 @@ from math import prod
 
 import torch
 
+from kvcache.dsa_latent import DSAFp8Latent
 from kvcache.dtypes import KVCacheDtype
 from kvcache.errors import ConfigError, ModelConfigFieldError, UnsupportedModelError
 from kvcache.model_config import STATE_LAYER_KINDS, ModelConfig
@@ -64,7 +65,9 @@ class MLASpec:
     """Multi-head latent attention: one latent of kv_lora_rank + qk_rope_head_dim per token.
 
     DeepSeek-V3.2 (sparse attention) adds the indexer's key per token: index_head_dim fp8
-    bytes plus a float32 scale per 128 (SGLang 0.5.23's DSA pool), whatever the KV dtype.
+    bytes plus a float32 scale per 128 (SGLang 0.5.23's DSA pool), whatever the KV dtype;
+    with an fp8_e4m3 KV cache its latent is packed with scales and a bfloat16 RoPE part
+    (kvcache.dsa_latent), as SGLang 0.5.23 stores it.
     """
 
     kv_lora_rank: int
@@ -80,8 +83,23 @@ class MLASpec:
         return self.index_head_dim + self.index_head_dim // INDEX_SCALE_BLOCK * 4
 
     @property
+    def packed_latent(self) -> DSAFp8Latent | None:
+        """The packed fp8 latent layout of a sparse-attention model in fp8_e4m3, else None (plain rows)."""
+        if self.index_head_dim and self.dtype.name == "fp8_e4m3":
+            return DSAFp8Latent(self.kv_lora_rank, self.qk_rope_head_dim)
+        return None
+
+    @property
+    def latent_bytes_per_token(self) -> int:
+        """One token's latent (compressed KV and RoPE key) in one layer, scales included."""
+        packed = self.packed_latent
+        if packed is not None:
+            return packed.row_bytes
+        return self.dtype.row_bytes(1, self.kv_lora_rank + self.qk_rope_head_dim)
+
+    @property
     def bytes_per_token(self) -> int:
-        return self.dtype.row_bytes(1, self.kv_lora_rank + self.qk_rope_head_dim) + self.index_bytes_per_token
+        return self.latent_bytes_per_token + self.index_bytes_per_token
 
 
 @dataclass(frozen=True, slots=True)

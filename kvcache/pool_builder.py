@@ -62,7 +62,7 @@ def _build_kv_group(group: KVPoolGroup, plan: MemoryPoolConfig, device: torch.de
         return MLATokenToKVPool(
             size=size, page_size=plan.page_size, dtype=spec.dtype, kv_lora_rank=spec.kv_lora_rank,
             qk_rope_head_dim=spec.qk_rope_head_dim, layer_ids=group.layer_ids, device=device,
-            index_row_bytes=spec.index_bytes_per_token,
+            index_row_bytes=spec.index_bytes_per_token, packed_latent=spec.packed_latent,
         )
     assert isinstance(spec, (FullAttentionSpec, SlidingWindowSpec))
     return MHATokenToKVPool(

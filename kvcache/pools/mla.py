@@ -2,7 +2,8 @@
 
 The first kv_lora_rank elements are the compressed KV (the 'value' view); the rest
 is the decoupled RoPE key. DeepSeek-V3.2 (sparse attention) adds per layer the indexer's
-key buffer, [rows, index_row_bytes] of uint8: fp8 keys and their float32 scales.
+key buffer, [rows, index_row_bytes] of uint8: fp8 keys and their float32 scales; with an fp8
+KV cache its latent is one packed byte row per token (`packed_latent`, kvcache.dsa_latent).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
+from kvcache.dsa_latent import DSAFp8Latent, PackedLatentTensor
 from kvcache.dtypes import KVCacheDtype
 from kvcache.device_buffers import carve, tensor_bytes
 from kvcache.pools.codec import CacheTensor, LayerIndex, cache_segments
@@ -22,6 +24,7 @@ class MLATokenToKVPool:
     def __init__(
         self, *, size: int, page_size: int, dtype: KVCacheDtype, kv_lora_rank: int, qk_rope_head_dim: int,
         layer_ids: Sequence[int], device: torch.device, index_row_bytes: int = 0,
+        packed_latent: DSAFp8Latent | None = None,
     ) -> None:
         self.size = size
         self.page_size = page_size
@@ -29,24 +32,31 @@ class MLATokenToKVPool:
         self.device = device
         self.kv_lora_rank = kv_lora_rank
         self.qk_rope_head_dim = qk_rope_head_dim
+        self.packed_latent = packed_latent
         self._local = LayerIndex(layer_ids)
         self.layer_ids = self._local.layer_ids
         self.layer_num = len(self.layer_ids)
         self.start_layer = self.layer_ids[0] if self.layer_ids else 0
         self.end_layer = self.layer_ids[-1] if self.layer_ids else -1
         rows = size + page_size
-        segments = cache_segments(rows, 1, kv_lora_rank + qk_rope_head_dim, dtype)
+        if packed_latent is None:
+            segments = cache_segments(rows, 1, kv_lora_rank + qk_rope_head_dim, dtype)
+        else:
+            segments = [((rows, 1, packed_latent.row_bytes), torch.uint8)]
         if index_row_bytes:
             segments.append(((rows, index_row_bytes), torch.uint8))
         parts = carve(segments * len(self.layer_ids), device)  # one allocation for every layer
-        self._kv: list[CacheTensor] = []
+        self._kv: list[CacheTensor | PackedLatentTensor] = []
         self._index: list[torch.Tensor] = []
         for _ in self.layer_ids:
-            self._kv.append(CacheTensor.take(parts, dtype))
+            if packed_latent is None:
+                self._kv.append(CacheTensor.take(parts, dtype))
+            else:
+                self._kv.append(PackedLatentTensor(parts.pop(0), packed_latent))
             if index_row_bytes:
                 self._index.append(parts.pop(0))
 
-    def _buffer(self, layer_id: Any) -> CacheTensor:
+    def _buffer(self, layer_id: Any) -> CacheTensor | PackedLatentTensor:
         return self._kv[self._local(layer_id)]
 
     def get_key_buffer(self, layer_id: Any) -> torch.Tensor:
@@ -55,8 +65,8 @@ class MLATokenToKVPool:
 
     def get_value_buffer(self, layer_id: Any) -> torch.Tensor:
         """The compressed KV part, which attention reads as values."""
-        if self.dtype.scale_group:
-            raise ValueError("an FP4 MLA latent packs elements in pairs; read get_key_buffer and its scales instead")
+        if self.dtype.scale_group or self.packed_latent is not None:
+            raise ValueError("this MLA latent is packed (FP4, or DSA's fp8 rows); read get_key_buffer (and its scales)")
         return self._buffer(layer_id).read()[..., : self.kv_lora_rank]
 
     def get_key_scales(self, layer_id: Any) -> torch.Tensor | None:
