@@ -188,3 +188,24 @@ def test_the_runner_decodes_through_its_own_pools(make_engine):
     written = keys.abs().sum(dim=(1, 2)) > 0
     assert written.nonzero().flatten().tolist() == sorted(batch.out_cache_loc.tolist())
     assert runner.req_to_token_pool.req_to_token[rows, 0].tolist() == batch.out_cache_loc.tolist()
+
+
+def test_rope_rotates_each_pair_by_position_times_its_frequency():
+    from app.forward.layers import RotaryAngles, rope_inv_freq, rotary
+
+    inv_freq = rope_inv_freq(4, 10000.0, CPU)
+    torch.testing.assert_close(inv_freq, torch.tensor([1.0, 0.01]))  # 10000^(-0/4), 10000^(-2/4)
+    x = torch.tensor([[[1.0, 0.0, 0.0, 2.0]]] * 2)  # pairs (x0, x2) and (x1, x3): (1, 0) and (0, 2)
+    out = rotary(x, RotaryAngles.at(torch.tensor([0, 3]), inv_freq))
+    assert torch.equal(out[0], x[0])  # position 0 turns nothing
+    want = [math.cos(3), -2 * math.sin(0.03), math.sin(3), 2 * math.cos(0.03)]
+    torch.testing.assert_close(out[1, 0], torch.tensor(want))
+
+
+def test_the_decoder_computes_rope_frequencies_once_not_per_layer_per_step(mocker):
+    import app.forward.decoder as decoder_module
+
+    spy = mocker.spy(decoder_module, "rope_inv_freq")
+    for family in ("llama", "deepseek"):
+        assert decode_and_compare(MODELS[family](), page=1, kv="float32", steps=3) > 0  # 2 layers x 3 steps, 2 decoders
+    assert spy.call_count == 4  # one per decoder built

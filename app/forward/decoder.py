@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from app.forward.batch import DecodeBatch
-from app.forward.layers import dense_moe, gated_mlp, linear, rms_norm, rotary
+from app.forward.layers import RotaryAngles, dense_moe, gated_mlp, linear, rms_norm, rope_inv_freq, rotary
 from app.forward.pool_attention import AttentionBackend
 from kvcache.errors import UnsupportedModelError
 from kvcache.model_config import ModelConfig
@@ -33,27 +33,38 @@ class Decoder:
         self.attention = attention
         self.layer_ids = layer_ids if layer_ids is not None else range(model_config.num_hidden_layers)
         self.eps = float(self.hf.get("rms_norm_eps", 1e-6))
-        self.rope_theta = float(self.hf.get("rope_theta", 10000.0))
         narrow = [n for n, t in weights.items() if t.dtype in (torch.uint8, torch.int8)]
         if narrow:
             raise UnsupportedModelError(f"the reference decode runs unquantized weights; {narrow[0]} is stored as bytes")
+        device = next(iter(weights.values())).device if weights else torch.device("cpu")
+        self.inv_freq = rope_inv_freq(self.rotary_dim, float(self.hf.get("rope_theta", 10000.0)), device)
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many dimensions of a head RoPE rotates."""
+        raise NotImplementedError
 
     def forward(self, batch: DecodeBatch) -> torch.Tensor:
         x = self.weights["model.embed_tokens.weight"][batch.input_ids]
+        angles = RotaryAngles.at(batch.positions, self.inv_freq)
         for layer in self.layer_ids:
-            x = self.layer(layer, x, batch)
+            x = self.layer(layer, x, batch, angles)
         x = rms_norm(x, self.weights["model.norm.weight"], self.eps)
         head = self.weights.get("lm_head.weight", self.weights["model.embed_tokens.weight"])
         return torch.nn.functional.linear(x, head).float()
 
-    def layer(self, layer: int, x: torch.Tensor, batch: DecodeBatch) -> torch.Tensor:
+    def layer(self, layer: int, x: torch.Tensor, batch: DecodeBatch, angles: RotaryAngles) -> torch.Tensor:
         raise NotImplementedError
 
 
 class GQADecoder(Decoder):
     """Llama, Mistral, Qwen2 (qkv bias), Qwen3 (q/k RMSNorm over head_dim)."""
 
-    def layer(self, layer: int, x: torch.Tensor, batch: DecodeBatch) -> torch.Tensor:
+    @property
+    def rotary_dim(self) -> int:
+        return self.config.head_dim
+
+    def layer(self, layer: int, x: torch.Tensor, batch: DecodeBatch, angles: RotaryAngles) -> torch.Tensor:
         c, w, p = self.config, self.weights, f"model.layers.{layer}."
         bs, d = x.shape[0], c.head_dim
         h = rms_norm(x, w[f"{p}input_layernorm.weight"], self.eps)
@@ -63,7 +74,7 @@ class GQADecoder(Decoder):
         if f"{p}self_attn.q_norm.weight" in w:
             q = rms_norm(q, w[f"{p}self_attn.q_norm.weight"], self.eps)
             k = rms_norm(k, w[f"{p}self_attn.k_norm.weight"], self.eps)
-        q, k = rotary(q, batch.positions, self.rope_theta), rotary(k, batch.positions, self.rope_theta)
+        q, k = rotary(q, angles), rotary(k, angles)
         o = self.attention.gqa(layer, q, k, v, batch, d ** -0.5)
         x = x + linear(o.reshape(bs, -1), w, f"{p}self_attn.o_proj")
         h = rms_norm(x, w[f"{p}post_attention_layernorm.weight"], self.eps)
@@ -77,7 +88,11 @@ class MLADecoder(Decoder):
     sigmoid routing and YaRN's attention scale are not modelled (dummy weights).
     """
 
-    def layer(self, layer: int, x: torch.Tensor, batch: DecodeBatch) -> torch.Tensor:
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.hf["qk_rope_head_dim"])
+
+    def layer(self, layer: int, x: torch.Tensor, batch: DecodeBatch, angles: RotaryAngles) -> torch.Tensor:
         hf, w, p = self.hf, self.weights, f"model.layers.{layer}."
         bs = x.shape[0]
         nope, rope, v_dim = int(hf["qk_nope_head_dim"]), int(hf["qk_rope_head_dim"]), int(hf["v_head_dim"])
@@ -89,10 +104,10 @@ class MLADecoder(Decoder):
         else:
             q = linear(h, w, f"{a}q_proj")
         q = q.view(bs, -1, nope + rope)
-        q_nope, q_pe = q[..., :nope], rotary(q[..., nope:].contiguous(), batch.positions, self.rope_theta)
+        q_nope, q_pe = q[..., :nope], rotary(q[..., nope:].contiguous(), angles)
         kv_a = linear(h, w, f"{a}kv_a_proj_with_mqa")
         c_kv = rms_norm(kv_a[:, :rank], w[f"{a}kv_a_layernorm.weight"], self.eps)
-        k_pe = rotary(kv_a[:, None, rank:].contiguous(), batch.positions, self.rope_theta)
+        k_pe = rotary(kv_a[:, None, rank:].contiguous(), angles)
         w_kv_b = w[f"{a}kv_b_proj.weight"].view(-1, nope + v_dim, rank)
         o = self.attention.mla(layer, q_nope, q_pe, c_kv, k_pe, w_kv_b[:, :nope], w_kv_b[:, nope:], batch,
                                (nope + rope) ** -0.5)

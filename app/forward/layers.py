@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -20,21 +21,35 @@ def linear(x: torch.Tensor, weights: Mapping[str, torch.Tensor], name: str) -> t
     return F.linear(x, weights[f"{name}.weight"], weights.get(f"{name}.bias"))
 
 
-def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (the rotate-half layout of HF Llama) of x [n, heads, dim] at `positions` [n].
+def rope_inv_freq(dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """RoPE's frequencies theta^(-2i/dim), float32 [dim / 2]: a model's decoder computes them once.
 
     Plain RoPE at rope_theta; a checkpoint's rope_scaling (llama3, YaRN) is not applied:
     the dummy weights carry no meaning that a scaled frequency would change.
     """
-    dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
-    cos = torch.cat((angles.cos(), angles.cos()), -1)[:, None, :]
-    sin = torch.cat((angles.sin(), angles.sin()), -1)[:, None, :]
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
+
+
+@dataclass(frozen=True, slots=True)
+class RotaryAngles:
+    """cos and sin [n, 1, dim] of one decode step's positions: computed once per step, used by every layer."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @classmethod
+    def at(cls, positions: torch.Tensor, inv_freq: torch.Tensor) -> "RotaryAngles":
+        angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+        return cls(cos=torch.cat((angles.cos(), angles.cos()), -1)[:, None, :],
+                   sin=torch.cat((angles.sin(), angles.sin()), -1)[:, None, :])
+
+
+def rotary(x: torch.Tensor, angles: RotaryAngles) -> torch.Tensor:
+    """Rotary embedding (the rotate-half layout of HF Llama) of x [n, heads, dim] at the step's angles."""
     xf = x.float()
-    half = dim // 2
+    half = x.shape[-1] // 2
     rotated = torch.cat((-xf[..., half:], xf[..., :half]), -1)
-    return (xf * cos + rotated * sin).to(x.dtype)
+    return (xf * angles.cos + rotated * angles.sin).to(x.dtype)
 
 
 def gated_mlp(x: torch.Tensor, weights: Mapping[str, torch.Tensor], prefix: str) -> torch.Tensor:
