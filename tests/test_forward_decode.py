@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from app.forward import ContextFullError, DecodeBatch, DecodeRequests, PoolAttention, build_decoder, paged_decode_attention_torch
+from app.forward import ContextFullError, DecodeBatch, UnknownRequestError, DecodeRequests, PoolAttention, build_decoder, paged_decode_attention_torch
 from app.weights import parameter_specs
 from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.dtypes import KV_CACHE_DTYPES
@@ -169,6 +169,20 @@ def test_a_step_past_the_context_length_is_a_typed_error_and_takes_no_slot():
     with pytest.raises(ContextFullError, match="reach 3 tokens, past its request-table row of 2"):
         requests.step([row], torch.zeros(1, dtype=torch.int64))
     assert allocator.available_size() == free and requests.seq_lens[row] == 2
+
+
+def test_a_row_that_no_running_request_holds_is_a_typed_error_that_names_it_and_takes_no_slot():
+    allocator = TokenToKVPoolAllocator(size=POOL_TOKENS, device=CPU, check_frees=True)
+    requests = DecodeRequests(req_to_token_pool=ReqToTokenPool(size=4, max_context_len=8, device=CPU),
+                              allocator=allocator, device=CPU)
+    rows = requests.add(2)
+    free = allocator.available_size()
+    unknown = max(rows) + 1
+    with pytest.raises(UnknownRequestError, match=rf"request row {unknown} is not running; running rows: {rows[0]}, {rows[1]}"):
+        requests.step([rows[0], unknown], torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(UnknownRequestError, match=rf"request row {unknown} is not running"):
+        requests.release([rows[0], unknown])
+    assert allocator.available_size() == free and sorted(requests.seq_lens) == sorted(rows)  # nothing taken or freed
 
 
 def test_families_without_a_reference_decode_are_refused():

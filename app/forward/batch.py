@@ -39,6 +39,10 @@ class ContextFullError(KVCacheError):
     """A decode step would write past the end of a request's req_to_token row."""
 
 
+class UnknownRequestError(KVCacheError):
+    """A decode step or release names a request-table row that no running request holds."""
+
+
 class DecodeRequests:
     """Running requests over a ReqToTokenPool and a token or paged allocator (host-side lengths)."""
 
@@ -59,7 +63,7 @@ class DecodeRequests:
 
     def step(self, rows: Sequence[int], input_ids: torch.Tensor) -> DecodeBatch:
         """The next decode batch for `rows`: a fresh KV slot each, recorded in req_to_token."""
-        rows = list(rows)
+        rows = self._running(rows)
         new_lens = [self.seq_lens[r] + 1 for r in rows]
         width = self.req_to_token_pool.max_context_len
         if max(new_lens, default=0) > width:  # checked before any slot is taken, so a refused step holds nothing
@@ -74,6 +78,16 @@ class DecodeRequests:
             self.seq_lens[r] = n
         return DecodeBatch(input_ids=input_ids.to(self.device, torch.int64), positions=seq - 1, req_pool_indices=index,
                            seq_lens=seq.to(torch.int32), out_cache_loc=loc)
+
+    def _running(self, rows: Sequence[int]) -> list[int]:
+        """`rows` as a list, each held by a running request (else UnknownRequestError naming it and the running rows)."""
+        rows = list(rows)
+        for r in rows:
+            if r not in self.seq_lens:
+                running = ", ".join(str(k) for k in sorted(self.seq_lens)) or "none"
+                raise UnknownRequestError(f"request row {r} is not running; running rows: {running} "
+                                          "(add() starts a request, release() ends it)")
+        return rows
 
     def _allocate(self, index: torch.Tensor, seq: torch.Tensor, seq_cpu: torch.Tensor) -> torch.Tensor:
         if self.allocator.page_size == 1:
@@ -94,6 +108,7 @@ class DecodeRequests:
 
     def release(self, rows: Sequence[int]) -> None:
         """Finish requests: free their KV slots and request rows."""
+        rows = self._running(rows)  # all checked before any is freed
         table = self.req_to_token_pool.req_to_token
         for r in rows:
             n = self.seq_lens.pop(r)
