@@ -15,7 +15,7 @@ import msgspec
 import torch
 
 from app.weights import DummyWeightLoader, LoadedWeights, WeightsDoNotFitError as LoaderOutOfMemory
-from app.weights import fp8_block_size_for, parameter_specs, quantized_storage_for
+from app.weights import parameter_specs
 from app.forward import DecodeBatch, DecodeRequests, Decoder, PoolAttention, build_decoder
 from app.forward.graphs import DecodeGraphs, GraphCapture, decode_graph_batch_sizes
 from app.forward.post_capture import apply_post_capture_resize
@@ -67,11 +67,8 @@ class ModelRunner:
         self.timings["profile_before_load_s"] = time.perf_counter() - start
         start = time.perf_counter()
         specs = self.weight_specs()
-        loader = DummyWeightLoader(
-            device=self.device, dtype=self.model_dtype,
-            quantized_storage=quantized_storage_for(self.model_config.hf_config),
-            fp8_block_size=fp8_block_size_for(self.model_config.hf_config),
-        )
+        loader = DummyWeightLoader(device=self.device, dtype=self.model_dtype,
+                                   quantization=self.model_config.weights.quantization)
         needed = loader.bytes_needed(specs)
         if needed > self.pre_model_load_memory:
             raise self._weights_do_not_fit(needed)

@@ -18,11 +18,11 @@ from app.weights import (
     ParamSpec,
     WeightsDoNotFitError,
     bytes_needed,
-    fp8_block_size_for,
     parameter_specs,
-    quantized_storage_for,
     storage_of,
 )
+from kvcache.model_config import ModelConfig
+from kvcache.models.quantization import Fp8Weights, Mxfp4Weights, Quantization
 
 PRESETS = Path(__file__).resolve().parents[1] / "kvcache" / "presets"
 CPU, META = torch.device("cpu"), torch.device("meta")
@@ -37,7 +37,7 @@ def test_cpu_load_of_smollm2_has_exact_bytes() -> None:
     weights = DummyWeightLoader(device=CPU, dtype=torch.bfloat16).load(specs)
     assert weights.tensor_bytes == 134_515_008 * 2
     # one allocation: every tensor 512-byte aligned (the 576-value norms take 1,536 B), rounded up to 2 MiB
-    assert weights.total_bytes == 129 * 2 * MiB == bytes_needed(specs, torch.bfloat16, None)
+    assert weights.total_bytes == 129 * 2 * MiB == bytes_needed(specs, torch.bfloat16)
     assert len({t.untyped_storage().data_ptr() for t in weights.tensors.values()}) == 1
     assert weights.parameter_count == 134_515_008
     q = weights.tensors["model.layers.0.self_attn.q_proj.weight"]
@@ -55,13 +55,13 @@ def test_loaded_weights_are_read_only() -> None:
 
 
 def test_meta_load_of_deepseek_v3_fp8_allocates_nothing() -> None:
-    cfg = preset("DeepSeek-V3")
-    specs = parameter_specs(cfg)
-    storage, block = quantized_storage_for(cfg), fp8_block_size_for(cfg)
-    assert (storage, block) == ("fp8", (128, 128))
-    loader = DummyWeightLoader(device=META, dtype=torch.bfloat16, quantized_storage=storage, fp8_block_size=block)
+    model = ModelConfig.from_hf_config(preset("DeepSeek-V3"))
+    specs = parameter_specs(model)
+    quantization = model.weights.quantization
+    assert quantization.weights == Fp8Weights((128, 128))
+    loader = DummyWeightLoader(device=META, dtype=torch.bfloat16, quantization=quantization)
     weights = loader.load(specs)
-    assert weights.total_bytes == bytes_needed(specs, torch.bfloat16, "fp8") == loader.bytes_needed(specs)
+    assert weights.total_bytes == bytes_needed(specs, torch.bfloat16, quantization) == loader.bytes_needed(specs)
     assert all(t.is_meta for t in weights.tensors.values())
     experts = weights.tensors["model.layers.3.mlp.experts.gate_up_proj"]
     assert experts.dtype == torch.uint8 and experts.shape == (256, 4096, 7168)
@@ -75,12 +75,12 @@ def test_meta_load_of_deepseek_v3_fp8_allocates_nothing() -> None:
 def test_gpt_oss_mxfp4_experts_are_about_the_checkpoint_size() -> None:
     # The published checkpoint is ~13.8 GB: experts in MXFP4 (4.25 bits an element with
     # their scales), everything else in bf16. We compute 13.76 GB.
-    cfg = preset("gpt-oss-20b")
-    specs = parameter_specs(cfg)
-    storage = quantized_storage_for(cfg)
-    assert storage == "mxfp4"
-    weights = DummyWeightLoader(device=META, dtype=torch.bfloat16, quantized_storage=storage).load(specs)
-    assert weights.total_bytes == bytes_needed(specs, torch.bfloat16, storage)
+    model = ModelConfig.from_hf_config(preset("gpt-oss-20b"))
+    specs = parameter_specs(model)
+    quantization = model.weights.quantization
+    assert quantization.weights == Mxfp4Weights()
+    weights = DummyWeightLoader(device=META, dtype=torch.bfloat16, quantization=quantization).load(specs)
+    assert weights.total_bytes == bytes_needed(specs, torch.bfloat16, quantization)
     assert weights.total_bytes == pytest.approx(13.8e9, rel=0.10)
     blocks = weights.tensors["model.layers.0.mlp.experts.down_proj"]
     assert blocks.dtype == torch.uint8 and blocks.shape == (32, 2880, 1440)
@@ -91,36 +91,35 @@ def test_gpt_oss_mxfp4_experts_are_about_the_checkpoint_size() -> None:
 
 def test_fp8_on_cpu_stores_random_bytes_and_block_scales() -> None:
     specs = [ParamSpec("w", (300, 260), True), ParamSpec("n", (260,), False)]
-    weights = DummyWeightLoader(device=CPU, dtype=torch.bfloat16, quantized_storage="fp8").load(specs)
+    fp8 = Quantization(method="fp8", weights=Fp8Weights((128, 128)))
+    weights = DummyWeightLoader(device=CPU, dtype=torch.bfloat16, quantization=fp8).load(specs)
     w = weights.tensors["w"]
     assert w.dtype == torch.uint8 and w.unique().numel() > 200
     assert weights.tensors["w_scale_inv"].shape == (3, 3)
     assert weights.tensor_bytes == 300 * 260 + 9 * 4 + 260 * 2
-    assert weights.total_bytes == 10 * MiB == bytes_needed(specs, torch.bfloat16, "fp8")  # the smallest arena
+    assert weights.total_bytes == 10 * MiB == bytes_needed(specs, torch.bfloat16, fp8)  # the smallest arena
 
 
 def test_fp8_per_tensor_scale_without_blocks() -> None:
-    stored = storage_of(ParamSpec("e", (8, 64, 32), True), torch.bfloat16, "fp8", None)
+    stored = storage_of(ParamSpec("e", (8, 64, 32), True), torch.bfloat16, Quantization("fp8", Fp8Weights(None)))
     assert [(t.name, t.shape, t.dtype) for t in stored] == [("e", (8, 64, 32), torch.uint8),
                                                             ("e_scale_inv", (8,), torch.float32)]
 
 
 def test_quantized_storage_only_applies_to_quantized_specs() -> None:
-    stored = storage_of(ParamSpec("norm.weight", (64,), False), torch.float16, "mxfp4")
+    stored = storage_of(ParamSpec("norm.weight", (64,), False), torch.float16, Quantization("mxfp4", Mxfp4Weights()))
     assert [(t.shape, t.dtype) for t in stored] == [((64,), torch.float16)]
-    with pytest.raises(ValueError, match="unknown quantized storage"):
-        storage_of(ParamSpec("w", (4, 4), True), torch.float16, "int4")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("quantization", "expected"), [
-    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8"),
-    ({"quant_method": "mxfp4"}, "mxfp4"),
-    ({"quant_method": "awq", "bits": 4}, None),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, Fp8Weights((128, 128))),
+    ({"quant_method": "fp8"}, Fp8Weights(None)),
+    ({"quant_method": "mxfp4"}, Mxfp4Weights()),
     (None, None),
 ])
-def test_quantized_storage_for(quantization: dict[str, Any] | None, expected: str | None) -> None:
-    cfg = {} if quantization is None else {"quantization_config": quantization}
-    assert quantized_storage_for(cfg) == expected
+def test_the_model_description_names_the_weight_format(quantization: dict[str, Any] | None, expected: Any) -> None:
+    cfg = preset("SmolLM2-135M") | ({} if quantization is None else {"quantization_config": quantization})
+    assert ModelConfig.from_hf_config(cfg).weights.quantization.weights == expected
 
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory"), RuntimeError("allocator failed")])
@@ -136,7 +135,7 @@ def test_a_failed_allocation_leaves_nothing(monkeypatch: pytest.MonkeyPatch, err
     with pytest.raises(WeightsDoNotFitError) as caught:
         DummyWeightLoader(device=CPU, dtype=torch.bfloat16).load(specs)
     failure = caught.value
-    assert asked == [failure.needed_bytes] == [bytes_needed(specs, torch.bfloat16, None)]  # one allocation, all or nothing
+    assert asked == [failure.needed_bytes] == [bytes_needed(specs, torch.bfloat16)]  # one allocation, all or nothing
     assert failure.allocated_bytes == 0
     assert "0.25 GiB" in str(failure) and "--tp-size" in str(failure)
     assert failure.__cause__ is error
@@ -158,8 +157,29 @@ def test_the_runner_sizes_fp8_scales_by_the_checkpoint_block_size(make_engine) -
     runner.load_weights()
 
     def stored(block: tuple[int, int]) -> int:
-        loader = DummyWeightLoader(device=torch.device("meta"), dtype=runner.model_dtype, quantized_storage="fp8",
-                                   fp8_block_size=block)
+        loader = DummyWeightLoader(device=torch.device("meta"), dtype=runner.model_dtype,
+                                   quantization=Quantization("fp8", Fp8Weights(block)))
         return loader.load(runner.weight_specs()).tensor_bytes
 
     assert runner.weights is not None and runner.weights.tensor_bytes == stored((32, 32)) != stored((128, 128))
+
+
+def test_the_runner_takes_the_weight_format_from_the_model_description_alone(make_engine) -> None:  # type: ignore[no-untyped-def]
+    """One home for quant_method / weight_block_size: the description read from config.json. A ModelConfig
+    whose raw dict is gone still loads fp8 weights (the runner re-read hf_config and loaded bf16)."""
+    import msgspec
+
+    from kvcache.cards import card_named
+    from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG
+
+    fp8 = {"quant_method": "fp8", "weight_block_size": [32, 32]}
+    model = ModelConfig.from_hf_config({**TINY_MODEL_HF_CONFIG, "quantization_config": fp8})
+    runner = make_engine(model=msgspec.structs.replace(model, hf_config={}), device="meta",
+                         card=card_named("H100-80GB")).engine().target
+    runner.load_weights()
+    quantization = Quantization("fp8", Fp8Weights((32, 32)))
+    expected = DummyWeightLoader(device=META, dtype=runner.model_dtype, quantization=quantization)
+    assert runner.weights is not None
+    assert runner.weights.tensor_bytes == expected.load(runner.weight_specs()).tensor_bytes
+    assert runner.weights.tensor_bytes < DummyWeightLoader(device=META, dtype=runner.model_dtype).load(
+        runner.weight_specs()).tensor_bytes

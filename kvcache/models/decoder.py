@@ -7,7 +7,6 @@ once for every family.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -15,7 +14,8 @@ from typing import Any
 from kvcache.model_config import LayerKind, ModelConfig
 from kvcache.models.fields import MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigFields
 from kvcache.models.weight_blocks import Block, GatedMLP, Layer, MoE, Norm, Part, PlainMLP
-from kvcache.models.weights_layout import Quantization, WeightLayout
+from kvcache.models.quantization import read_quantization
+from kvcache.models.weights_layout import WeightLayout
 
 LAYER_ALIASES = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 HIDDEN_ALIASES = ("hidden_size", "n_embd", "d_model", "model_dim")
@@ -216,33 +216,12 @@ def mixed_layers(mixers: tuple[Part, ...], ffns: tuple[Block, ...], hidden: int,
     return tuple(made[key] for key in zip(mixers, ffns))
 
 
-def quantization(f: ConfigFields) -> Quantization:
-    """quantization_config: its method and the modules it leaves unquantized."""
-    q = f.section("quantization_config")
-    if q is None or not q.raw:
-        return Quantization()
-    method = q.text("quant_method", default="unknown")
-    block = q.int_list("weight_block_size", low=1, high=1 << 16)
-    if block is not None and len(block) != 2:
-        q.fail("weight_block_size", list(block), "two positive integers [rows, columns]")
-    exempt: list[str] = []
-    for key in ("modules_to_not_convert", "ignored_layers", "ignore"):
-        for i, pattern in enumerate(q.text_list(key) or ()):
-            if pattern.startswith("re:"):
-                try:
-                    re.compile(pattern[3:])
-                except re.error as error:
-                    q.fail(f"{key}[{i}]", pattern, f"a valid regular expression after 're:' ({error})")
-            exempt.append(pattern)
-    return Quantization(method=method, exempt=tuple(exempt))
-
-
 def weight_layout(src: ModelSource, layers: tuple[Layer, ...], hidden: int, *, tied_default: bool = False,
                   **ends: Any) -> WeightLayout:
     """The layout with the fields every config has; a wrapped (multimodal) config nests it under language_model."""
     t = src.text
     layout = WeightLayout(hidden=hidden, vocab=t.int("vocab_size", "padded_vocab_size", high=MAX_VOCAB), layers=layers,
-                          tied=_tied(src, tied_default), quantization=quantization(src.top), **ends)
+                          tied=_tied(src, tied_default), quantization=read_quantization(src.top), **ends)
     if not src.wrapped:
         return layout
     return replace(layout, layer_prefix="language_model." + layout.layer_prefix,

@@ -6,33 +6,12 @@ the bytes a real checkpoint of the same architecture would occupy on this rank.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from fnmatch import fnmatchcase
 
 from kvcache.errors import ConfigError
+from kvcache.models.quantization import Quantization
 from kvcache.models.weight_blocks import Layer, Norm, Part, ParamSpec, Shard
-
-
-@dataclass(frozen=True, slots=True)
-class Quantization:
-    """Which linear weights the checkpoint stores narrow: all quantizable ones but the exempt patterns."""
-
-    method: str | None = None
-    exempt: tuple[str, ...] = ()
-
-    def covers(self, name: str) -> bool:
-        """A module pattern (glob, or 're:' regex as compressed-tensors writes) exempts a tensor of that module."""
-        if self.method is None:
-            return False
-        for pattern in self.exempt:
-            if pattern.startswith("re:"):  # the reader checked that it compiles
-                if re.match(pattern[3:], name):
-                    return False
-            elif fnmatchcase(name, pattern) or fnmatchcase(name, f"{pattern}.*"):
-                return False
-        return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,123 @@
+"""How a checkpoint stores its quantized linear weights: read once from quantization_config, consumed by the loader.
+
+Each modelled format is a frozen type that lists the tensors one quantized weight takes
+(`stored`); weights the format does not cover (norms, embeddings, exempt modules) keep the
+model dtype:
+
+- ``fp8`` (DeepSeek-V3 style): the weight as uint8, one byte per element, plus a float32
+  ``<name>_scale_inv`` of ceil(rows / block) x ceil(cols / block) per matrix for block
+  quantization (weight_block_size), or one float32 per matrix without blocks (per-tensor).
+- ``mxfp4`` (gpt-oss experts): uint8 of ceil(cols / 2) per row, two 4-bit values a byte, plus
+  uint8 ``<name>_scales`` of ceil(cols / 32) per row (one E8M0 exponent per 32 inputs).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+import torch
+
+from kvcache.models.fields import ConfigFields
+from kvcache.models.weight_blocks import ParamSpec
+
+MXFP4_GROUP = 32
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTensor:
+    """One tensor that holds (part of) a parameter: the weight itself or its scales."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Weights:
+    """fp8 weights with float32 inverse scales per [rows, cols] block, or per matrix when `block` is None."""
+
+    block: tuple[int, int] | None = (128, 128)
+
+    def stored(self, spec: ParamSpec, dtype: torch.dtype) -> tuple[StoredTensor, ...]:
+        *lead, rows, cols = spec.shape
+        scales = tuple(lead) if self.block is None else (*lead, -(-rows // self.block[0]), -(-cols // self.block[1]))
+        return (StoredTensor(spec.name, spec.shape, torch.uint8),
+                StoredTensor(f"{spec.name}_scale_inv", scales, torch.float32))
+
+
+@dataclass(frozen=True, slots=True)
+class Mxfp4Weights:
+    """MXFP4: two e2m1 values a byte, one uint8 exponent per 32 inputs."""
+
+    def stored(self, spec: ParamSpec, dtype: torch.dtype) -> tuple[StoredTensor, ...]:
+        *lead, rows, cols = spec.shape
+        return (StoredTensor(spec.name, (*lead, rows, -(-cols // 2)), torch.uint8),
+                StoredTensor(f"{spec.name}_scales", (*lead, rows, -(-cols // MXFP4_GROUP)), torch.uint8))
+
+
+WeightFormat = Fp8Weights | Mxfp4Weights
+
+
+@dataclass(frozen=True, slots=True)
+class Quantization:
+    """The checkpoint's weight format (None: the model dtype) and the module patterns it leaves unquantized."""
+
+    method: str | None = None
+    weights: WeightFormat | None = None
+    exempt: tuple[str, ...] = ()
+
+    def covers(self, name: str) -> bool:
+        """A module pattern (glob, or 're:' regex as compressed-tensors writes) exempts a tensor of that module."""
+        if self.weights is None:
+            return False
+        for pattern in self.exempt:
+            if pattern.startswith("re:"):  # the reader checked that it compiles
+                if re.match(pattern[3:], name):
+                    return False
+            elif fnmatchcase(name, pattern) or fnmatchcase(name, f"{pattern}.*"):
+                return False
+        return True
+
+    def stored(self, spec: ParamSpec, dtype: torch.dtype) -> tuple[StoredTensor, ...]:
+        """The tensors that hold one parameter: the format's for a quantized weight, else one in `dtype`."""
+        if not spec.quantized or self.weights is None:
+            return (StoredTensor(spec.name, spec.shape, dtype),)
+        return self.weights.stored(spec, dtype)
+
+
+def read_quantization(f: ConfigFields) -> Quantization:
+    """quantization_config: the weight format it names and the modules it leaves unquantized."""
+    q = f.section("quantization_config")
+    if q is None or not q.raw:
+        return Quantization()
+    method = q.text("quant_method", default="unknown")
+    block = q.int_list("weight_block_size", low=1, high=1 << 16)
+    if block is not None and len(block) != 2:
+        q.fail("weight_block_size", list(block), "two positive integers [rows, columns]")
+    weights: WeightFormat | None = None
+    if method == "fp8":
+        weights = Fp8Weights(None if block is None else (block[0], block[1]))
+    elif method == "mxfp4":
+        weights = Mxfp4Weights()
+    return Quantization(method=method, weights=weights, exempt=_exempt(q))
+
+
+def _exempt(q: ConfigFields) -> tuple[str, ...]:
+    """The modules a quantization_config leaves in the model dtype, under the names formats use."""
+    exempt: list[str] = []
+    for key in ("modules_to_not_convert", "ignored_layers", "ignore"):
+        for i, pattern in enumerate(q.text_list(key) or ()):
+            if pattern.startswith("re:"):
+                try:
+                    re.compile(pattern[3:])
+                except re.error as error:
+                    q.fail(f"{key}[{i}]", pattern, f"a valid regular expression after 're:' ({error})")
+            exempt.append(pattern)
+    return tuple(exempt)
