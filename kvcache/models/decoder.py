@@ -14,7 +14,7 @@ from typing import Any
 from kvcache.model_config import LayerKind, ModelConfig
 from kvcache.models.fields import MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigFields
 from kvcache.models.weight_blocks import Block, GatedMLP, Layer, MoE, Norm, Part, PlainMLP
-from kvcache.models.quantization import read_quantization
+from kvcache.models.quantization import Quantization, read_quantization
 from kvcache.models.weights_layout import WeightLayout
 
 LAYER_ALIASES = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -221,12 +221,17 @@ def weight_layout(src: ModelSource, layers: tuple[Layer, ...], hidden: int, *, t
     """The layout with the fields every config has; a wrapped (multimodal) config nests it under language_model."""
     t = src.text
     layout = WeightLayout(hidden=hidden, vocab=t.int("vocab_size", "padded_vocab_size", high=MAX_VOCAB), layers=layers,
-                          tied=_tied(src, tied_default), quantization=read_quantization(src.top), **ends)
+                          tied=_tied(src, tied_default), quantization=_quantization(src), **ends)
     if not src.wrapped:
         return layout
     return replace(layout, layer_prefix="language_model." + layout.layer_prefix,
                    embed_name="language_model." + layout.embed_name, final_norm="language_model." + layout.final_norm,
                    lm_head_name="language_model." + layout.lm_head_name)
+
+
+def _quantization(src: ModelSource) -> Quantization:
+    """quantization_config at the top of the file, else in the language model's section (Kimi-K2.5)."""
+    return read_quantization(src.top if src.top.has("quantization_config") else src.text)
 
 
 def _tied(src: ModelSource, default: bool) -> bool:

@@ -9,6 +9,15 @@ model dtype:
   quantization (weight_block_size), or one float32 per matrix without blocks (per-tensor).
 - ``mxfp4`` (gpt-oss experts): uint8 of ceil(cols / 2) per row, two 4-bit values a byte, plus
   uint8 ``<name>_scales`` of ceil(cols / 32) per row (one E8M0 exponent per 32 inputs).
+- ``compressed-tensors`` with ``pack-quantized`` int weights (Kimi-K2.5: 4 bits, groups of 32,
+  symmetric), as SGLang 0.5.23's WNA16 scheme holds them: ``<name>_packed`` int32 of
+  ceil(cols x bits / 32) per row, ``<name>_scale`` in the model dtype of ceil(cols / group_size)
+  per row (one per row for the channel strategy) and, for asymmetric schemes,
+  ``<name>_zero_point`` int32 of ceil(rows x bits / 32) x groups. The 2-element shape record
+  per matrix (under 1 MiB for Kimi-K2.5) is not counted.
+
+Any other quantization_config (another quant_method, or a compressed-tensors scheme outside
+the above) is refused with one line rather than counted at the model dtype.
 """
 
 from __future__ import annotations
@@ -62,7 +71,27 @@ class Mxfp4Weights:
                 StoredTensor(f"{spec.name}_scales", (*lead, rows, -(-cols // MXFP4_GROUP)), torch.uint8))
 
 
-WeightFormat = Fp8Weights | Mxfp4Weights
+@dataclass(frozen=True, slots=True)
+class PackedIntWeights:
+    """compressed-tensors pack-quantized ints: `bits`-bit values packed in int32 along the input dimension,
+    a scale per `group_size` inputs (per row when None) and packed zero points unless symmetric."""
+
+    bits: int
+    group_size: int | None
+    symmetric: bool = True
+
+    def stored(self, spec: ParamSpec, dtype: torch.dtype) -> tuple[StoredTensor, ...]:
+        *lead, rows, cols = spec.shape
+        groups = 1 if self.group_size is None else -(-cols // self.group_size)
+        out = (StoredTensor(f"{spec.name}_packed", (*lead, rows, -(-cols * self.bits // 32)), torch.int32),
+               StoredTensor(f"{spec.name}_scale", (*lead, rows, groups), dtype))
+        if self.symmetric:
+            return out
+        return out + (StoredTensor(f"{spec.name}_zero_point", (*lead, -(-rows * self.bits // 32), groups), torch.int32),)
+
+
+WeightFormat = Fp8Weights | Mxfp4Weights | PackedIntWeights
+MODELLED_METHODS = ("fp8", "mxfp4", "compressed-tensors")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,12 +130,52 @@ def read_quantization(f: ConfigFields) -> Quantization:
     block = q.int_list("weight_block_size", low=1, high=1 << 16)
     if block is not None and len(block) != 2:
         q.fail("weight_block_size", list(block), "two positive integers [rows, columns]")
-    weights: WeightFormat | None = None
+    weights: WeightFormat
     if method == "fp8":
         weights = Fp8Weights(None if block is None else (block[0], block[1]))
     elif method == "mxfp4":
         weights = Mxfp4Weights()
+    elif method == "compressed-tensors":
+        weights = _compressed_tensors(q)
+    else:
+        q.fail("quant_method", q.raw.get("quant_method"),
+               f"one of the weight formats sized here ({', '.join(map(repr, MODELLED_METHODS))}); another format "
+               "would be counted at the model dtype's size, so it is not supported")
     return Quantization(method=method, weights=weights, exempt=_exempt(q))
+
+
+def _compressed_tensors(q: ConfigFields) -> PackedIntWeights:
+    """The one weight-only int scheme of a compressed-tensors config (pack-quantized, group or channel scales)."""
+    fmt = q.text("format", default="")
+    if fmt != "pack-quantized":
+        q.fail("format", q.raw.get("format"), "'pack-quantized' (the compressed-tensors format sized here)")
+    groups = q.section("config_groups")
+    if groups is None or len(groups.raw) != 1:
+        q.fail("config_groups", None if groups is None else f"{len(groups.raw)} groups", "one config group")
+    key = next(iter(groups.raw))
+    group = groups.section(key)
+    if group is None:
+        groups.fail(key, None, "a JSON object (targets, weights)")
+    if group.raw.get("targets") != ["Linear"]:
+        group.fail("targets", group.raw.get("targets"), "['Linear'] (every Linear module but the ignored ones)")
+    if group.raw.get("input_activations") is not None:
+        group.fail("input_activations", group.raw["input_activations"], "null (weight-only int quantization)")
+    w = group.section("weights")
+    if w is None:
+        group.fail("weights", None, "a weights scheme (num_bits, type, strategy, group_size)")
+    if w.text("type") != "int":
+        w.fail("type", w.raw["type"], "'int'")
+    bits = w.int("num_bits", high=8)
+    if bits not in (4, 8):
+        w.fail("num_bits", bits, "4 or 8")
+    strategy = w.text("strategy")
+    if strategy not in ("group", "channel"):
+        w.fail("strategy", strategy, "'group' or 'channel'")
+    if w.flag("dynamic") or w.has("actorder"):
+        name = "dynamic" if w.flag("dynamic") else "actorder"
+        w.fail(name, w.raw[name], "false / null (static scales in checkpoint order)")
+    size = w.int("group_size", high=1 << 16) if strategy == "group" else None
+    return PackedIntWeights(bits=bits, group_size=size, symmetric=w.flag("symmetric", default=True))
 
 
 def _exempt(q: ConfigFields) -> tuple[str, ...]:
