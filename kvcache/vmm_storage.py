@@ -1,83 +1,74 @@
-"""KV storage on CUDA's virtual-memory API: fixed addresses whose physical backing can be given back in part.
+"""KV storage on a virtual-memory API: fixed addresses whose physical backing can be given back in part.
 
-A `VmmAllocation` reserves one address range (cuMemAddressReserve) and maps physical
-blocks into it (cuMemCreate + cuMemMap, one handle per block, so a block can be
-unmapped alone). Tensors over it keep their addresses for life, so CUDA graphs
-captured against the pools stay valid after `keep_only` unmaps everything outside the
-byte ranges still needed (kvcache.runtime.tail_release decides which blocks).
-`VmmBacking` is the allocation function `kvcache.device_buffers.cuda_backing` takes.
+A `VmmAllocation` reserves one address range and maps physical blocks into it (one
+handle per block, so a block can be unmapped alone). Tensors over it keep their
+addresses for life, so CUDA graphs captured against the pools stay valid after
+`keep_only` unmaps everything outside the byte ranges still needed
+(kvcache.runtime.tail_release decides which blocks). A failed `keep_only` leaves every
+byte mapped again and the kept bytes unchanged. `VmmBacking` is the allocation function
+`kvcache.device_buffers.cuda_backing` takes.
 
-Needs `cuda-bindings` (the optional `cuda` extra); it is imported only when a CUDA pool
-is built this way, never on the CPU.
+The driver calls go through a `VirtualMemory`: CUDA's (kvcache.cuda_virtual_memory,
+needing the optional cuda-bindings, imported only when a CUDA pool is built this way),
+or the CPU fake of kvcache.testing.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from kvcache.errors import KVCacheError
 from kvcache.runtime.tail_release import Block, chunk_blocks, plan_tail_release
 
 DEFAULT_CHUNK_BYTES = 64 << 20  # handles per GiB stay few; boundary chunks are remapped finer at release
 
 
-class VmmError(RuntimeError):
-    """A CUDA driver virtual-memory call failed (out of memory, or VMM unsupported)."""
+class VmmError(KVCacheError):
+    """A virtual-memory driver call failed (out of memory, or VMM unsupported)."""
 
 
-def _driver() -> Any:
-    try:
-        from cuda.bindings import driver
-    except ImportError as exc:  # pragma: no cover - CUDA only
-        raise VmmError("resizable KV pools need the cuda-bindings package: pip install 'kvcache-configurator[cuda]'") from exc
-    return driver
+class VirtualMemory(Protocol):
+    """The driver calls an allocation makes, on one device."""
+
+    def granularity(self) -> int: ...
+    def reserve(self, nbytes: int, alignment: int) -> int: ...
+    def free_range(self, address: int, nbytes: int) -> None: ...
+    def create(self, nbytes: int) -> Any: ...
+    def map(self, address: int, nbytes: int, handle: Any) -> None: ...
+    def unmap(self, address: int, nbytes: int) -> None: ...
+    def release(self, handle: Any) -> None: ...
+    def tensor(self, address: int, nbytes: int, owner: Any) -> torch.Tensor: ...
+    def synchronize(self) -> None: ...
 
 
-def _check(result: Any, call: str) -> Any:
-    """Unpack a cuda-bindings result tuple; raise VmmError on a driver error."""
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if int(err) != 0:
-        raise VmmError(f"{call} failed: {err!r}")
-    return rest[0] if len(rest) == 1 else tuple(rest)
+def cuda_virtual_memory(device: torch.device) -> VirtualMemory:
+    """The CUDA driver's virtual-memory calls for `device`."""
+    from kvcache.cuda_virtual_memory import CudaVirtualMemory
 
-
-class _Span:
-    """A raw device range presented as __cuda_array_interface__, so torch.as_tensor wraps it without copying."""
-
-    def __init__(self, address: int, nbytes: int, owner: Any = None) -> None:
-        self.owner = owner  # keeps the allocation alive as long as a tensor over it lives
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False),
-                                         "version": 3, "strides": None}
+    return CudaVirtualMemory(device)
 
 
 class VmmAllocation:
-    """One reserved address range on one device, mapped in blocks; `tensor` is a uint8 view of it all."""
+    """One reserved address range on one device, mapped in blocks; `view` gives uint8 tensors over it."""
 
-    def __init__(self, nbytes: int, device: torch.device, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
-        self._d = d = _driver()
+    def __init__(self, nbytes: int, device: torch.device, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 memory: VirtualMemory | None = None) -> None:
         self.device = device
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        self._prop = d.CUmemAllocationProp()
-        self._prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        self._prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        self._prop.location.id = index
-        self._access = d.CUmemAccessDesc()
-        self._access.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        self._access.location.id = index
-        self._access.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        self.granularity = int(_check(d.cuMemGetAllocationGranularity(
-            self._prop, d.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity"))
-        chunk = max(self.granularity, chunk_bytes // self.granularity * self.granularity)
+        self._vm = memory if memory is not None else cuda_virtual_memory(device)
+        self._handles: dict[int, tuple[Block, Any]] = {}  # block offset -> (block, handle)
+        self.base = 0
+        self.granularity = self._vm.granularity()
+        self._chunk = max(self.granularity, chunk_bytes // self.granularity * self.granularity)
         self.nbytes = nbytes
-        blocks = chunk_blocks(nbytes, chunk, self.granularity)
+        blocks = chunk_blocks(nbytes, self._chunk, self.granularity)
         self.reserved = sum(b.size for b in blocks)
-        self.base = int(_check(d.cuMemAddressReserve(self.reserved, self.granularity, 0, 0), "cuMemAddressReserve"))
-        self._handles: dict[int, Any] = {}  # block offset -> (block, handle)
+        self.base = self._vm.reserve(self.reserved, self.granularity)
         try:
             for block in blocks:
-                self._map(block)
+                self._map_new(block)
         except BaseException:
             self.close()
             raise
@@ -90,51 +81,99 @@ class VmmAllocation:
     def mapped_bytes(self) -> int:
         return sum(b.size for b, _ in self._handles.values())
 
-    def _map(self, block: Block) -> None:
-        d = self._d
-        handle = _check(d.cuMemCreate(block.size, self._prop, 0), "cuMemCreate")
-        address = d.CUdeviceptr(self.base + block.offset)
+    def _map_new(self, block: Block) -> None:
+        """Fresh physical memory at `block` (its handle released again if the map fails)."""
+        handle = self._vm.create(block.size)
         try:
-            _check(d.cuMemMap(address, block.size, 0, handle, 0), "cuMemMap")
+            self._vm.map(self.base + block.offset, block.size, handle)
         except BaseException:
-            d.cuMemRelease(handle)
+            self._vm.release(handle)
             raise
         self._handles[block.offset] = (block, handle)
-        _check(d.cuMemSetAccess(address, block.size, [self._access], 1), "cuMemSetAccess")
 
     def _unmap(self, block: Block) -> None:
         _, handle = self._handles.pop(block.offset)
-        _check(self._d.cuMemUnmap(self._d.CUdeviceptr(self.base + block.offset), block.size), "cuMemUnmap")
-        _check(self._d.cuMemRelease(handle), "cuMemRelease")
+        self._vm.unmap(self.base + block.offset, block.size)
+        self._vm.release(handle)
 
     def view(self, offset: int, nbytes: int, owner: Any = None) -> torch.Tensor:
         """uint8 [nbytes] at base + offset (owner: what the tensor keeps alive)."""
-        return torch.as_tensor(_Span(self.base + offset, nbytes, owner), device=self.device)
+        return self._vm.tensor(self.base + offset, nbytes, owner)
 
     def keep_only(self, ranges: Sequence[tuple[int, int]]) -> int:
-        """Unmap everything outside `ranges` ([start, end) offsets), keeping their bytes; returns bytes released."""
-        torch.cuda.synchronize(self.device)
+        """Unmap everything outside `ranges` ([start, end) offsets), keeping their bytes; returns bytes released.
+
+        On failure every byte is mapped again (what lay outside `ranges` with no defined value)
+        and the kept bytes are unchanged, then the error is raised."""
+        self._vm.synchronize()
         before = self.mapped_bytes
         plan = plan_tail_release(self.blocks, ranges, self.granularity)
-        for block in plan.dropped:
-            self._unmap(block)
-        for old, parts in plan.remapped:
-            saved = [(p, self.view(p.offset, p.size).clone()) for p in parts]
-            torch.cuda.synchronize(self.device)
-            self._unmap(old)
-            for part, data in saved:
-                self._map(part)
-                self.view(part.offset, part.size).copy_(data)
-            del saved
-        torch.cuda.synchronize(self.device)
+        try:
+            for block in plan.dropped:  # first: what they free makes room for the replacements below
+                self._unmap(block)
+            for old, parts in plan.remapped:
+                self._remap(old, parts)
+        except BaseException:
+            self.map_unmapped()
+            raise
+        self._vm.synchronize()
         return before - self.mapped_bytes
+
+    def _remap(self, old: Block, parts: tuple[Block, ...]) -> None:
+        """Replace a straddling block by `parts`, its kept bytes copied across. The replacements are created
+        before the old block is unmapped, and the old handle (still holding its bytes) is mapped back if
+        they cannot be mapped: a failure leaves the kept bytes mapped."""
+        saved = [self.view(p.offset, p.size).clone() for p in parts]
+        handles: list[Any] = []
+        try:
+            for part in parts:
+                handles.append(self._vm.create(part.size))
+        except BaseException:
+            for handle in handles:
+                self._vm.release(handle)
+            raise
+        self._vm.synchronize()
+        _, old_handle = self._handles.pop(old.offset)
+        self._vm.unmap(self.base + old.offset, old.size)
+        mapped: list[Block] = []
+        try:
+            for part, handle in zip(parts, handles):
+                self._vm.map(self.base + part.offset, part.size, handle)
+                mapped.append(part)
+        except BaseException:
+            for part in mapped:
+                self._vm.unmap(self.base + part.offset, part.size)
+            for handle in handles:
+                self._vm.release(handle)
+            self._vm.map(self.base + old.offset, old.size, old_handle)
+            self._handles[old.offset] = (old, old_handle)
+            raise
+        for part, handle, data in zip(parts, handles, saved):
+            self._handles[part.offset] = (part, handle)
+            self.view(part.offset, part.size).copy_(data)
+        self._vm.release(old_handle)
+
+    def map_unmapped(self) -> int:
+        """Map fresh memory over every unmapped part of the reserved range (values undefined); returns bytes mapped."""
+        mapped, cursor = 0, 0
+        gaps: list[tuple[int, int]] = []
+        for block in (*self.blocks, Block(self.reserved, 0)):
+            if block.offset > cursor:
+                gaps.append((cursor, block.offset))
+            cursor = block.end
+        for start, end in gaps:
+            for offset in range(start, end, self._chunk):
+                block = Block(offset, min(self._chunk, end - offset))
+                self._map_new(block)
+                mapped += block.size
+        return mapped
 
     def close(self) -> None:
         """Unmap and release every block, then the address range."""
         for block, _ in list(self._handles.values()):
             self._unmap(block)
-        if getattr(self, "base", 0):
-            self._d.cuMemAddressFree(self._d.CUdeviceptr(self.base), self.reserved)
+        if self.base:
+            self._vm.free_range(self.base, self.reserved)
             self.base = 0
 
     def __del__(self) -> None:  # the last tensor over it is gone
@@ -145,14 +184,16 @@ class VmmAllocation:
 
 
 class VmmBacking:
-    """Allocates large CUDA buffers as VmmAllocations and finds them again by address."""
+    """Allocates large buffers as VmmAllocations and finds them again by address."""
 
-    def __init__(self, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(self, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 memory: Callable[[torch.device], VirtualMemory] = cuda_virtual_memory) -> None:
         self.chunk_bytes = chunk_bytes
+        self._memory = memory
         self._allocations: list[weakref.ref[VmmAllocation]] = []
 
     def __call__(self, nbytes: int, device: torch.device) -> torch.Tensor:
-        allocation = VmmAllocation(nbytes, device, chunk_bytes=self.chunk_bytes)
+        allocation = VmmAllocation(nbytes, device, chunk_bytes=self.chunk_bytes, memory=self._memory(device))
         self._allocations.append(weakref.ref(allocation))
         return allocation.view(0, nbytes, owner=allocation)
 

@@ -58,3 +58,31 @@ def test_an_engine_bootstrap_with_the_knob_on_captures_and_resizes():
     assert runner.graph_capture is not None and runner.post_capture_kv_resize is not None
     assert runner.memory_probe.free_bytes() >= runner.post_capture_kv_resize.headroom_bytes
     engine.shutdown_resources()
+
+
+def test_a_remap_that_fails_on_the_driver_leaves_every_byte_mapped_and_the_kept_bytes_intact():
+    from kvcache.cuda_virtual_memory import CudaVirtualMemory
+    from kvcache.vmm_storage import VmmAllocation, VmmError
+
+    class FailingMap(CudaVirtualMemory):
+        armed = False
+
+        def map(self, address, nbytes, handle):  # type: ignore[no-untyped-def]
+            if self.armed:
+                self.armed = False
+                raise VmmError("cuMemMap failed (injected)")
+            super().map(address, nbytes, handle)
+
+    memory = FailingMap(torch.device("cuda"))
+    alloc = VmmAllocation(64 << 20, torch.device("cuda"), chunk_bytes=16 << 20, memory=memory)
+    view = alloc.view(0, 64 << 20)
+    view.copy_(torch.arange(64 << 20, device="cuda").remainder(251).to(torch.uint8))
+    keep = [(0, (17 << 20) + 3)]
+    expected = view[: keep[0][1]].clone()
+    memory.armed = True  # the straddling chunk's replacement cannot be mapped
+    with pytest.raises(VmmError, match="injected"):
+        alloc.keep_only(keep)
+    assert alloc.mapped_bytes == alloc.reserved
+    assert torch.equal(alloc.view(0, keep[0][1]), expected)
+    assert alloc.keep_only(keep) == (64 << 20) - (16 << 20) - alloc.granularity
+    assert torch.equal(alloc.view(0, keep[0][1]), expected)

@@ -1,0 +1,69 @@
+"""VMM storage on the CPU through kvcache.testing's fake driver: keep_only keeps the kept bytes mapped, also when it fails.
+
+The allocation is 16 granules of 4 KiB in chunks of 4 granules; keeping [0, 5 granules + 3 B)
+keeps chunk 0, remaps chunk 1 as its first two granules (the second holds the last 3 kept
+bytes), and drops chunks 2 and 3.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvcache.runtime.tail_release import Block
+from kvcache.testing.virtual_memory import POISON, FakeVirtualMemory
+from kvcache.vmm_storage import VmmAllocation, VmmBacking, VmmError
+
+G = 4096
+CPU = torch.device("cpu")
+KEEP = [(0, 5 * G + 3)]
+
+
+def _filled(memory: FakeVirtualMemory) -> tuple[VmmAllocation, torch.Tensor]:
+    allocation = VmmAllocation(16 * G, CPU, chunk_bytes=4 * G, memory=memory)
+    pattern = torch.arange(16 * G).remainder(251).to(torch.uint8)
+    allocation.view(0, 16 * G).copy_(pattern)
+    return allocation, pattern
+
+
+def test_keep_only_releases_whole_granules_outside_the_kept_range_and_keeps_its_bytes():
+    memory = FakeVirtualMemory(granularity=G)
+    allocation, pattern = _filled(memory)
+    assert memory.physical_bytes == allocation.mapped_bytes == 16 * G
+    assert allocation.keep_only(KEEP) == 10 * G  # chunks 2 and 3, and 2 granules of chunk 1
+    assert allocation.blocks == (Block(0, 4 * G), Block(4 * G, 2 * G))
+    assert memory.physical_bytes == 6 * G
+    assert torch.equal(allocation.view(0, 6 * G), pattern[:6 * G])  # the kept bytes and their granule
+    assert bool((allocation.view(6 * G, 10 * G) == POISON).all())  # nothing mapped there now
+
+
+@pytest.mark.parametrize("call, after", [("map", 0), ("create", 0)])
+def test_a_replacement_that_cannot_be_made_or_mapped_leaves_every_byte_mapped_and_the_kept_bytes_intact(call, after):
+    memory = FakeVirtualMemory(granularity=G)
+    allocation, pattern = _filled(memory)
+    memory.fail(call, after=after)
+    with pytest.raises(VmmError, match=f"{call} failed"):
+        allocation.keep_only(KEEP)
+    assert torch.equal(allocation.view(0, KEEP[0][1]), pattern[:KEEP[0][1]])
+    assert allocation.mapped_bytes == memory.physical_bytes == 16 * G  # the dropped chunks are mapped again
+    assert allocation.keep_only(KEEP) == 10 * G  # and a second try succeeds
+    assert torch.equal(allocation.view(0, KEEP[0][1]), pattern[:KEEP[0][1]])
+
+
+def test_on_a_full_device_the_dropped_chunks_make_room_for_the_replacement():
+    memory = FakeVirtualMemory(granularity=G, capacity_bytes=16 * G)  # all of it mapped: nothing else free
+    allocation, pattern = _filled(memory)
+    assert allocation.keep_only(KEEP) == 10 * G
+    assert torch.equal(allocation.view(0, KEEP[0][1]), pattern[:KEEP[0][1]])
+
+
+def test_a_backing_finds_its_allocation_by_address_and_closing_releases_everything():
+    memory = FakeVirtualMemory(granularity=G)
+    backing = VmmBacking(chunk_bytes=4 * G, memory=lambda device: memory)
+    tensor = backing(10 * G + 1, CPU)
+    (allocation,) = backing.allocations
+    assert backing.allocation_at(tensor.data_ptr() + 10 * G) is allocation and allocation.reserved == 11 * G
+    with pytest.raises(KeyError):
+        backing.allocation_at(tensor.data_ptr() + 11 * G)
+    allocation.close()
+    assert memory.physical_bytes == 0
