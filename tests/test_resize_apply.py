@@ -8,6 +8,7 @@ import torch
 from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.dtypes import KV_CACHE_DTYPES
 from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool
+from kvcache.vmm_storage import VmmError
 from kvcache.runtime.shrink import (
     LiveTokensInTailError, complement, pool_buffers, released_address_ranges, shrink_allocator,
 )
@@ -25,7 +26,9 @@ def _allocator(size: int, page: int):  # type: ignore[no-untyped-def]
 def test_the_smaller_allocator_keeps_the_tokens_in_use_and_frees_the_rest(page):
     old = _allocator(64 * page, page)
     held = old.alloc(8 * page)  # the first 8 pages of a fresh allocator
-    smaller = shrink_allocator(old, 32 * page)
+    shrink = shrink_allocator(old, 32 * page)
+    smaller = shrink.allocator
+    assert old.available_size() == 0  # drained until the resize commits or is undone
     assert smaller.size == 32 * page and smaller.available_size() == 24 * page
     rest = smaller.alloc(24 * page)
     assert set(rest.tolist()).isdisjoint(held.tolist())
@@ -33,6 +36,8 @@ def test_the_smaller_allocator_keeps_the_tokens_in_use_and_frees_the_rest(page):
     assert smaller.alloc(page) is None
     smaller.free(held)  # what was in use is in use in the new allocator, so it can be freed once
     assert smaller.available_size() == 8 * page
+    shrink.undo()
+    assert old.available_size() == 56 * page
 
 
 @pytest.mark.parametrize("page", [1, 16])
@@ -65,29 +70,37 @@ class FakeAllocation:
 
     granularity = 4096
 
-    def __init__(self, storage: torch.UntypedStorage) -> None:
+    def __init__(self, storage: torch.UntypedStorage, fails: bool = False) -> None:
         self.base, self.reserved = storage.data_ptr(), storage.nbytes()
         self.kept: list[tuple[int, int]] = []
+        self.fails = fails
+        self.released = 0
 
     def keep_only(self, ranges):  # type: ignore[no-untyped-def]
+        if self.fails:  # a VmmAllocation that fails maps everything again itself
+            raise VmmError("cuMemCreate failed: out of memory (injected)")
         self.kept = list(ranges)
-        return self.reserved - sum(e - s for s, e in ranges)
+        self.released = self.reserved - sum(e - s for s, e in ranges)
+        return self.released
+
+    def map_unmapped(self) -> int:
+        mapped, self.released, self.kept = self.released, 0, []
+        return mapped
 
 
 class FakeBacking:
     granularity = FakeAllocation.granularity
 
-    def __init__(self, pool) -> None:  # type: ignore[no-untyped-def]
-        self.allocation = FakeAllocation(pool_buffers(pool)[0].untyped_storage())
+    def __init__(self, pool, fails: bool = False) -> None:  # type: ignore[no-untyped-def]
+        self.allocation = FakeAllocation(pool_buffers(pool)[0].untyped_storage(), fails)
 
     def allocation_at(self, address: int) -> FakeAllocation:
         assert self.allocation.base <= address < self.allocation.base + self.allocation.reserved
         return self.allocation
 
 
-def test_applying_a_resize_shrinks_the_allocator_and_keeps_each_buffers_first_rows(make_engine):
-    from app.forward.post_capture import apply_post_capture_resize
-    from kvcache.sizing_settings import SizingSettings
+def _runner_after_capture(make_engine):  # type: ignore[no-untyped-def]
+    """A tiny page-16 runner holding 64 tokens, with 40 MiB free after "capture" (under the 512 MiB headroom)."""
     from kvcache.testing import FixedMemoryProbe, tiny_model_config
 
     engine = make_engine(model=tiny_model_config(), mem_fraction_static=0.5, memory_limit=1 << 30, page_size=16,
@@ -96,15 +109,27 @@ def test_applying_a_resize_shrinks_the_allocator_and_keeps_each_buffers_first_ro
     engine.memory_probe.override(probe)
     runner = engine.engine().target
     runner.initialize()
+    held = runner.token_to_kv_pool_allocator.alloc(64)
+    probe.note_allocation(probe.free_bytes() - 40 * 1024 * 1024)
+    return engine, runner, probe, held
+
+
+def _apply(engine, runner, probe, backing):  # type: ignore[no-untyped-def]
+    from app.forward.post_capture import apply_post_capture_resize
+    from kvcache.sizing_settings import SizingSettings
+
+    return apply_post_capture_resize(
+        kv_cache=runner.kv_cache, backing=backing, settings=SizingSettings.from_server_args(engine.server_args()),
+        parallel_state=runner.parallel_state, memory_probe=probe, pre_model_load_memory=runner.pre_model_load_memory,
+        captured_max_bs=8)
+
+
+def test_applying_a_resize_shrinks_the_allocator_and_keeps_each_buffers_first_rows(make_engine):
+    engine, runner, probe, held = _runner_after_capture(make_engine)
     kv = runner.kv_cache
     before = kv.memory_pool_config
-    held = kv.token_to_kv_pool_allocator.alloc(64)
-    probe.note_allocation(probe.free_bytes() - 40 * 1024 * 1024)  # 40 MiB free after "capture"
     backing = FakeBacking(kv.token_to_kv_pool)
-    settings = SizingSettings.from_server_args(engine.server_args())
-    resize, allocator, released = apply_post_capture_resize(
-        kv_cache=kv, backing=backing, settings=settings, parallel_state=runner.parallel_state,
-        memory_probe=probe, pre_model_load_memory=runner.pre_model_load_memory, captured_max_bs=8)
+    resize, allocator, released = _apply(engine, runner, probe, backing)
     headroom = (1 << 30) // 2  # what mem_fraction_static 0.5 keeps back of the 1 GiB free before load
     assert resize.headroom_bytes == headroom and resize.changed
     assert resize.after.total_bytes <= before.total_bytes + 40 * 1024 * 1024 - headroom
@@ -117,6 +142,21 @@ def test_applying_a_resize_shrinks_the_allocator_and_keeps_each_buffers_first_ro
     tails = [(t.data_ptr() + rows * 64, t.data_ptr() + t.shape[0] * 64) for t in buffers]  # 2 heads x 16 x bf16
     assert backing.allocation.kept == [(s - base, e - base) for s, e in complement(tails, base, end)]
     assert released == sum(e - s for s, e in tails)  # the request table and allocator lists stay
+
+
+def test_a_resize_that_fails_after_the_allocator_shrank_leaves_the_old_allocator_and_pools_intact(make_engine):
+    engine, runner, probe, held = _runner_after_capture(make_engine)
+    kv = runner.kv_cache
+    old, size = kv.token_to_kv_pool_allocator, kv.token_to_kv_pool.size
+    free = old.available_size()
+    backing = FakeBacking(kv.token_to_kv_pool, fails=True)  # releasing the tails fails
+    with pytest.raises(VmmError, match="injected"):
+        _apply(engine, runner, probe, backing)
+    assert runner.token_to_kv_pool_allocator is old and kv.token_to_kv_pool.size == size
+    assert old.available_size() == free  # not drained: every free token is free again
+    old.free(held)  # and what was in use still is
+    assert old.available_size() == free + 64
+    assert old.alloc(old.available_size()) is not None
 
 
 def test_on_the_cpu_the_knob_changes_nothing_and_bootstrap_neither_captures_nor_resizes(make_engine):

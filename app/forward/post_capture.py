@@ -3,6 +3,7 @@
 Measure what is free after capture, decide the smaller plan, rebuild the allocator with
 the same tokens in use (refused if any sit in the tail), then unmap every per-layer
 buffer's tail in the VMM allocations. Addresses do not move, so captured graphs stay valid.
+A failure at any step leaves the old allocator and every mapped byte as they were.
 """
 
 from __future__ import annotations
@@ -53,13 +54,36 @@ def apply_post_capture_resize(
     resize = agree_on_resize(resize, ranks)
     if not resize.changed:
         return resize, kv_cache.token_to_kv_pool_allocator, 0
-    allocator = shrink_allocator(kv_cache.token_to_kv_pool_allocator, resize.tokens_after)
+    kept = kept_ranges(backing, buffers, resize.tokens_after + plan.page_size)
+    shrink = shrink_allocator(kv_cache.token_to_kv_pool_allocator, resize.tokens_after)
+    try:
+        released = release_tails(kept)
+    except BaseException:
+        shrink.undo()  # the old allocator and every byte of the pools as before
+        raise
+    pool.size = resize.tokens_after
+    return resize, shrink.allocator, released
+
+
+def kept_ranges(backing: VmmBacking, buffers: list[Any], rows: int) -> list[tuple[VmmAllocation, list[tuple[int, int]]]]:
+    """Each allocation holding a pool buffer, with the [start, end) offsets it keeps when every buffer keeps its
+    first `rows` rows; everything else there (the request table and allocator lists share the arena) stays."""
     tails: dict[int, tuple[VmmAllocation, list[tuple[int, int]]]] = {}
-    for start, end in released_address_ranges(buffers, resize.tokens_after + plan.page_size):
+    for start, end in released_address_ranges(buffers, rows):
         allocation = backing.allocation_at(start)
         tails.setdefault(id(allocation), (allocation, []))[1].append((start - allocation.base, end - allocation.base))
-    # everything else in an allocation (the request table and allocator lists share the arena) stays mapped
-    by_allocation = {key: (a, complement(ranges, 0, a.reserved)) for key, (a, ranges) in tails.items()}
-    released = sum(allocation.keep_only(ranges) for allocation, ranges in by_allocation.values())
-    pool.size = resize.tokens_after
-    return resize, allocator, released
+    return [(a, complement(ranges, 0, a.reserved)) for a, ranges in tails.values()]
+
+
+def release_tails(kept: list[tuple[VmmAllocation, list[tuple[int, int]]]]) -> int:
+    """Unmap what each allocation does not keep; bytes released. All or nothing: on a failure every
+    allocation is mapped whole again (a failing keep_only maps its own back) and the error raised."""
+    released = 0
+    try:
+        for allocation, ranges in kept:
+            released += allocation.keep_only(ranges)
+    except BaseException:
+        for allocation, _ in kept:
+            allocation.map_unmapped()
+        raise
+    return released

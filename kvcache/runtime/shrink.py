@@ -3,10 +3,12 @@
 Only the allocator's public API is used (alloc, free, available_size): the free tokens
 are taken out, checked against the tail, and the in-use set is rebuilt in a smaller
 allocator. Tokens in use past the new size refuse the resize; nothing changes then.
+The taken tokens go back to the old allocator if the resize fails later (`undo`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,11 +20,28 @@ class LiveTokensInTailError(KVCacheError):
     """Tokens still in use lie past the new pool size; the resize would drop them."""
 
 
-def shrink_allocator(allocator: Any, new_size: int) -> Any:
-    """A new token or paged allocator of `new_size` tokens in which exactly the old in-use tokens are in use."""
+@dataclass(frozen=True, slots=True)
+class AllocatorShrink:
+    """A smaller allocator, and the free tokens taken from the old one until the resize commits or is undone."""
+
+    allocator: Any
+    old: Any
+    taken: torch.Tensor | None  # None when the size did not change
+
+    def undo(self) -> None:
+        """The resize failed after the shrink: give the old allocator its free tokens back (drop the smaller one)."""
+        if self.taken is not None:
+            self.old.free(self.taken)
+
+
+def shrink_allocator(allocator: Any, new_size: int) -> AllocatorShrink:
+    """A new token or paged allocator of `new_size` tokens in which exactly the old in-use tokens are in use.
+
+    The old allocator is left with nothing free (a stale holder of it cannot hand out a released
+    slot) until `undo()`; live tokens past `new_size` refuse the shrink and change nothing."""
     old_size, page = allocator.size, allocator.page_size
     if new_size == old_size:
-        return allocator
+        return AllocatorShrink(allocator=allocator, old=allocator, taken=None)
     if not 0 < new_size < old_size or new_size % page:
         raise ValueError(f"a shrink goes from {old_size} to a smaller positive multiple of {page}, not {new_size}")
     free = allocator.alloc(allocator.available_size())
@@ -43,7 +62,7 @@ def shrink_allocator(allocator: Any, new_size: int) -> Any:
     taken = smaller.alloc(new_size)
     assert taken is not None
     smaller.free(free[kept])
-    return smaller
+    return AllocatorShrink(allocator=smaller, old=allocator, taken=free)
 
 
 def pool_buffers(pool: Any) -> list[torch.Tensor]:
