@@ -1,8 +1,9 @@
 """allocator_for_plan: the one rule that picks a plan's token allocator (an AllocatorFactory).
 
-SWA-paired when a sliding-window pool sits beside a full pool (the plan lists it as a
-pool that does not hold every token); otherwise token-level at page_size 1 and paged
-above, as SGLang 0.5.23 chooses. Sizes come from the plan alone.
+SWA-paired when the plan pairs a sliding-window pool with a full pool (MemoryPoolConfig.paired_window_pool:
+the one place hybrid-ness is decided; the pool builder asks the same plan for its hybrid pool);
+otherwise token-level at page_size 1 and paged above, as SGLang 0.5.23 chooses. Sizes come
+from the plan alone.
 """
 
 from __future__ import annotations

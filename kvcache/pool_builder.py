@@ -19,7 +19,7 @@ from kvcache.byte_units import format_bytes
 from kvcache.device_buffers import Arena
 from kvcache.errors import PlanMismatchError, PoolBuildError
 from kvcache.layer_specs import FullAttentionSpec, MLASpec, SlidingWindowSpec
-from kvcache.pool_config import MemoryPoolConfig
+from kvcache.pool_config import KVPoolPlan, MemoryPoolConfig
 from kvcache.pool_layout import CacheLayout, KVPoolGroup
 from kvcache.pools import HybridSWAKVPool, MHATokenToKVPool, MLATokenToKVPool, RecurrentStatePool, ReqToTokenPool
 
@@ -113,6 +113,7 @@ def _build_in(
             with_state_slots=plan.state_pool is not None,
         )
     kv_pools = {g.name: _build_kv_group(g, plan, device) for g in layout.kv_groups}
+    window = plan.window_pool(draft=shared_req_to_token_pool is not None)
     state_pool = None
     if layout.state is not None:
         assert plan.state_pool is not None
@@ -121,13 +122,13 @@ def _build_in(
         )
     if shared_allocator is not None:
         allocator = shared_allocator
-        token_to_kv_pool = _attention_pool(layout, kv_pools, allocator)
-    elif _window_group(layout) is not None:  # the hybrid pool needs the allocator's full -> SWA map first
+        token_to_kv_pool = _attention_pool(kv_pools, window, allocator)
+    elif window is not None:  # the hybrid pool needs the allocator's full -> SWA map first
         allocator = allocator_factory(plan=plan, device=device, kvcache=None)
-        token_to_kv_pool = _attention_pool(layout, kv_pools, allocator)
+        token_to_kv_pool = _attention_pool(kv_pools, window, allocator)
         allocator.attach_kvcache(token_to_kv_pool)  # type: ignore[attr-defined]
     else:
-        token_to_kv_pool = _attention_pool(layout, kv_pools, None)
+        token_to_kv_pool = _attention_pool(kv_pools, None, None)
         allocator = allocator_factory(plan=plan, device=device, kvcache=token_to_kv_pool)
     return WorkerPools(
         arena=arena, kv_pools=kv_pools, token_to_kv_pool=token_to_kv_pool,
@@ -155,18 +156,15 @@ def check_against_plan(pools: WorkerPools, plan: MemoryPoolConfig, *, draft: boo
         )
 
 
-def _window_group(layout: CacheLayout) -> KVPoolGroup | None:
-    """The sliding-window group paired with the full pool (the attention pool is then hybrid), if any."""
-    return next((g for g in layout.kv_groups if g.paired_with_full), None)
-
-
-def _attention_pool(layout: CacheLayout, pools: dict[str, Any], allocator: TokenAllocator | None) -> KVPool:
-    """The pool the model's attention reads; a hybrid SWA pool takes the allocator's full -> SWA map."""
-    swa = _window_group(layout)
-    if swa is not None:
+def _attention_pool(pools: dict[str, Any], window: KVPoolPlan | None, allocator: TokenAllocator | None) -> KVPool:
+    """The pool the model's attention reads: hybrid over this worker's full and window pools when the plan pairs
+    them (MemoryPoolConfig.window_pool, the same fact that makes the allocator SWA-paired), else its one pool."""
+    if window is not None:
         assert allocator is not None
-        full = next(g for g in layout.kv_groups if not g.paired_with_full)
-        return HybridSWAKVPool(full=pools[full.name], swa=pools[swa.name],
+        full = [name for name in pools if name != window.name]
+        if len(full) != 1:
+            raise PoolBuildError(f"a window pool pairs with one full pool, got {sorted(pools)}")
+        return HybridSWAKVPool(full=pools[full[0]], swa=pools[window.name],
                                full_to_swa=allocator.full_to_swa_index_mapping)  # type: ignore[attr-defined]
     if len(pools) != 1:
         raise PoolBuildError(f"expected one attention pool, got {sorted(pools)}")

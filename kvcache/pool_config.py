@@ -97,10 +97,16 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
                 return p
         raise KeyError(f"no KV pool named {name!r}; pools: {[p.name for p in self.kv_pools]}")
 
+    def window_pool(self, *, draft: bool = False) -> KVPoolPlan | None:
+        """One worker's sliding-window pool paired with its full pool (sized by swa_full_tokens_ratio: it holds
+        a window of tokens, not every token), if any: that worker's attention pool is then hybrid."""
+        return next((p for p in self.kv_pools if not p.holds_every_token and p.of_draft_worker == draft), None)
+
     @property
     def paired_window_pool(self) -> KVPoolPlan | None:
-        """The sliding-window pool sized by swa_full_tokens_ratio beside a full pool, if any."""
-        return next((p for p in self.kv_pools if not p.holds_every_token), None)
+        """The window pool the engine's one allocator maps full -> SWA indices for (the target's, else a
+        draft's): the allocator is SWA-paired exactly when there is one. The one place hybrid-ness is decided."""
+        return self.window_pool(draft=False) or self.window_pool(draft=True)
 
     @property
     def allocator_index_bytes(self) -> int:
