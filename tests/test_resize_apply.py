@@ -75,8 +75,10 @@ class FakeAllocation:
         self.kept: list[tuple[int, int]] = []
         self.fails = fails
         self.released = 0
+        self.calls: list[str] = []
 
     def keep_only(self, ranges):  # type: ignore[no-untyped-def]
+        self.calls.append("keep_only")
         if self.fails:  # a VmmAllocation that fails maps everything again itself
             raise VmmError("cuMemCreate failed: out of memory (injected)")
         self.kept = list(ranges)
@@ -84,6 +86,7 @@ class FakeAllocation:
         return self.released
 
     def map_unmapped(self) -> int:
+        self.calls.append("map_unmapped")
         mapped, self.released, self.kept = self.released, 0, []
         return mapped
 

@@ -3,7 +3,10 @@
 Measure what is free after capture, decide the smaller plan, rebuild the allocator with
 the same tokens in use (refused if any sit in the tail), then unmap every per-layer
 buffer's tail in the VMM allocations. Addresses do not move, so captured graphs stay valid.
-A failure at any step leaves the old allocator and every mapped byte as they were.
+On several ranks every step ends with the ranks agreeing (kvcache.rank_agreement): they
+agree on the decision and the smallest token count, then all rebuild their allocators
+before any releases a byte, then all release; a failure on any rank leaves every rank's
+old allocator and every mapped byte as they were, and every rank raises the same error.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from kvcache.runtime_reserve import RuntimeShape, runtime_reserve_mib
 from kvcache.memory_probe import MemoryProbe
 from kvcache.parallel import ParallelState
 from kvcache.runtime import PostCaptureKVResize, compute_post_capture_kv_resize, post_capture_headroom_bytes
-from kvcache.runtime.shrink import complement, pool_buffers, released_address_ranges, shrink_allocator
+from kvcache.runtime.shrink import AllocatorShrink, complement, pool_buffers, released_address_ranges, shrink_allocator
 from kvcache.sizing_settings import SizingSettings
 from kvcache.vmm_storage import VmmAllocation, VmmBacking
 
@@ -54,14 +57,25 @@ def apply_post_capture_resize(
     resize = agree_on_resize(resize, ranks)
     if not resize.changed:
         return resize, kv_cache.token_to_kv_pool_allocator, 0
-    kept = kept_ranges(backing, buffers, resize.tokens_after + plan.page_size)
-    shrink = shrink_allocator(kv_cache.token_to_kv_pool_allocator, resize.tokens_after)
+    kept: list[tuple[VmmAllocation, list[tuple[int, int]]]] = []
+    shrink: AllocatorShrink | None = None
+
+    def rebuild_allocator() -> None:  # refused (live tokens in the tail) before anything changes
+        nonlocal shrink
+        kept.extend(kept_ranges(backing, buffers, resize.tokens_after + plan.page_size))
+        shrink = shrink_allocator(kv_cache.token_to_kv_pool_allocator, resize.tokens_after)
+
     try:
-        released = release_tails(kept)
+        ranks.run_everywhere(rebuild_allocator)  # every rank rebuilt it, or none goes on to release a byte
+        released = ranks.run_everywhere(lambda: sum(allocation.keep_only(ranges) for allocation, ranges in kept))
     except BaseException:
-        shrink.undo()  # the old allocator and every byte of the pools as before
+        for allocation, _ in kept:  # what this rank released when another rank failed (a failing keep_only maps its own back)
+            allocation.map_unmapped()
+        if shrink is not None:
+            shrink.undo()  # the old allocator as it was
         raise
     pool.size = resize.tokens_after
+    assert shrink is not None
     return resize, shrink.allocator, released
 
 
@@ -73,17 +87,3 @@ def kept_ranges(backing: VmmBacking, buffers: list[Any], rows: int) -> list[tupl
         allocation = backing.allocation_at(start)
         tails.setdefault(id(allocation), (allocation, []))[1].append((start - allocation.base, end - allocation.base))
     return [(a, complement(ranges, 0, a.reserved)) for a, ranges in tails.values()]
-
-
-def release_tails(kept: list[tuple[VmmAllocation, list[tuple[int, int]]]]) -> int:
-    """Unmap what each allocation does not keep; bytes released. All or nothing: on a failure every
-    allocation is mapped whole again (a failing keep_only maps its own back) and the error raised."""
-    released = 0
-    try:
-        for allocation, ranges in kept:
-            released += allocation.keep_only(ranges)
-    except BaseException:
-        for allocation, _ in kept:
-            allocation.map_unmapped()
-        raise
-    return released
