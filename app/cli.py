@@ -21,8 +21,6 @@ from app.server_args_flags import add_server_args_flags, server_args_values, siz
 from containers import EngineContainer
 from kvcache.byte_units import SIZE_UNITS_HELP
 from kvcache.cards import KNOWN_CARDS, SimulatedCard, card_named, card_of_size
-from kvcache.devices import resolve_device
-from kvcache.host_memory import check_memory_limit, host_memory_bytes
 from kvcache.presets import DEFAULT_PRESET, load_model_config, preset_names
 from kvcache.server_args import ServerArgs, read_settings_file
 
@@ -85,8 +83,6 @@ def run(ns: argparse.Namespace) -> int:
         return EXIT_OK
     card = _card(ns) if command == "plan" else None
     server_args = server_args_from(ns, device="meta" if command == "plan" else None)
-    if server_args.memory_limit is not None and resolve_device(server_args.device).type == "cpu":
-        check_memory_limit(server_args.memory_limit, host_memory_bytes())
     model = load_model_config(ns.model)
     container = EngineContainer(server_args=server_args, model_config=model, card=card)
     try:

@@ -16,6 +16,7 @@ import torch
 
 from kvcache.cards import CUDA_KERNEL_LOAD_BYTES, SimulatedCard
 from kvcache.errors import ConfigError
+from kvcache.host_memory import check_memory_limit, host_memory_bytes
 
 
 @runtime_checkable
@@ -130,7 +131,8 @@ DEFAULT_HOST_MEMORY_LIMIT = 8 << 30
 
 
 def probe_for_device(device: torch.device, *, memory_limit: int | None, card: "SimulatedCard | None") -> MemoryProbe:
-    """CUDA asks the driver; cpu keeps within --memory-limit (8 GiB by default); meta simulates `card`."""
+    """CUDA asks the driver; cpu keeps within --memory-limit (8 GiB by default; a limit above what the host
+    has is refused here, the one check every caller goes through); meta simulates `card`."""
     if device.type == "cuda":
         return CudaMemoryProbe(device)
     if device.type == "meta":
@@ -138,4 +140,6 @@ def probe_for_device(device: torch.device, *, memory_limit: int | None, card: "S
             raise ConfigError("a dry run on the meta device needs a card to plan for: --gpu-memory 80GiB or --gpu H100-80GB")
         return FixedMemoryProbe(total_bytes=card.total_bytes, free_bytes=card.free_bytes,
                                 first_allocation_overhead=CUDA_KERNEL_LOAD_BYTES)
+    if memory_limit is not None:
+        check_memory_limit(memory_limit, host_memory_bytes())
     return HostMemoryProbe(memory_limit or DEFAULT_HOST_MEMORY_LIMIT)

@@ -9,13 +9,15 @@ from typing import Any
 
 import msgspec
 import pytest
+import torch
 
 import app.cli as cli
+import kvcache.memory_probe as memory_probe
 from app.cli import build_parser, main
 from app.server_args_flags import server_args_fields
 from containers import EngineContainer
 from kvcache.byte_units import GiB, MiB, parse_bytes
-from kvcache.errors import DoesNotFitError
+from kvcache.errors import ConfigError, DoesNotFitError
 from kvcache.memory_probe import FixedMemoryProbe
 from kvcache.server_args import ServerArgs
 from kvcache.testing import tiny_model_config
@@ -100,7 +102,7 @@ def test_bounds_and_choices_come_from_server_args(flag: str, value: str, message
 
 def test_a_memory_limit_above_the_host_is_refused_with_its_size(monkeypatch: pytest.MonkeyPatch,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(cli, "host_memory_bytes", lambda: 16 * GiB)
+    monkeypatch.setattr(memory_probe, "host_memory_bytes", lambda: 16 * GiB)
     assert main(["--device", "cpu", "--memory-limit", "32GB"]) == 2
     err = capsys.readouterr().err
     assert "--memory-limit 32.00 GiB" in err and "this host has (16.00 GiB (17,179,869,184 B))" in err
@@ -110,6 +112,22 @@ def test_a_memory_limit_above_the_host_is_refused_with_its_size(monkeypatch: pyt
 def test_a_memory_limit_no_host_has_is_refused_for_real(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--device", "cpu", "--memory-limit", "1PiB"]) == 2
     assert "is more than this host has" in capsys.readouterr().err
+
+
+def test_a_library_user_gets_the_same_memory_limit_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check lives in probe_for_device, which the container calls: it was only in the CLI, so an engine
+    built from ServerArgs got a HostMemoryProbe promising 32 GiB of a 16 GiB host."""
+    monkeypatch.setattr(memory_probe, "host_memory_bytes", lambda: 16 * GiB)
+    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cpu", "memory_limit": 32 * GiB}),
+                             model_config=tiny_model_config())
+    with pytest.raises(ConfigError, match=r"^--memory-limit 32.00 GiB .* is more than this host has .*16384MiB$"):
+        engine.memory_probe()
+    assert memory_probe.probe_for_device(torch.device("cpu"), memory_limit=16 * GiB, card=None).total_bytes() == 16 * GiB
+
+
+def test_probe_for_device_refuses_a_limit_no_host_has() -> None:
+    with pytest.raises(ConfigError, match="is more than this host has"):
+        memory_probe.probe_for_device(torch.device("cpu"), memory_limit=1 << 60, card=None)
 
 
 def test_on_the_cpu_does_not_fit_suggests_a_memory_limit(capsys: pytest.CaptureFixture[str]) -> None:
