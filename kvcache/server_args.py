@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Mapping
 import msgspec
 
 from kvcache.errors import ConfigError
+from kvcache.rank_agreement import SGLANG_MIN_RANK_MEMORY_RATIO
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -79,7 +80,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         "no prefix cache (hybrid models then keep one state slot per request)")] = False
     min_rank_memory_ratio: Annotated[float, msgspec.Meta(ge=0, le=1), _doc(
         "ranks refuse to start when one has less free memory before load than this fraction of another's "
-        "(SGLang 0.5.23's 0.9); 0 turns the check off")] = 0.9
+        f"(SGLang 0.5.23's {SGLANG_MIN_RANK_MEMORY_RATIO}); 0 turns the check off")] = SGLANG_MIN_RANK_MEMORY_RATIO
     # hybrid models
     swa_full_tokens_ratio: Annotated[float, msgspec.Meta(gt=0, le=1), _doc(
         "sliding-window pool size as a fraction of the full pool")] = 0.8

@@ -267,3 +267,10 @@ def test_speculative_defaults(data: dict[str, Any], speculative: bool, steps: in
 def test_server_args_round_trip_through_json() -> None:
     args = ServerArgs(page_size=32, kv_cache_memory=123456789, speculative_algorithm="NEXTN")
     assert ServerArgs.from_mapping(json.loads(msgspec.json.encode(args))) == args
+
+
+def test_the_rank_memory_ratio_default_is_the_one_sglang_constant() -> None:
+    from kvcache.parallel import ParallelState
+    from kvcache.rank_agreement import SGLANG_MIN_RANK_MEMORY_RATIO
+
+    assert ServerArgs().min_rank_memory_ratio == ParallelState().min_rank_memory_ratio == SGLANG_MIN_RANK_MEMORY_RATIO == 0.9
