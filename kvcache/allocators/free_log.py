@@ -111,15 +111,25 @@ class FreeLog:
 
     def take(self, n: int) -> torch.Tensor | None:
         """n free ids as a view kept until `capacity` more ids are freed, or None (nothing changes) when fewer are free."""
-        if n < 0:
-            raise ValueError(f"cannot allocate a negative number of {self._unit}s ({n})")
-        if n > self._tail - self._head:
+        head = self.take_at(n)
+        return None if head is None else self._log[head:head + n]
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The active log: take_at(n) == h means the ids are buffer[h:h+n] (valid as take()'s view is)."""
+        return self._log
+
+    def take_at(self, n: int) -> int | None:
+        """Take n free ids and say where they start in `buffer` (a device kernel reads them), or None when fewer are free."""
+        head = self._head
+        if n > self._tail - head or n < 0:
+            if n < 0:
+                raise ValueError(f"cannot allocate a negative number of {self._unit}s ({n})")
             return None
-        out = self._log[self._head:self._head + n]
-        self._head += n
+        self._head = head + n
         if self._is_free is not None:
-            self._is_free[out // self._stride] = False
-        return out
+            self._is_free[self._log[head:head + n] // self._stride] = False
+        return head
 
     def put(self, ids: torch.Tensor, *, multiply: int = 1) -> None:
         """Return ids * multiply (any integer dtype on this device, 1-D) to the free list: one kernel."""

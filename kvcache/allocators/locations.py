@@ -16,6 +16,7 @@ pages, in request order. Page p holds token indices p*page_size .. p*page_size+p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,7 +31,8 @@ class ExtendPlan:
     gather_offset: torch.Tensor  # int64 [2, num_tokens] on the CPU: gather index, then offset
 
 
-def ceil_div(a: torch.Tensor, b: int) -> torch.Tensor:
+def ceil_div(a: Any, b: int) -> Any:
+    """ceil(a / b) for an int or an integer tensor a and b >= 1."""
     return (a + b - 1) // b
 
 
@@ -43,25 +45,53 @@ def host_lengths(lengths: torch.Tensor, what: str) -> torch.Tensor:
     return lengths.reshape(-1).to(device="cpu", dtype=torch.int64)
 
 
-def new_pages_for_extend(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> torch.Tensor:
-    """Fresh pages each request needs to grow from prefix_lens to seq_lens tokens."""
+def new_pages_for_extend(prefix_lens: Any, seq_lens: Any, page_size: int) -> Any:
+    """Fresh pages each request needs to grow from prefix_lens to seq_lens tokens (ints or tensors)."""
     return ceil_div(seq_lens, page_size) - ceil_div(prefix_lens, page_size)
+
+
+SMALL_BATCH = 64  # up to this many requests, Python ints beat torch ops on the host
+
+
+def check_extend_totals(tokens: int, min_prefix: int, min_length: int, extend_num_tokens: int) -> None:
+    """Raise ValueError on an inconsistent batch, given its totals (0s for an empty batch)."""
+    if min_prefix < 0:
+        raise ValueError(f"prefix_lens must be >= 0, got {min_prefix}")
+    if min_length < 0:
+        raise ValueError(f"seq_lens must be >= prefix_lens; one request has seq_lens - prefix_lens = {min_length}")
+    if tokens != extend_num_tokens:
+        raise ValueError(f"extend_num_tokens is {extend_num_tokens} but sum(seq_lens - prefix_lens) is {tokens}")
 
 
 def check_extend_lengths(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, extend_num_tokens: int) -> int:
     """Raise ValueError on an inconsistent batch; the number of new tokens otherwise."""
     if prefix_lens.numel() != seq_lens.numel():
         raise ValueError(f"prefix_lens has {prefix_lens.numel()} requests but seq_lens has {seq_lens.numel()}")
+    if not prefix_lens.numel():
+        check_extend_totals(0, 0, 0, extend_num_tokens)
+        return 0
     lengths = seq_lens - prefix_lens
     tokens = int(lengths.sum())
-    if prefix_lens.numel():
-        if int(prefix_lens.min()) < 0:
-            raise ValueError(f"prefix_lens must be >= 0, got {int(prefix_lens.min())}")
-        if int(lengths.min()) < 0:
-            raise ValueError(f"seq_lens must be >= prefix_lens; one request has seq_lens - prefix_lens = {int(lengths.min())}")
-    if tokens != extend_num_tokens:
-        raise ValueError(f"extend_num_tokens is {extend_num_tokens} but sum(seq_lens - prefix_lens) is {tokens}")
+    check_extend_totals(tokens, int(prefix_lens.min()), int(lengths.min()), extend_num_tokens)
     return tokens
+
+
+def count_extend_pages(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, page_size: int, extend_num_tokens: int) -> int:
+    """Fresh pages a valid batch takes (ValueError on an inconsistent one), from the CPU lengths."""
+    if prefix_lens.numel() != seq_lens.numel():
+        raise ValueError(f"prefix_lens has {prefix_lens.numel()} requests but seq_lens has {seq_lens.numel()}")
+    if prefix_lens.numel() > SMALL_BATCH:
+        check_extend_lengths(prefix_lens, seq_lens, extend_num_tokens)
+        return int(new_pages_for_extend(prefix_lens, seq_lens, page_size).sum())
+    prefix, seq = prefix_lens.tolist(), seq_lens.tolist()
+    lengths = [b - a for a, b in zip(prefix, seq)]
+    check_extend_totals(sum(lengths), min(prefix, default=0), min(lengths, default=0), extend_num_tokens)
+    return sum(new_pages_for_extend(a, b, page_size) for a, b in zip(prefix, seq))
+
+
+def count_decode_pages(seq_lens: torch.Tensor, page_size: int) -> int:
+    """Fresh pages a decode batch takes: the requests whose new token starts a page (CPU lengths)."""
+    return int(torch.count_nonzero(decode_starts_page(seq_lens, page_size)))
 
 
 def request_of_each_token(ends: torch.Tensor, num_tokens: int) -> torch.Tensor:

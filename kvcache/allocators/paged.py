@@ -5,22 +5,35 @@ padding and is never handed out. The free log holds each free page's first token
 index (p * page_size), so a page-aligned row segment frees by appending every
 page_size-th index of it, with no division and no torch.unique.
 
-No host sync in steady state (SGLang 0.5.23's argument lists): alloc_extend and
-alloc_decode plan on the host from the CPU copies of the lengths the scheduler
-passes (kvcache.allocators.locations), send the plan with one asynchronous copy, and
-finish with a gather and an add on the device (decode: an add and an index_copy).
-free_segment / free_page_ids append (one kernel). Only free() of an arbitrary token
-set, whose page count is data-dependent, runs torch.unique and so syncs, as SGLang's does.
+No host sync in steady state (SGLang 0.5.23's argument lists). The host counts the fresh
+pages a batch takes from the CPU copies of the lengths the scheduler passes and takes them
+from the free log; then, on CUDA, one Triton launch writes every new index
+(kvcache.allocators.paged_kernels). Elsewhere (or without Triton) the host plans every
+token (kvcache.allocators.locations) and the device finishes with a gather and an add
+(decode: an add and an index_copy). free_segment / free_page_ids append (one kernel).
+Only free() of an arbitrary token set, whose page count is data-dependent, runs
+torch.unique and so syncs, as SGLang's does.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
+from kvcache.allocators import paged_kernels
 from kvcache.allocators.base import FreeListAllocator, as_indices, check_need_size, reject_meta
-from kvcache.allocators.locations import ExtendPlan, check_extend_lengths, decode_starts_page, host_lengths, plan_extend
+from kvcache.allocators.locations import (
+    ExtendPlan,
+    check_extend_lengths,
+    count_decode_pages,
+    count_extend_pages,
+    decode_starts_page,
+    host_lengths,
+    plan_extend,
+)
+from kvcache.allocators.paged_kernels import PagedKernels
 
 
 def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -30,11 +43,36 @@ def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeBatch:
+    """One alloc_decode, counted on the host: shared by both sides of an SWA allocator."""
+
+    num_new_pages: int
+    seq_lens: torch.Tensor  # as passed (the device kernel reads it)
+    starting: torch.Tensor | None  # CPU positions of the requests that start a page (host path only)
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendBatch:
+    """One alloc_extend, counted (and, on the host path, planned) on the host."""
+
+    num_new_pages: int
+    num_tokens: int
+    prefix_lens: torch.Tensor  # as passed (the device kernel reads them)
+    seq_lens: torch.Tensor
+    plan: ExtendPlan | None  # host path only
+
+
 class PagedTokenToKVPoolAllocator(FreeListAllocator):
-    """SGLang 0.5.23's paged allocator API; `size` usable tokens in pages of `page_size`."""
+    """SGLang 0.5.23's paged allocator API; `size` usable tokens in pages of `page_size`.
+
+    kernels: "auto" runs paged_kernels.load() on CUDA (Triton) and plans on the host elsewhere;
+    None always plans on the host; a PagedKernels instance is used as given.
+    """
 
     def __init__(
         self, *, size: int, page_size: int, device: torch.device | str, check_frees: bool = False, kvcache: Any = None,
+        kernels: PagedKernels | None | Literal["auto"] = "auto",
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -42,11 +80,19 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
             raise ValueError(f"size {size} must be a positive multiple of page_size {page_size}")
         super().__init__(capacity=size // page_size, page_size=page_size, device=device,
                          check_frees=check_frees, unit="page", kvcache=kvcache)
+        if kernels == "auto":
+            kernels = paged_kernels.load() if self._device.type == "cuda" else None
+        self._kernels: PagedKernels | None = kernels
 
     @property
     def num_pages(self) -> int:
         """Usable pages (1..num_pages)."""
         return self._log.capacity
+
+    @property
+    def uses_device_kernels(self) -> bool:
+        """Whether paged steps run as one Triton launch (else the host plans them)."""
+        return self._kernels is not None
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """Token indices of need_size // page_size whole pages, or None (allocating nothing)."""
@@ -64,31 +110,62 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
     ) -> torch.Tensor | None:
         """Indices for positions prefix_lens[i]..seq_lens[i]-1 of each request, flat in request order.
 
-        None (allocating nothing) when too few pages are free. The device lengths are
-        not read: the CPU copies plan the batch (and num_new_pages, if given, must agree).
+        None (allocating nothing) when too few pages are free. The CPU copies count the
+        pages (num_new_pages, if given, must agree); the device lengths are read only by the
+        CUDA kernel, and must equal the CPU copies.
         """
         reject_meta(self._device, "alloc_extend")
-        plan, last = self._plan_extend(prefix_lens_cpu, seq_lens_cpu, last_loc, extend_num_tokens)
-        if num_new_pages is not None and num_new_pages != plan.num_new_pages:
-            raise ValueError(f"num_new_pages is {num_new_pages} but the lengths need {plan.num_new_pages}")
-        return self._extend_with(plan, last)
+        batch, last = self._count_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)
+        if num_new_pages is not None and num_new_pages != batch.num_new_pages:
+            raise ValueError(f"num_new_pages is {num_new_pages} but the lengths need {batch.num_new_pages}")
+        return self._extend_with(batch, last)
 
-    def _plan_extend(
-        self, prefix_lens_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor, extend_num_tokens: int,
-    ) -> tuple[ExtendPlan, torch.Tensor]:
-        """Validate the batch and plan it on the host (shared with the SWA allocator's two sides)."""
+    def _count_extend(
+        self, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor, seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor, extend_num_tokens: int,
+    ) -> tuple[ExtendBatch, torch.Tensor]:
+        """Validate the batch and count (or plan) it on the host (shared with the SWA allocator's two sides)."""
         prefix, seq = host_lengths(prefix_lens_cpu, "prefix_lens_cpu"), host_lengths(seq_lens_cpu, "seq_lens_cpu")
-        tokens = check_extend_lengths(prefix, seq, extend_num_tokens)
         last = as_indices(last_loc, self._device, "last_loc")
         if last.numel() != prefix.numel():
             raise ValueError(f"last_loc has {last.numel()} entries for {prefix.numel()} requests")
-        return plan_extend(prefix, seq, self._page_size, tokens), last
+        if self._kernels is None:
+            tokens = check_extend_lengths(prefix, seq, extend_num_tokens)
+            plan = plan_extend(prefix, seq, self._page_size, tokens)
+            return ExtendBatch(plan.num_new_pages, tokens, prefix_lens, seq_lens, plan), last
+        pages = count_extend_pages(prefix, seq, self._page_size, extend_num_tokens)
+        device_prefix = as_indices(prefix_lens, self._device, "prefix_lens")
+        device_seq = as_indices(seq_lens, self._device, "seq_lens")
+        if device_prefix.numel() != prefix.numel() or device_seq.numel() != prefix.numel():
+            raise ValueError(f"prefix_lens/seq_lens have {device_prefix.numel()}/{device_seq.numel()} entries "
+                             f"for {prefix.numel()} requests")
+        if self._checking:
+            self._check_same_lengths((device_prefix, prefix, "prefix_lens"), (device_seq, seq, "seq_lens"))
+        return ExtendBatch(pages, extend_num_tokens, device_prefix, device_seq, None), last
 
-    def _extend_with(self, plan: ExtendPlan, last: torch.Tensor) -> torch.Tensor | None:
-        starts = self._log.take(plan.num_new_pages)
-        if starts is None:
+    @staticmethod
+    def _check_same_lengths(*pairs: tuple[torch.Tensor, torch.Tensor, str]) -> None:
+        """check_frees only (it syncs): the device lengths the kernel reads equal the CPU copies the host counted."""
+        for device, host, what in pairs:
+            if not torch.equal(device.cpu().to(torch.int64), host):
+                raise ValueError(f"{what} on the device differs from {what}_cpu: the scheduler passed stale copies")
+
+    def _extend_with(self, batch: ExtendBatch, last: torch.Tensor) -> torch.Tensor | None:
+        if self._kernels is None:
+            assert batch.plan is not None
+            starts = self._log.take(batch.num_new_pages)
+            if starts is None:
+                return None
+            plan = batch.plan
+            return self._locations(plan.gather_offset, starts, last if plan.continues_a_page else None)
+        head = self._log.take_at(batch.num_new_pages)
+        if head is None:
             return None
-        return self._locations(plan.gather_offset, starts, last if plan.continues_a_page else None)
+        out = torch.empty(batch.num_tokens, dtype=torch.int64, device=self._device)
+        if batch.num_tokens:
+            self._kernels.alloc_extend(batch.prefix_lens, batch.seq_lens, last, self._log.buffer, head, out,
+                                       self._page_size)
+        return out
 
     def _locations(self, gather_offset: torch.Tensor, starts: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
         """out = source[gather] + offset on the device (kvcache.allocators.locations)."""
@@ -104,38 +181,56 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
     def alloc_decode(self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
         """One index per request for position seq_lens[i]-1: a fresh page's first token, or last_loc[i]+1.
 
-        None (allocating nothing) when too few pages are free. seq_lens_cpu decides which
-        requests start a page; the device seq_lens is not read.
+        None (allocating nothing) when too few pages are free. seq_lens_cpu counts the
+        requests that start a page; the device seq_lens is read only by the CUDA kernel.
         """
         reject_meta(self._device, "alloc_decode")
-        return self._decode_with(*self._plan_decode(seq_lens_cpu, last_loc))
+        return self._decode_with(*self._count_decode(seq_lens, seq_lens_cpu, last_loc))
 
-    def _plan_decode(self, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor) -> tuple[torch.Tensor, int, torch.Tensor]:
-        """Which requests start a page (CPU positions), the batch size, and last_loc on the device."""
+    def _count_decode(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor,
+    ) -> tuple[DecodeBatch, torch.Tensor]:
+        """The batch counted on the host (shared with the SWA allocator's two sides), and last_loc on the device."""
         seq = host_lengths(seq_lens_cpu, "seq_lens_cpu")
         last = as_indices(last_loc, self._device, "last_loc")
         if last.numel() != seq.numel():
             raise ValueError(f"last_loc has {last.numel()} entries for {seq.numel()} requests")
         if self._checking and seq.numel() and int(seq.min()) < 1:
             raise ValueError(f"seq_lens must be >= 1 (they include the new token), got {int(seq.min())}")
-        starting = decode_starts_page(seq, self._page_size).nonzero().squeeze(1)
-        return starting, seq.numel(), last
+        if self._kernels is None:
+            starting = decode_starts_page(seq, self._page_size).nonzero().squeeze(1)
+            return DecodeBatch(starting.numel(), seq_lens, starting), last
+        device_seq = as_indices(seq_lens, self._device, "seq_lens")
+        if device_seq.numel() != seq.numel():
+            raise ValueError(f"seq_lens has {device_seq.numel()} entries for {seq.numel()} requests")
+        if self._checking:
+            self._check_same_lengths((device_seq, seq, "seq_lens"))
+        return DecodeBatch(count_decode_pages(seq, self._page_size), device_seq, None), last
 
-    def _decode_with(self, starting: torch.Tensor, batch: int, last: torch.Tensor) -> torch.Tensor | None:
-        """starting: CPU positions of the requests that start a page."""
-        count = starting.numel()
+    def _decode_with(self, batch: DecodeBatch, last: torch.Tensor) -> torch.Tensor | None:
+        count, size = batch.num_new_pages, last.numel()
+        if self._kernels is not None:
+            head = self._log.take_at(count)
+            if head is None:
+                return None
+            if count == size:  # every request starts a page (a view: see FreeLog's guarantee)
+                return self._log.buffer[head:head + count]
+            out = torch.empty(size, dtype=torch.int64, device=self._device)
+            self._kernels.alloc_decode(batch.seq_lens, last, self._log.buffer, head, out, self._page_size)
+            return out
         starts = self._log.take(count)
         if starts is None:
             return None
-        if count == batch:  # every request starts a page (a view: see FreeLog's guarantee)
+        if count == size:
             return starts
         if last.dtype == torch.int64:
             out = last + 1
         else:
-            out = torch.empty(batch, dtype=torch.int64, device=self._device)
+            out = torch.empty(size, dtype=torch.int64, device=self._device)
             torch.add(last, 1, out=out)
         if count:
-            out.index_copy_(0, to_device_async(starting, self._device), starts)
+            assert batch.starting is not None
+            out.index_copy_(0, to_device_async(batch.starting, self._device), starts)
         return out
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:

@@ -25,6 +25,7 @@ from kvcache.allocators.base import AllocatorState, SharedAllocatorAPI, as_indic
 from kvcache.allocators.eviction import evict_shortfall
 from kvcache.allocators.free_group import FreeGroup, FreeGroupState
 from kvcache.allocators.index_map import FullToSWAMap, IndexMapState
+from kvcache.allocators.locations import decode_starts_page, host_lengths
 from kvcache.allocators.paged import PagedTokenToKVPoolAllocator
 from kvcache.allocators.token import TokenToKVPoolAllocator
 
@@ -181,7 +182,8 @@ class SWATokenToKVPoolAllocator(SharedAllocatorAPI):
     ) -> torch.Tensor | None:
         """Paged extend on both sides (one host plan, same page count); the full indices, or None allocating nothing."""
         full_side, swa_side = self._paged_sides("alloc_extend")
-        plan, last = full_side._plan_extend(prefix_lens_cpu, seq_lens_cpu, last_loc, extend_num_tokens)
+        plan, last = full_side._count_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
+                                             extend_num_tokens)
         if plan.num_new_pages * self._page_size > self.available_size():
             return None
         swa_last = self._map.lookup(last)
@@ -197,15 +199,14 @@ class SWATokenToKVPoolAllocator(SharedAllocatorAPI):
     def alloc_decode(self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
         """Paged decode on both sides; the full indices, or None allocating nothing."""
         full_side, swa_side = self._paged_sides("alloc_decode")
-        starting, batch, last = full_side._plan_decode(seq_lens_cpu, last_loc)
-        if starting.numel() * self._page_size > self.available_size():
+        batch, last = full_side._count_decode(seq_lens, seq_lens_cpu, last_loc)
+        if batch.num_new_pages * self._page_size > self.available_size():
             return None
         swa_last = self._map.lookup(last)
         if self._check:
-            continues = torch.ones(batch, dtype=torch.bool)
-            continues[starting] = False
+            continues = ~decode_starts_page(host_lengths(seq_lens_cpu, "seq_lens_cpu"), self._page_size)
             self._check_still_mapped(last, swa_last, continues)
-        full, swa = full_side._decode_with(starting, batch, last), swa_side._decode_with(starting, batch, swa_last)
+        full, swa = full_side._decode_with(batch, last), swa_side._decode_with(batch, swa_last)
         assert full is not None and swa is not None
         self._map.write(full, swa)
         return full

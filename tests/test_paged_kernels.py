@@ -1,0 +1,101 @@
+"""The paged Triton kernels (one launch per alloc_decode / alloc_extend) hand out exactly the
+indices the host-planned path does, for batches that cross the kernels' block sizes, int32 and
+int64 lengths, and page sizes 1, 16, 64. Runs on CUDA, or on the CPU under Triton's interpreter
+(TRITON_INTERPRET=1 with NumPy installed); skipped elsewhere."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator
+from kvcache.allocators import paged_kernels
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+KERNELS = paged_kernels.load() if DEVICE.type == "cuda" or INTERPRETED else None
+
+pytestmark = pytest.mark.skipif(KERNELS is None, reason="needs CUDA with Triton, or TRITON_INTERPRET=1 with NumPy")
+
+
+def pair(ps: int, size: int = 1 << 16) -> tuple[PagedTokenToKVPoolAllocator, PagedTokenToKVPoolAllocator]:
+    """A kernel allocator and a host-planned one in the same state (a third of the pool held, in the same order)."""
+    a = PagedTokenToKVPoolAllocator(size=size, page_size=ps, device=DEVICE, kernels=KERNELS)
+    b = PagedTokenToKVPoolAllocator(size=size, page_size=ps, device=DEVICE, kernels=None)
+    assert a.uses_device_kernels and not b.uses_device_kernels
+    for x in (a, b):
+        held = x.alloc(size // 3 // ps * ps)
+        x.free_page_ids(held[::ps][1::2] // ps)  # free every other page: the free order is not sorted
+    return a, b
+
+
+def decode_batch(rng: random.Random, n: int, ps: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """n requests, about 1/ps of them starting a page; last_loc is consistent with seq_lens."""
+    seq = [rng.randrange(1, 40) * ps + rng.randrange(ps) + 1 for _ in range(n)]
+    last = [rng.randrange(2, 900) * ps + (s - 2) % ps for s in seq]
+    seq_cpu = torch.tensor(seq, dtype=dtype)
+    return seq_cpu.to(DEVICE), seq_cpu, torch.tensor(last, dtype=dtype, device=DEVICE)
+
+
+def extend_batch(rng: random.Random, n: int, ps: int, longest: int, dtype: torch.dtype) -> tuple[object, ...]:
+    prefix = [rng.randrange(0, 5 * ps) for _ in range(n)]
+    seq = [p + rng.randrange(0, longest) for p in prefix]
+    last = [rng.randrange(2, 900) * ps + (p - 1) % ps if p else -1 for p in prefix]
+    p_cpu, s_cpu = torch.tensor(prefix, dtype=dtype), torch.tensor(seq, dtype=dtype)
+    return (p_cpu.to(DEVICE), p_cpu, s_cpu.to(DEVICE), s_cpu, torch.tensor(last, dtype=dtype, device=DEVICE),
+            sum(seq) - sum(prefix))
+
+
+@pytest.mark.parametrize("ps", [1, 16, 64])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_decode_kernel_equals_the_host_plan(ps: int, dtype: torch.dtype) -> None:
+    rng = random.Random(ps)
+    a, b = pair(ps)
+    for n in (1, 7, 256, 257, 700):  # the kernel loops over blocks of 256 requests
+        args = decode_batch(rng, n, ps, dtype)
+        got, want = a.alloc_decode(*args), b.alloc_decode(*args)
+        assert got is not None and want is not None
+        assert torch.equal(got, want)
+        assert a.available_size() == b.available_size()
+
+
+@pytest.mark.parametrize("ps", [1, 16, 64])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_extend_kernel_equals_the_host_plan(ps: int, dtype: torch.dtype) -> None:
+    rng = random.Random(ps + 1)
+    a, b = pair(ps)
+    for n, longest in ((1, 3), (3, 1300), (5, 1), (130, 40), (0, 1)):  # blocks: 128 requests, 512 tokens
+        args = extend_batch(rng, n, ps, longest, dtype)
+        got, want = a.alloc_extend(*args), b.alloc_extend(*args)
+        assert got is not None and want is not None
+        assert torch.equal(got, want), (n, longest)
+        assert a.available_size() == b.available_size()
+
+
+def test_kernel_steps_refuse_a_batch_that_does_not_fit_and_change_nothing() -> None:
+    a, _ = pair(16, size=16 * 64)
+    free = a.available_size()
+    rng = random.Random(3)
+    args = extend_batch(rng, 2, 16, 2000, torch.int64)
+    assert a.alloc_extend(*args) is None and a.available_size() == free
+
+
+def test_check_frees_catches_device_lengths_that_differ_from_the_cpu_copies() -> None:
+    a = PagedTokenToKVPoolAllocator(size=1024, page_size=16, device=DEVICE, check_frees=True, kernels=KERNELS)
+    seq_cpu = torch.tensor([17, 18])
+    last = torch.tensor([15, 40], device=DEVICE)
+    with pytest.raises(ValueError, match="seq_lens on the device differs from seq_lens_cpu"):
+        a.alloc_decode((seq_cpu + 1).to(DEVICE), seq_cpu, last)
+
+
+def test_swa_sides_share_one_count_and_both_run_the_kernel() -> None:
+    swa = SWATokenToKVPoolAllocator(full_size=1 << 14, swa_size=1 << 12, page_size=16, device=DEVICE)
+    assert swa.full_attn_allocator.uses_device_kernels == (KERNELS is not None and DEVICE.type == "cuda")
+    prefix_cpu, seq_cpu = torch.tensor([0, 0]), torch.tensor([40, 17])
+    out = swa.alloc_extend(prefix_cpu.to(DEVICE), prefix_cpu, seq_cpu.to(DEVICE), seq_cpu,
+                           torch.tensor([-1, -1], device=DEVICE), 57)
+    assert out is not None and out.numel() == 57
+    assert swa.full_attn_allocator.available_size() == (1 << 14) - 16 * 5
