@@ -14,8 +14,11 @@ Each step is what a busy server does per scheduler iteration, with half the pool
 vLLM's numbers are host bookkeeping only (its block ids never touch the device here),
 so they are the floor for host work. On CUDA each step also counts host syncs
 (torch.cuda.set_sync_debug_mode("warn")) and checks that SGLang's Triton kernels ran
-and agree with ours. Times are microseconds of host wall time per step, the mean of a
-time-boxed run, best of --trials.
+and agree with ours. Two times per step, in microseconds of host wall time: the whole
+step, and the part spent inside the allocator's own calls (the decode step's harness
+also picks out the pages to free, with two device ops, the same for every allocator).
+Each is the median over 50-step chunks of a time-boxed run (robust to a busy machine),
+best of --trials.
 
     python benchmarks/bench_allocator.py --reference-src /path/to/site-packages [--device cuda]
         [--sizes 1e4 1e5 1e6 1e7] [--page-sizes 1 16 64] [--trials 3] [--json out.json]
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import time
 import warnings
@@ -60,6 +64,8 @@ class Row:
     ours_us: float
     sglang_us: float | None
     vllm_us: float | None
+    ours_alloc_us: float  # inside the allocator's calls only
+    sglang_alloc_us: float | None
     ours_syncs: float | None = None  # host syncs per step (CUDA only)
     sglang_syncs: float | None = None
 
@@ -69,30 +75,40 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_time(step: Callable[[int], None], device: torch.device, first: int) -> float:
-    """Mean seconds per step over one time-boxed run."""
-    sync(device)
+Step = Callable[[int], float]  # runs step i; returns the seconds spent inside the allocator's calls
+CHUNK = 50
+
+
+def run_time(step: Step, device: torch.device, first: int) -> tuple[float, float]:
+    """Median seconds per step over 50-step chunks of one time-boxed run: (whole step, allocator calls)."""
+    walls, inside = [], []
     start, n = time.perf_counter(), 0
-    while n < MAX_STEPS and (n < 20 or time.perf_counter() - start < TIME_BOX_S):
-        step(first + n)
-        n += 1
-    sync(device)
-    return (time.perf_counter() - start) / n
+    while n < MAX_STEPS and (n < 2 * CHUNK or time.perf_counter() - start < TIME_BOX_S):
+        sync(device)
+        chunk_start, spent = time.perf_counter(), 0.0
+        for i in range(CHUNK):
+            spent += step(first + n + i)
+        sync(device)
+        walls.append((time.perf_counter() - chunk_start) / CHUNK)
+        inside.append(spent / CHUNK)
+        n += CHUNK
+    return statistics.median(walls), statistics.median(inside)
 
 
-def step_times(steps: dict[str, tuple[Callable[[int], None], torch.device]], trials: int) -> dict[str, float]:
-    """Best-of-trials mean seconds per step of each, trials interleaved so load on a shared machine hits all alike."""
+def step_times(steps: dict[str, tuple[Step, torch.device]], trials: int) -> dict[str, tuple[float, float]]:
+    """Best-of-trials (wall, allocator) seconds per step of each, trials interleaved so load hits all alike."""
     for step, _ in steps.values():
         for i in range(5):
             step(i)
-    best = dict.fromkeys(steps, float("inf"))
+    best = dict.fromkeys(steps, (float("inf"), float("inf")))
     for trial in range(trials):
         for name, (step, device) in steps.items():
-            best[name] = min(best[name], run_time(step, device, 5 + trial * MAX_STEPS))
+            wall, inside = run_time(step, device, 5 + trial * MAX_STEPS)
+            best[name] = (min(best[name][0], wall), min(best[name][1], inside))
     return best
 
 
-def syncs_per_step(step: Callable[[int], None], device: torch.device, steps: int = 20) -> float | None:
+def syncs_per_step(step: Step, device: torch.device, steps: int = 20) -> float | None:
     """Host syncs per step, counted by torch's sync debug mode (CUDA only)."""
     if device.type != "cuda":
         return None
@@ -144,30 +160,42 @@ def sglang_allocator(sglang: Any, size: int, ps: int, device: torch.device) -> A
     return sglang.PagedTokenToKVPoolAllocator(size, ps, torch.int64, str(device), None, False)
 
 
-def token_steps(a: Any, ps: int, batches: Batches | None, workload: str) -> Callable[[int], None]:
+def token_steps(a: Any, ps: int, batches: Batches | None, workload: str) -> Step:
     """One step of `workload` on an SGLang-API allocator (ours or SGLang's)."""
+    clock = time.perf_counter
     if workload == "page 1":
-        def step(i: int) -> None:
+        def step(i: int) -> float:
+            t0 = clock()
             a.free(a.alloc(DECODE_BATCH))
+            return clock() - t0
         return step
     assert batches is not None
     if workload == "decode":
-        def step(i: int) -> None:
+        def step(i: int) -> float:
             seq, seq_cpu, last, starting = batches.decode[i % ps]
+            t0 = clock()
             out = a.alloc_decode(seq, seq_cpu, last)
-            a.free_page_ids(torch.index_select(out, 0, starting) // ps)
+            t1 = clock()
+            pages = torch.index_select(out, 0, starting) // ps  # harness: the pages this step took
+            t2 = clock()
+            a.free_page_ids(pages)
+            return clock() - t2 + t1 - t0
         return step
 
-    def step(i: int) -> None:
+    def step(i: int) -> float:
+        t0 = clock()
         out = a.alloc_extend(*batches.extend_args)
         for lo, hi, pos in batches.fresh_segments:  # each request's fresh pages, as its row segment
             a.free_segment(out[lo:hi], start_pos=pos)
+        return clock() - t0
     return step
 
 
-def vllm_step(pool: Any, count: int) -> Callable[[int], None]:
-    def step(i: int) -> None:
+def vllm_step(pool: Any, count: int) -> Step:
+    def step(i: int) -> float:
+        t0 = time.perf_counter()
         pool.free_blocks(pool.get_new_blocks(count))
+        return time.perf_counter() - t0
     return step
 
 
@@ -186,7 +214,7 @@ def measure(sizes: list[int], page_sizes: list[int], trials: int, device: torch.
         for workload in (["page 1"] if ps == 1 else ["decode", "extend"]):
             for size in sizes:
                 size = size // ps * ps
-                steps: dict[str, tuple[Callable[[int], None], torch.device]] = {}
+                steps: dict[str, tuple[Step, torch.device]] = {}
                 for name in ("ours", "sglang"):
                     a = our_allocator(size, ps, device) if name == "ours" else sglang_allocator(sglang, size, ps, device)
                     held = a.alloc(size // 2 // ps * ps)
@@ -204,9 +232,9 @@ def measure(sizes: list[int], page_sizes: list[int], trials: int, device: torch.
                     steps["vllm"] = (vllm_step(pool, count), torch.device("cpu"))
                 best = step_times(steps, trials)
                 syncs = {name: syncs_per_step(steps[name][0], device) for name in ("ours", "sglang")}
-                vllm_us = best["vllm"] * 1e6 if "vllm" in best else None
-                rows.append(Row(workload, ps, size, best["ours"] * 1e6, best["sglang"] * 1e6, vllm_us,
-                                syncs["ours"], syncs["sglang"]))
+                vllm_us = best["vllm"][0] * 1e6 if "vllm" in best else None
+                rows.append(Row(workload, ps, size, best["ours"][0] * 1e6, best["sglang"][0] * 1e6, vllm_us,
+                                best["ours"][1] * 1e6, best["sglang"][1] * 1e6, syncs["ours"], syncs["sglang"]))
                 print(rows[-1], flush=True)
     if device.type == "cuda":
         ran = {name: bool(getattr(sglang.kernels, name).device_caches) if hasattr(getattr(sglang.kernels, name), "device_caches")
@@ -223,15 +251,17 @@ def describe(device: torch.device) -> str:
 
 def markdown(rows: list[Row], gpu: bool) -> str:
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-    head = "| workload | page | pool tokens | ours | SGLang 0.5.23 | vLLM BlockPool (host only) | SGLang / ours |"
-    rule = "|:---|---:|---:|---:|---:|---:|---:|"
+    ratio = lambda a, b: "-" if a is None or b is None else f"{a / b:.1f}x"  # noqa: E731
+    head = ("| workload | page | pool tokens | ours | SGLang 0.5.23 | vLLM BlockPool (host only) | SGLang / ours "
+            "| ours, allocator calls | SGLang, allocator calls | SGLang / ours, allocator calls |")
+    rule = "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     if gpu:
         head, rule = head + " syncs/step ours | syncs/step SGLang |", rule + "---:|---:|"
-    lines = ["microseconds of host wall time per step (mean of a time-boxed run, best of trials)", "", head, rule]
+    lines = ["microseconds of host wall time per step (median of 50-step chunks, best of trials)", "", head, rule]
     for r in rows:
-        ratio = "-" if r.sglang_us is None else f"{r.sglang_us / r.ours_us:.1f}x"
         line = (f"| {r.workload} | {r.page_size} | {r.pool_tokens:,} | {fmt(r.ours_us)} | {fmt(r.sglang_us)} "
-                f"| {fmt(r.vllm_us)} | {ratio} |")
+                f"| {fmt(r.vllm_us)} | {ratio(r.sglang_us, r.ours_us)} | {fmt(r.ours_alloc_us)} "
+                f"| {fmt(r.sglang_alloc_us)} | {ratio(r.sglang_alloc_us, r.ours_alloc_us)} |")
         if gpu:
             line += f" {fmt(r.ours_syncs)} | {fmt(r.sglang_syncs)} |"
         lines.append(line)

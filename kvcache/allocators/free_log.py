@@ -82,6 +82,7 @@ class FreeLog:
                            for _ in range(FREE_LOGS))
         self._active = 0
         self._log = self._logs[0]
+        self._length = LOG_LENGTH_FACTOR * capacity
         self._saved: _Saved | None = None
         self._is_free: torch.Tensor | None = None
         if check:
@@ -111,6 +112,10 @@ class FreeLog:
 
     def take(self, n: int) -> torch.Tensor | None:
         """n free ids as a view kept until `capacity` more ids are freed, or None (nothing changes) when fewer are free."""
+        head = self._head
+        if self._is_free is None and 0 <= n <= self._tail - head:  # the hot path, inlined
+            self._head = head + n
+            return self._log[head:head + n]
         head = self.take_at(n)
         return None if head is None else self._log[head:head + n]
 
@@ -133,13 +138,13 @@ class FreeLog:
 
     def put(self, ids: torch.Tensor, *, multiply: int = 1) -> None:
         """Return ids * multiply (any integer dtype on this device, 1-D) to the free list: one kernel."""
-        n = ids.numel()
-        if n == 0:
+        n, tail = ids.numel(), self._tail
+        if 0 < n and multiply == 1 and self._is_free is None and tail + n <= self._length \
+                and tail - self._head + n <= self._capacity:  # the hot path
+            self._log[tail:tail + n] = ids
+            self._tail = tail + n
             return
-        if self._is_free is None and multiply == 1 and self._tail + n <= self._log.numel() \
-                and self._tail - self._head + n <= self._capacity:  # the hot path
-            self._log[self._tail:self._tail + n] = ids
-            self._tail += n
+        if n == 0:
             return
         if self._is_free is not None:
             self._validate(ids * multiply if multiply != 1 else ids)
@@ -148,7 +153,7 @@ class FreeLog:
                 f"freeing {n} ids ({self._unit}) but only {self._capacity - self.available} are allocated "
                 "(a double free? check_frees=True names the id)"
             )
-        if self._tail + n > self._log.numel():
+        if self._tail + n > self._length:
             self._compact()
         dest = self._log[self._tail:self._tail + n]
         if multiply == 1:
