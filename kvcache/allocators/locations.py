@@ -2,11 +2,14 @@
 
 SGLang 0.5.23's scheduler passes CPU copies of prefix_lens and seq_lens. From them the
 host works out everything that does not depend on device values: how many fresh pages
-the batch takes, and for every new token which "source" it continues and at what
-offset. The device then does one gather and one add (kvcache.allocators.paged):
+the batch takes and, for every new token, which page of a "source" list it lands in and
+at what offset. The device then scatters the source and does one gather and one add
+(kvcache.allocators.paged; on CUDA one Triton kernel does it all instead,
+kvcache.allocators.paged_kernels):
 
-    out[t] = source[gather[t]] + offset[t]
-    source = [last_loc + 1 for each request] ++ [start token of each fresh page]
+    source[slot_r]          = last_loc[r] + 1 - prefix[r] % P   (the page request r continues)
+    source[slot_r + 1 + i]  = first token of request r's i-th fresh page
+    out[t]                  = source[gather[t]] + position(t) % P
 
 A request at positions prefix..seq-1 first fills its partial last page (continuing
 from last_loc, the index of position prefix-1), then takes its share of the fresh
@@ -23,17 +26,24 @@ import torch
 
 @dataclass(frozen=True, slots=True)
 class ExtendPlan:
-    """Host tensors for one alloc_extend: fresh pages, tokens, and per token (gather, offset)."""
+    """Host tensors for one alloc_extend (see the module docstring), packed for one copy to the device."""
 
     num_new_pages: int
     num_tokens: int
-    continues_a_page: bool  # some token continues a request's partial page (source needs last_loc + 1)
-    gather_offset: torch.Tensor  # int64 [2, num_tokens] on the CPU: gather index, then offset
+    batch: int
+    continues_a_page: bool  # some token continues a request's partial page (the source needs last_loc)
+    packed: torch.Tensor  # int64 on the CPU: partial slots [batch], 1 - prefix % P [batch],
+    #                       fresh slots [num_new_pages], gather [num_tokens], offset [num_tokens]
+
+    def sections(self, packed: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """packed (or its copy on the device) split into its five parts."""
+        b, n, t = self.batch, self.num_new_pages, self.num_tokens
+        return torch.split(packed, (b, b, n, t, t))
 
 
 def ceil_div(a: Any, b: int) -> Any:
     """ceil(a / b) for an int or an integer tensor a and b >= 1."""
-    return (a + b - 1) // b
+    return (a + (b - 1)) // b
 
 
 def host_lengths(lengths: torch.Tensor, what: str) -> torch.Tensor:
@@ -110,26 +120,26 @@ def plan_extend(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, page_size: in
     batch = prefix_lens.numel()
     fresh = new_pages_for_extend(prefix_lens, seq_lens, page_size)
     num_new_pages = int(fresh.sum()) if batch else 0
-    if num_tokens == 0:
-        return ExtendPlan(num_new_pages, 0, False, torch.empty((2, 0), dtype=torch.int64))
     lengths = seq_lens - prefix_lens
+    offset_in_page = prefix_lens % page_size
+    continues = bool(torch.mul(offset_in_page, lengths).any()) if batch else False  # lengths >= 0
     ends = torch.cumsum(lengths, 0)
-    token = torch.arange(num_tokens)
-    req = request_of_each_token(ends, num_tokens)
-    pos = token + (prefix_lens - (ends - lengths))[req]
-    page_rel = pos // page_size - ceil_div(prefix_lens, page_size)[req]  # < 0: still in the partial page
-    continues = bool((page_rel < 0).any())
-    first_fresh = torch.cumsum(fresh, 0) - fresh
-    plan = torch.empty((2, num_tokens), dtype=torch.int64)
-    fresh_gather = first_fresh[req] + page_rel + (batch if continues else 0)
-    if continues:
-        cont = page_rel < 0
-        torch.where(cont, req, fresh_gather, out=plan[0])
-        torch.where(cont, pos - prefix_lens[req] , pos % page_size, out=plan[1])
-    else:
-        plan[0] = fresh_gather
-        torch.remainder(pos, page_size, out=plan[1])
-    return ExtendPlan(num_new_pages, num_tokens, continues, plan)
+    fresh_ends = torch.cumsum(fresh, 0)
+    partial_slot = torch.arange(batch) + (fresh_ends - fresh)  # each request: 1 slot, then its fresh pages
+    packed = torch.empty(2 * batch + num_new_pages + 2 * num_tokens, dtype=torch.int64)
+    slots, shift, fresh_slots, gather, offset = torch.split(packed, (batch, batch, num_new_pages, num_tokens, num_tokens))
+    slots.copy_(partial_slot)
+    torch.sub(1, offset_in_page, out=shift)
+    if num_new_pages:
+        torch.add(torch.arange(1, num_new_pages + 1), request_of_each_token(fresh_ends, num_new_pages), out=fresh_slots)
+    if num_tokens:
+        req = request_of_each_token(ends, num_tokens)
+        pos = torch.arange(num_tokens).add_(torch.index_select(prefix_lens - (ends - lengths), 0, req))
+        page = torch.div(pos, page_size, rounding_mode="floor")
+        # position pos is on page `page`; the request's partial page is ceil(prefix / P) - 1, at its slot
+        torch.add(page, torch.index_select(partial_slot + 1 - ceil_div(prefix_lens, page_size), 0, req), out=gather)
+        torch.sub(pos, page.mul_(page_size), out=offset)
+    return ExtendPlan(num_new_pages, num_tokens, batch, continues, packed)
 
 
 def decode_starts_page(seq_lens: torch.Tensor, page_size: int) -> torch.Tensor:

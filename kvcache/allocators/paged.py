@@ -154,10 +154,7 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
         if self._kernels is None:
             assert batch.plan is not None
             starts = self._log.take(batch.num_new_pages)
-            if starts is None:
-                return None
-            plan = batch.plan
-            return self._locations(plan.gather_offset, starts, last if plan.continues_a_page else None)
+            return None if starts is None else self._locations(batch.plan, starts, last)
         head = self._log.take_at(batch.num_new_pages)
         if head is None:
             return None
@@ -167,16 +164,15 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
                                        self._page_size)
         return out
 
-    def _locations(self, gather_offset: torch.Tensor, starts: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
-        """out = source[gather] + offset on the device (kvcache.allocators.locations)."""
-        plan = to_device_async(gather_offset, self._device)
-        source = starts
-        if last is not None:
-            batch = last.numel()
-            source = torch.empty(batch + starts.numel(), dtype=torch.int64, device=self._device)
-            torch.add(last, 1, out=source[:batch])
-            source[batch:].copy_(starts)
-        return torch.index_select(source, 0, plan[0]).add_(plan[1])
+    def _locations(self, plan: ExtendPlan, starts: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """Scatter the source, then out = source[gather] + offset on the device (kvcache.allocators.locations)."""
+        slots, shift, fresh_slots, gather, offset = plan.sections(to_device_async(plan.packed, self._device))
+        source = torch.empty(plan.batch + plan.num_new_pages, dtype=torch.int64, device=self._device)
+        if plan.continues_a_page:
+            source.index_copy_(0, slots, last + shift)
+        if plan.num_new_pages:
+            source.index_copy_(0, fresh_slots, starts)
+        return torch.index_select(source, 0, gather).add_(offset)
 
     def alloc_decode(self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
         """One index per request for position seq_lens[i]-1: a fresh page's first token, or last_loc[i]+1.
