@@ -41,6 +41,7 @@ def test_graph_replay_equals_eager_decode_and_survives_the_resize():
     runner.capture_decode_graphs()
     replayed = runner.decode_graphs.replay(batch).clone()
     assert torch.equal(replayed, eager)
+    assert torch.equal(runner.decode(batch), replayed)  # a batch a graph holds is replayed
     del requests
     resize = runner.post_capture_resize_kv_pool()
     assert resize.tokens_after <= resize.tokens_before
@@ -49,13 +50,15 @@ def test_graph_replay_equals_eager_decode_and_survives_the_resize():
     engine.shutdown_resources()
 
 
-def test_an_engine_bootstrap_with_the_knob_on_captures_and_resizes():
-    args = ServerArgs.from_mapping({"device": "cuda", "enable_post_capture_kv_resize": True, "cuda_graph_max_bs": 16,
+@pytest.mark.parametrize("max_bs", [16, 0])
+def test_an_engine_bootstrap_with_the_knob_on_captures_and_resizes(max_bs):
+    args = ServerArgs.from_mapping({"device": "cuda", "enable_post_capture_kv_resize": True, "cuda_graph_max_bs": max_bs,
                                     "max_running_requests": 16, "context_length": 4096})
     engine = EngineContainer(server_args=args, model_config=load_model_config("Llama-3.2-1B-Instruct"))
     engine.engine().bootstrap()
     runner = engine.engine().target
     assert runner.graph_capture is not None and runner.post_capture_kv_resize is not None
+    assert runner.graph_capture.max_bs == max_bs and (runner.decode_graphs is None) == (max_bs == 0)
     assert runner.memory_probe.free_bytes() >= runner.post_capture_kv_resize.headroom_bytes
     engine.shutdown_resources()
 
