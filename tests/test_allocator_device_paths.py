@@ -153,3 +153,32 @@ def test_steady_state_steps_never_sync_the_host_on_cuda() -> None:
     torch.cuda.synchronize()
     assert paged.available_size() == (1 << 20) // 2 - 256 * 16
     assert swa.available_size() == 1 << 14
+
+
+class SyncLog(TorchDispatchMode):
+    """The data-dependent (host-syncing on a GPU) aten ops a call runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func.overloadpacket.__name__
+        if name in SYNCING or (name == "index" and any(getattr(a, "dtype", None) == torch.bool
+                                                         for a in args[1] if a is not None)):
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_a_paged_swa_set_free_syncs_twice_find_pages_and_pick_held_ones(page_size: int) -> None:
+    swa = SWATokenToKVPoolAllocator(full_size=1024, swa_size=512, page_size=page_size, device=CPU)
+    full = swa.alloc(64)
+    assert full is not None
+    with SyncLog() as log:
+        swa.free(full[torch.tensor([0, 1, 2, 17, 40, 41])])
+    # torch.unique of the touched pages, then the boolean pick of the ones that still hold an SWA page
+    assert [op for op in log.ops if op != "_local_scalar_dense"] in (["_unique2", "index"], ["unique", "index"])
+    touched = 6 if page_size == 1 else 3
+    assert swa.full_available_size() == 1024 - 64 + touched * page_size
+    assert swa.swa_available_size() == 512 - 64 + touched * page_size

@@ -251,11 +251,9 @@ class SWATokenToKVPoolAllocator(SharedAllocatorAPI):
             self.full_attn_allocator.free_segment(self._checked("free_full_segment", free_index, start_pos),
                                                   start_pos=start_pos)
 
-    def _rows_of(self, full: torch.Tensor) -> torch.Tensor:
-        """Every map row of the pages these full indices belong to, once each (torch.unique: a host sync)."""
-        if self._page_size == 1:
-            return torch.unique(full)
-        return self._page_rows(torch.unique(full - full % self._page_size))
+    def _page_starts_of(self, full: torch.Tensor) -> torch.Tensor:
+        """The first full index of every page these full indices touch, once each (torch.unique: a host sync)."""
+        return torch.unique(full if self._page_size == 1 else full - full % self._page_size)
 
     def _page_rows(self, starts: torch.Tensor) -> torch.Tensor:
         """Every map row of the pages starting at these full indices."""
@@ -264,22 +262,31 @@ class SWATokenToKVPoolAllocator(SharedAllocatorAPI):
         offsets = torch.arange(self._page_size, dtype=torch.int64, device=self._device)
         return torch.add(offsets, starts[:, None]).reshape(-1)
 
+    def _swa_starts_held(self, starts: torch.Tensor) -> torch.Tensor:
+        """The SWA page of each full page that still has one (a full page maps onto one SWA page, offset for
+        offset, so its first row names it); selecting them is data-dependent: a host sync."""
+        swa = self._map.lookup(starts)
+        if self._check and self._page_size > 1:
+            rows = self._map.lookup(self._page_rows(starts)).view(-1, self._page_size)
+            offsets = torch.arange(self._page_size, dtype=torch.int64, device=self._device)
+            if not bool(((rows == 0) | (rows == swa[:, None] + offsets)).all()):
+                raise ValueError("a full page maps onto more than one SWA page (set_full_to_swa_mapping broke paging)")
+        return swa[swa > 0]
+
     def _free_now(self, full: torch.Tensor) -> None:
-        rows = self._rows_of(full)
-        swa = self._map.lookup(rows)
-        held = swa[swa > 0]  # data-dependent: one host sync
-        self.full_attn_allocator.free(full)  # with check_frees this raises before anything changed
+        starts = self._page_starts_of(full)
+        held = self._swa_starts_held(starts)
+        self.full_attn_allocator.free_page_starts(starts)  # with check_frees this raises before anything changed
         if held.numel():
-            self.swa_attn_allocator.free(held)
-        self._map.write(rows, 0)
+            self.swa_attn_allocator.free_page_starts(held)
+        self._map.write(self._page_rows(starts), 0)
 
     def _free_swa_now(self, full: torch.Tensor) -> None:
-        rows = self._rows_of(full)
-        swa = self._map.lookup(rows)
-        held = swa[swa > 0]
+        starts = self._page_starts_of(full)
+        held = self._swa_starts_held(starts)
         if held.numel():
-            self.swa_attn_allocator.free(held)
-            self._map.write(rows, 0)
+            self.swa_attn_allocator.free_page_starts(held)
+            self._map.write(self._page_rows(starts), 0)
 
     def _free_swa_segment_now(self, full: torch.Tensor) -> None:
         firsts = full[:: self._page_size]  # the first full index of every page in the segment
