@@ -31,6 +31,19 @@ class IndexMapState:
     generation: int
 
 
+def page_starts_of(full: torch.Tensor, page_size: int) -> torch.Tensor:
+    """The first full index of every page these full indices touch, once each (torch.unique: a host sync)."""
+    return torch.unique(full if page_size == 1 else full - full % page_size)
+
+
+def page_rows(starts: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Every row of the pages starting at these full indices, page by page."""
+    if page_size == 1:
+        return starts
+    offsets = torch.arange(page_size, dtype=torch.int64, device=starts.device)
+    return torch.add(offsets, starts[:, None]).reshape(-1)
+
+
 class FullToSWAMap:
     """One row per full-pool row (tokens plus the padding page) and the -1 row; rows of free tokens read 0."""
 
@@ -53,6 +66,18 @@ class FullToSWAMap:
 
     def lookup(self, full_indices: torch.Tensor) -> torch.Tensor:
         return self._table[full_indices]
+
+    def held_swa_pages(self, starts: torch.Tensor, page_size: int, *, check: bool) -> torch.Tensor:
+        """The SWA page of each full page (by its first row) that still has one: a paged full page maps onto one
+        SWA page offset for offset, so its first row names it. Picking them is data-dependent: a host sync.
+        check=True (another sync) verifies that every row of each page agrees."""
+        swa = self.lookup(starts)
+        if check and page_size > 1:
+            rows = self.lookup(page_rows(starts, page_size)).view(-1, page_size)
+            expected = swa[:, None] + torch.arange(page_size, dtype=torch.int64, device=swa.device)
+            if not bool(((rows == 0) | (rows == expected)).all()):
+                raise ValueError("a full page maps onto more than one SWA page (set_full_to_swa_mapping broke paging)")
+        return swa[swa > 0]
 
     def write(self, full_indices: torch.Tensor, values: torch.Tensor | int) -> None:
         """table[full_indices] = values, journaled while a backup is live."""

@@ -24,7 +24,7 @@ import torch
 from kvcache.allocators.base import AllocatorState, SharedAllocatorAPI, as_indices, check_need_size, reject_meta
 from kvcache.allocators.eviction import evict_shortfall
 from kvcache.allocators.free_group import FreeGroup, FreeGroupState
-from kvcache.allocators.index_map import FullToSWAMap, IndexMapState
+from kvcache.allocators.index_map import FullToSWAMap, IndexMapState, page_rows, page_starts_of
 from kvcache.allocators.locations import decode_starts_page, host_lengths
 from kvcache.allocators.paged import PagedTokenToKVPoolAllocator
 from kvcache.allocators.token import TokenToKVPoolAllocator
@@ -251,42 +251,20 @@ class SWATokenToKVPoolAllocator(SharedAllocatorAPI):
             self.full_attn_allocator.free_segment(self._checked("free_full_segment", free_index, start_pos),
                                                   start_pos=start_pos)
 
-    def _page_starts_of(self, full: torch.Tensor) -> torch.Tensor:
-        """The first full index of every page these full indices touch, once each (torch.unique: a host sync)."""
-        return torch.unique(full if self._page_size == 1 else full - full % self._page_size)
-
-    def _page_rows(self, starts: torch.Tensor) -> torch.Tensor:
-        """Every map row of the pages starting at these full indices."""
-        if self._page_size == 1:
-            return starts
-        offsets = torch.arange(self._page_size, dtype=torch.int64, device=self._device)
-        return torch.add(offsets, starts[:, None]).reshape(-1)
-
-    def _swa_starts_held(self, starts: torch.Tensor) -> torch.Tensor:
-        """The SWA page of each full page that still has one (a full page maps onto one SWA page, offset for
-        offset, so its first row names it); selecting them is data-dependent: a host sync."""
-        swa = self._map.lookup(starts)
-        if self._check and self._page_size > 1:
-            rows = self._map.lookup(self._page_rows(starts)).view(-1, self._page_size)
-            offsets = torch.arange(self._page_size, dtype=torch.int64, device=self._device)
-            if not bool(((rows == 0) | (rows == swa[:, None] + offsets)).all()):
-                raise ValueError("a full page maps onto more than one SWA page (set_full_to_swa_mapping broke paging)")
-        return swa[swa > 0]
-
     def _free_now(self, full: torch.Tensor) -> None:
-        starts = self._page_starts_of(full)
-        held = self._swa_starts_held(starts)
+        starts = page_starts_of(full, self._page_size)
+        held = self._map.held_swa_pages(starts, self._page_size, check=self._check)
         self.full_attn_allocator.free_page_starts(starts)  # with check_frees this raises before anything changed
         if held.numel():
             self.swa_attn_allocator.free_page_starts(held)
-        self._map.write(self._page_rows(starts), 0)
+        self._map.write(page_rows(starts, self._page_size), 0)
 
     def _free_swa_now(self, full: torch.Tensor) -> None:
-        starts = self._page_starts_of(full)
-        held = self._swa_starts_held(starts)
+        starts = page_starts_of(full, self._page_size)
+        held = self._map.held_swa_pages(starts, self._page_size, check=self._check)
         if held.numel():
             self.swa_attn_allocator.free_page_starts(held)
-            self._map.write(self._page_rows(starts), 0)
+            self._map.write(page_rows(starts, self._page_size), 0)
 
     def _free_swa_segment_now(self, full: torch.Tensor) -> None:
         firsts = full[:: self._page_size]  # the first full index of every page in the segment
@@ -294,7 +272,7 @@ class SWATokenToKVPoolAllocator(SharedAllocatorAPI):
         if self._check and bool((swa_starts <= 0).any()):
             raise ValueError("free_swa_segment of a segment whose SWA slots are already free (use free_full_segment)")
         self.swa_attn_allocator.free_page_starts(swa_starts)
-        self._map.write(self._page_rows(firsts), 0)
+        self._map.write(page_rows(firsts, self._page_size), 0)
 
     def free_group_begin(self) -> None:
         self._group.begin()
