@@ -62,7 +62,7 @@ def load() -> PagedKernels | None:
 
     @triton.jit(do_not_specialize=["head", "batch"])
     def decode_kernel(seq_ptr, last_ptr, log_ptr, head, out_ptr, batch, page_size, BLOCK: tl.constexpr):
-        taken = 0
+        taken = tl.zeros((), dtype=tl.int64)  # loop-carried: its type must not change inside the loop
         for first in range(0, batch, BLOCK):
             i = first + tl.arange(0, BLOCK)
             inside = i < batch
@@ -78,8 +78,8 @@ def load() -> PagedKernels | None:
     def extend_kernel(prefix_ptr, seq_ptr, last_ptr, log_ptr, head, out_ptr, page_size,
                       BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
         r = tl.program_id(0)
-        out_start = 0
-        first_fresh = 0
+        out_start = tl.zeros((), dtype=tl.int64)
+        first_fresh = tl.zeros((), dtype=tl.int64)
         for first in range(0, r, BLOCK_R):  # the requests before r: their tokens and fresh pages
             j = first + tl.arange(0, BLOCK_R)
             before = j < r
