@@ -1,7 +1,8 @@
 """The paged Triton kernels (one launch per alloc_decode / alloc_extend) hand out exactly the
 indices the host-planned path does, for batches that cross the kernels' block sizes, int32 and
-int64 lengths, and page sizes 1, 16, 64. Runs on CUDA, or on the CPU under Triton's interpreter
-(TRITON_INTERPRET=1 with NumPy installed); skipped elsewhere."""
+int64 lengths, and page sizes 1, 16, 64. Those run on CUDA, or on the CPU under Triton's
+interpreter (TRITON_INTERPRET=1 with NumPy installed). Wherever Triton is installed (it comes
+with torch's CUDA build), the kernels are also compiled for an H200 (sm_90) on the CPU."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 KERNELS = paged_kernels.load() if DEVICE.type == "cuda" or INTERPRETED else None
 
-pytestmark = pytest.mark.skipif(KERNELS is None, reason="needs CUDA with Triton, or TRITON_INTERPRET=1 with NumPy")
+runs_kernels = pytest.mark.skipif(KERNELS is None, reason="needs CUDA with Triton, or TRITON_INTERPRET=1 with NumPy")
 
 
 def pair(ps: int, size: int = 1 << 16) -> tuple[PagedTokenToKVPoolAllocator, PagedTokenToKVPoolAllocator]:
@@ -49,6 +50,7 @@ def extend_batch(rng: random.Random, n: int, ps: int, longest: int, dtype: torch
             sum(seq) - sum(prefix))
 
 
+@runs_kernels
 @pytest.mark.parametrize("ps", [1, 16, 64])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_decode_kernel_equals_the_host_plan(ps: int, dtype: torch.dtype) -> None:
@@ -62,6 +64,7 @@ def test_decode_kernel_equals_the_host_plan(ps: int, dtype: torch.dtype) -> None
         assert a.available_size() == b.available_size()
 
 
+@runs_kernels
 @pytest.mark.parametrize("ps", [1, 16, 64])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_extend_kernel_equals_the_host_plan(ps: int, dtype: torch.dtype) -> None:
@@ -75,6 +78,7 @@ def test_extend_kernel_equals_the_host_plan(ps: int, dtype: torch.dtype) -> None
         assert a.available_size() == b.available_size()
 
 
+@runs_kernels
 def test_kernel_steps_refuse_a_batch_that_does_not_fit_and_change_nothing() -> None:
     a, _ = pair(16, size=16 * 64)
     free = a.available_size()
@@ -83,6 +87,7 @@ def test_kernel_steps_refuse_a_batch_that_does_not_fit_and_change_nothing() -> N
     assert a.alloc_extend(*args) is None and a.available_size() == free
 
 
+@runs_kernels
 def test_check_frees_catches_device_lengths_that_differ_from_the_cpu_copies() -> None:
     a = PagedTokenToKVPoolAllocator(size=1024, page_size=16, device=DEVICE, check_frees=True, kernels=KERNELS)
     seq_cpu = torch.tensor([17, 18])
@@ -91,6 +96,7 @@ def test_check_frees_catches_device_lengths_that_differ_from_the_cpu_copies() ->
         a.alloc_decode((seq_cpu + 1).to(DEVICE), seq_cpu, last)
 
 
+@runs_kernels
 def test_swa_sides_share_one_count_and_both_run_the_kernel() -> None:
     swa = SWATokenToKVPoolAllocator(full_size=1 << 14, swa_size=1 << 12, page_size=16, device=DEVICE)
     assert swa.full_attn_allocator.uses_device_kernels == (KERNELS is not None and DEVICE.type == "cuda")
@@ -99,3 +105,29 @@ def test_swa_sides_share_one_count_and_both_run_the_kernel() -> None:
                            torch.tensor([-1, -1], device=DEVICE), 57)
     assert out is not None and out.numel() == 57
     assert swa.full_attn_allocator.available_size() == (1 << 14) - 16 * 5
+
+
+def _compile_for_hopper(kernel: object, signature: dict[str, str], constexprs: dict[str, int]) -> str:
+    """PTX for an H100/H200 (sm_90), compiled on this machine without a GPU (Triton ships ptxas)."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = kernel.arg_names  # type: ignore[attr-defined]
+    source = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+
+
+@pytest.mark.skipif(INTERPRETED or paged_kernels.load() is None, reason="needs Triton, compiling (not interpreting)")
+@pytest.mark.parametrize("index", ["i64", "i32"])
+def test_the_kernels_compile_for_an_h200_on_any_machine(index: str) -> None:
+    kernels = paged_kernels.load()
+    assert kernels is not None
+    decode = {"seq_ptr": f"*{index}", "last_ptr": f"*{index}", "log_ptr": "*i64", "head": "i64", "out_ptr": "*i64",
+              "batch": "i32", "page_size": "i32", "BLOCK": "constexpr"}
+    extend = {"prefix_ptr": f"*{index}", "seq_ptr": f"*{index}", "last_ptr": f"*{index}", "log_ptr": "*i64",
+              "head": "i64", "out_ptr": "*i64", "page_size": "i32", "BLOCK_R": "constexpr", "BLOCK_T": "constexpr"}
+    assert ".entry decode_kernel" in _compile_for_hopper(kernels.decode_kernel, decode,
+                                                         {"BLOCK": paged_kernels.DECODE_BLOCK})
+    assert ".entry extend_kernel" in _compile_for_hopper(kernels.extend_kernel, extend, {
+        "BLOCK_R": paged_kernels.EXTEND_BLOCK_REQUESTS, "BLOCK_T": paged_kernels.EXTEND_BLOCK_TOKENS})
