@@ -20,7 +20,6 @@ cost formula: what the bisection charges is what MemoryPoolConfig says is alloca
 from __future__ import annotations
 
 from fractions import Fraction
-
 from typing import Literal
 
 import msgspec
@@ -29,6 +28,11 @@ from kvcache.byte_units import format_bytes
 from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, DoesNotFitError
 from kvcache.memory_budget import MemoryBudget
 from kvcache.pool_config import KVPoolPlan, MemoryPoolConfig, PoolKind, StatePoolPlan
+
+# SGLang 0.5.23's fallbacks for the two hybrid ratios (srt/arg_groups/fields/schedule.py), as exact
+# fractions; ServerArgs' flag defaults and SizingSettings' are these, nowhere written again.
+SGLANG_SWA_FULL_TOKENS_RATIO = Fraction(4, 5)  # --swa-full-tokens-ratio: sliding-window pool tokens per full-pool token
+SGLANG_MAMBA_FULL_MEMORY_RATIO = Fraction(9, 10)  # --mamba-full-memory-ratio: state bytes per KV byte of the budget
 
 DEFAULT_REQUESTS_PER_CONTEXT = 512
 MIN_DEFAULT_RUNNING_REQUESTS = 2048
@@ -64,7 +68,7 @@ class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
     context_length: int
     req_to_token_row_width: int
     kv_pools: tuple[KVPoolDemand, ...]
-    swa_ratio: Fraction = Fraction(4, 5)
+    swa_ratio: Fraction = SGLANG_SWA_FULL_TOKENS_RATIO
     state: StateDemand | None = None
     max_total_tokens: int | None = None
     max_running_requests: int | None = None

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Mapping
 import msgspec
 
 from kvcache.errors import ConfigError
+from kvcache.planning import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
 from kvcache.rank_agreement import SGLANG_MIN_RANK_MEMORY_RATIO
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
@@ -83,9 +84,11 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         f"(SGLang 0.5.23's {SGLANG_MIN_RANK_MEMORY_RATIO}); 0 turns the check off")] = SGLANG_MIN_RANK_MEMORY_RATIO
     # hybrid models
     swa_full_tokens_ratio: Annotated[float, msgspec.Meta(gt=0, le=1), _doc(
-        "sliding-window pool size as a fraction of the full pool")] = 0.8
+        "sliding-window pool size as a fraction of the full pool")] = float(
+        SGLANG_SWA_FULL_TOKENS_RATIO)
     mamba_full_memory_ratio: Annotated[float, msgspec.Meta(gt=0), _doc(
-        "state : KV share of the budget for Mamba / linear-attention hybrids")] = 0.9
+        "state : KV share of the budget for Mamba / linear-attention hybrids")] = float(
+        SGLANG_MAMBA_FULL_MEMORY_RATIO)
     mamba_ssm_dtype: Annotated[Literal["float32", "bfloat16", "float16"], _doc("SSM state dtype")] = "float32"
     max_mamba_cache_size: Annotated[PositiveInt, _doc("state slots to keep (instead of the ratio)")] | None = None
     # speculative decoding

@@ -12,6 +12,7 @@ from fractions import Fraction
 import msgspec
 
 from kvcache.memory_budget import exact_fraction
+from kvcache.planning import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
 from kvcache.server_args import ServerArgs
 
 
@@ -30,8 +31,8 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
     disable_cuda_graph: bool = False
     disable_overlap_schedule: bool = False
     disable_radix_cache: bool = False
-    swa_full_tokens_ratio: Fraction = Fraction(4, 5)
-    mamba_full_memory_ratio: Fraction = Fraction(9, 10)
+    swa_full_tokens_ratio: Fraction = SGLANG_SWA_FULL_TOKENS_RATIO
+    mamba_full_memory_ratio: Fraction = SGLANG_MAMBA_FULL_MEMORY_RATIO
     mamba_ssm_dtype: str = "float32"
     max_mamba_cache_size: int | None = None
     speculative_algorithm: str = "none"

@@ -274,3 +274,19 @@ def test_the_rank_memory_ratio_default_is_the_one_sglang_constant() -> None:
     from kvcache.rank_agreement import SGLANG_MIN_RANK_MEMORY_RATIO
 
     assert ServerArgs().min_rank_memory_ratio == ParallelState().min_rank_memory_ratio == SGLANG_MIN_RANK_MEMORY_RATIO == 0.9
+
+
+def test_the_hybrid_ratio_defaults_are_the_one_sglang_constant_each() -> None:
+    """ServerArgs (float flags), SizingSettings and PlanRequest (exact fractions) all default to the planner's
+    constants, which are SGLang 0.5.23's fallbacks 0.8 and 0.9."""
+    from fractions import Fraction
+
+    from kvcache.planning import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO, PlanRequest
+    from kvcache.sizing_settings import SizingSettings
+
+    assert (SGLANG_SWA_FULL_TOKENS_RATIO, SGLANG_MAMBA_FULL_MEMORY_RATIO) == (Fraction(4, 5), Fraction(9, 10))
+    read = SizingSettings.from_server_args(ServerArgs())
+    assert read.swa_full_tokens_ratio == SizingSettings().swa_full_tokens_ratio == SGLANG_SWA_FULL_TOKENS_RATIO
+    assert read.mamba_full_memory_ratio == SizingSettings().mamba_full_memory_ratio == SGLANG_MAMBA_FULL_MEMORY_RATIO
+    swa_ratio = next(f for f in msgspec.structs.fields(PlanRequest) if f.name == "swa_ratio")
+    assert swa_ratio.default == SGLANG_SWA_FULL_TOKENS_RATIO
