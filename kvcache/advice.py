@@ -1,6 +1,8 @@
-"""What would fit: re-run the pure planner with one knob changed and name the values that work.
+"""What would fit: re-run the pure planner with one knob changed and name the values that work; where
+no knob works alone, the first combination (a larger --mem-fraction-static with fp8 KV or a shorter
+context) that does.
 
-Each suggestion names a flag and a value that was checked by planning with it.
+Each suggestion names flags and values that were checked by planning with them, together.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import msgspec
 from kvcache.byte_units import MiB
 from kvcache.errors import DoesNotFitError
 from kvcache.memory_budget import MemoryBudget, compute_budget
-from kvcache.planning import PlanRequest, plan_pool_sizes
+from kvcache.planning import PlanRequest, align_down, plan_pool_sizes
 
 
 def fits(req: PlanRequest) -> bool:
@@ -51,15 +53,19 @@ def smallest_fitting_mem_fraction(req: PlanRequest, budget_for: Callable[[float]
     return None if milli is None else milli / 1000
 
 
+def with_context(req: PlanRequest, context: int) -> PlanRequest:
+    """The request with another context_length; the request table keeps its extra (draft-token) columns."""
+    extra = req.req_to_token_row_width - req.context_length
+    return msgspec.structs.replace(req, context_length=context, req_to_token_row_width=context + extra)
+
+
 def longest_fitting_context(req: PlanRequest) -> int | None:
     """The longest context_length (a page multiple) that plans with everything else unchanged."""
     page = req.page_size
-    extra = req.req_to_token_row_width - req.context_length
     top = max(1, (req.context_length - 1) // page)
 
     def ok_from_top(k: int) -> bool:  # counts pages down from the top, so the search runs "false then true"
-        ctx = (top + 1 - k) * page
-        return fits(msgspec.structs.replace(req, context_length=ctx, req_to_token_row_width=ctx + extra))
+        return fits(with_context(req, (top + 1 - k) * page))
 
     k = smallest_passing(1, top, ok_from_top)
     return None if k is None else (top + 1 - k) * page
@@ -197,6 +203,48 @@ def suggest_fixes(
     if context is not None:
         out.append(f"--context-length {context} (the longest that fits)")
     if not out:
+        combined = first_fitting_combination(req, budget_for_fraction=budget_for_fraction, fp8_request=fp8_request)
+        if combined is not None:
+            out.append(combined)
+    if not out:
         out.append("a host with more memory" if on_host or fraction_for_limit is not None else
                    "a larger --tp-size (or --pp-size) to spread weights and KV over more devices, or a bigger card")
     return tuple(out)
+
+
+SHORTEST_SUGGESTED_CONTEXT = 1024
+
+
+def round_shorter_contexts(req: PlanRequest) -> list[int]:
+    """Context lengths to pair with another knob, longest first: the powers of two below the current
+    one down to 1,024 tokens, each a page multiple (round values a person would pick)."""
+    out: list[int] = []
+    power = 1 << ((req.context_length - 1).bit_length() - 1) if req.context_length > 1 else 0
+    while power >= SHORTEST_SUGGESTED_CONTEXT:
+        ctx = align_down(power, req.page_size)
+        if ctx >= req.page_size and ctx not in out:
+            out.append(ctx)
+        power //= 2
+    return out
+
+
+def first_fitting_combination(req: PlanRequest, *, budget_for_fraction: Callable[[float], int] | None,
+                              fp8_request: PlanRequest | None) -> str | None:
+    """When no single knob plans (typically: the weights leave no room at the default fraction): the first
+    larger --mem-fraction-static that plans together with fp8 KV (keeping the context), else with the
+    longest round shorter context, else with both; all values checked by planning with them together."""
+    if budget_for_fraction is None:
+        return None
+    contexts = round_shorter_contexts(req)
+    fp8 = "--kv-cache-dtype fp8_e4m3 "
+    variants: list[tuple[str, PlanRequest, int | None]] = [(fp8, fp8_request, None)] if fp8_request else []
+    variants += [("", with_context(req, ctx), ctx) for ctx in contexts]
+    if fp8_request is not None:
+        variants += [(fp8, with_context(fp8_request, ctx), ctx) for ctx in contexts]
+    for flags, variant, context in variants:
+        fraction = smallest_fitting_mem_fraction(variant, budget_for_fraction)
+        if fraction is not None:
+            tokens = plan_pool_sizes(_with_budget(variant, budget_for_fraction(fraction))).max_total_num_tokens
+            context_flag = "" if context is None else f"--context-length {context} "
+            return f"--mem-fraction-static {fraction:.3f} {flags}{context_flag}(together: {tokens} tokens fit)"
+    return None

@@ -1,0 +1,107 @@
+"""Where no single knob makes a plan fit, the advice names a combination that does, checked by planning with it.
+
+The case from the field: Llama-3.1-8B on an L4. Its weights leave no KV room at the default
+fraction 0.684, no fraction up to 0.99 holds a 131,072-token request, and no shorter context
+helps at 0.684; before, the advice named only "a larger --tp-size or a bigger card".
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.cli import main
+from kvcache.advice import round_shorter_contexts
+from kvcache.byte_units import GiB
+from kvcache.memory_budget import MemoryBudget
+from kvcache.planning import KVPoolDemand, PlanRequest
+
+LLAMA_ON_L4 = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "L4"]
+QWEN3_NEXT_ON_L4 = ["plan", "--model", "Qwen3-Next-80B-A3B-Thinking", "--gpu", "L4", "--tp-size", "8"]
+EAGLE3_ON_A10 = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "A10", "--speculative-algorithm", "EAGLE3",
+                 "--speculative-draft-model", "EAGLE3-LLaMA3.1-Instruct-8B"]
+
+
+def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one suggestion of a refused plan (exit 3, one stderr line)."""
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    suggestions = err.split("what would work: ")[1].strip().split("; ")
+    assert len(suggestions) == 1, suggestions
+    return suggestions[0]
+
+
+def flags_of(suggestion: str) -> dict[str, str]:
+    assert " (together: " in suggestion, suggestion
+    words = suggestion.split(" (together: ")[0].split()
+    return dict(zip(words[::2], words[1::2]))
+
+
+def tokens_of(suggestion: str) -> int:
+    return int(suggestion.split(" (together: ")[1].split(" tokens fit")[0])
+
+
+def plan_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def as_argv(flags: dict[str, str]) -> list[str]:
+    return [word for pair in flags.items() for word in pair]
+
+
+def test_llama_on_an_l4_gets_a_fraction_with_a_shorter_context_that_plans(capsys: pytest.CaptureFixture[str]) -> None:
+    suggestion = refusal(LLAMA_ON_L4, capsys)
+    flags = flags_of(suggestion)
+    assert set(flags) == {"--mem-fraction-static", "--context-length"}
+    assert flags["--context-length"] == "32768"  # 65,536 bf16 tokens are 8 GiB, more than 0.99 of the card leaves
+    plan = plan_json([*LLAMA_ON_L4, *as_argv(flags)], capsys)
+    assert plan["max_total_num_tokens"] == tokens_of(suggestion) >= 32768
+    assert plan["mem_fraction_static"] == float(flags["--mem-fraction-static"])
+    # neither knob works alone, and the fraction is the least that works with that context
+    for alone in (["--mem-fraction-static", flags["--mem-fraction-static"]], ["--context-length", "32768"]):
+        assert main([*LLAMA_ON_L4, *alone]) == 3
+    less = f"{float(flags['--mem-fraction-static']) - 0.001:.3f}"
+    assert main([*LLAMA_ON_L4, "--mem-fraction-static", less, "--context-length", "32768"]) == 3
+
+
+def test_fp8_kv_with_a_fraction_keeps_the_whole_context_when_that_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    suggestion = refusal(QWEN3_NEXT_ON_L4, capsys)
+    flags = flags_of(suggestion)
+    assert flags.keys() == {"--mem-fraction-static", "--kv-cache-dtype"} and flags["--kv-cache-dtype"] == "fp8_e4m3"
+    plan = plan_json([*QWEN3_NEXT_ON_L4, *as_argv(flags)], capsys)
+    assert plan["max_total_num_tokens"] == tokens_of(suggestion) and plan["context_length"] == 262144
+
+
+def test_a_combination_for_a_target_and_its_draft_counts_both(capsys: pytest.CaptureFixture[str]) -> None:
+    flags = flags_of(refusal(EAGLE3_ON_A10, capsys))
+    plan = plan_json([*EAGLE3_ON_A10, *as_argv(flags)], capsys)
+    assert plan["draft"] is not None and plan["context_length"] == int(flags["--context-length"])
+
+
+def test_json_refusals_carry_the_combination(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*LLAMA_ON_L4, "--json"]) == 3
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert [s.split(" (")[0] for s in error["suggestions"]] == ["--mem-fraction-static 0.882 --context-length 32768"]
+
+
+def _request(context: int, page: int) -> PlanRequest:
+    budget = MemoryBudget(budget_bytes=GiB, total_bytes=2 * GiB, free_before_load_bytes=2 * GiB,
+                          free_after_load_bytes=GiB, mem_fraction_static=0.9, kv_cache_memory_bytes=None)
+    return PlanRequest(budget=budget, page_size=page, context_length=context, req_to_token_row_width=context,
+                       kv_pools=(KVPoolDemand(name="full", kind="full", num_layers=1, bytes_per_token=64),))
+
+
+@pytest.mark.parametrize(
+    ("context", "page", "expected"),
+    [
+        (131072, 1, [65536, 32768, 16384, 8192, 4096, 2048, 1024]),  # a power of two: the next one down first
+        (163840, 64, [131072, 65536, 32768, 16384, 8192, 4096, 2048, 1024]),
+        (5000, 3000, [3000]),  # page multiples, each once: 4096 and 2048 -> 3000, 1024 -> none
+        (1024, 1, []),
+    ],
+)
+def test_round_shorter_contexts(context: int, page: int, expected: list[int]) -> None:
+    assert round_shorter_contexts(_request(context, page)) == expected
