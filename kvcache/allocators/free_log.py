@@ -139,9 +139,12 @@ class FreeLog:
     def put(self, ids: torch.Tensor, *, multiply: int = 1) -> None:
         """Return ids * multiply (any integer dtype on this device, 1-D) to the free list: one kernel."""
         n, tail = ids.numel(), self._tail
-        if 0 < n and multiply == 1 and self._is_free is None and tail + n <= self._length \
+        if 0 < n and self._is_free is None and tail + n <= self._length \
                 and tail - self._head + n <= self._capacity:  # the hot path
-            self._log[tail:tail + n] = ids
+            if multiply == 1:
+                self._log[tail:tail + n] = ids
+            else:
+                torch.mul(ids, multiply, out=self._log[tail:tail + n])
             self._tail = tail + n
             return
         if n == 0:
