@@ -1,10 +1,13 @@
-"""The one engine fixture: build engine containers (the tiny model by default) and shut every one down."""
+"""The one engine fixture: build engine containers (the tiny model by default) and shut every one down.
+On CUDA every test also ends with its device memory handed back, so the next test's probe starts clean."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any, Callable
 
 import pytest
+import torch
 
 from containers import EngineContainer
 from kvcache.cards import SimulatedCard
@@ -37,3 +40,15 @@ def make_engine() -> EngineFactory:
     yield make
     for engine in made:
         engine.shutdown_resources()
+
+
+@pytest.fixture(autouse=True)
+def cuda_memory_handed_back() -> Any:
+    """A real engine bootstraps in a fresh process; tests share one, so each CUDA test ends by collecting the
+    objects it left in reference cycles (VMM pools and graph pools are freed with them) and emptying torch's
+    cache: the next engine's free-memory probe then sees the whole card again."""
+    yield
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
