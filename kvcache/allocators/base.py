@@ -109,6 +109,15 @@ class FreeListAllocator(SharedAllocatorAPI):
         self._log = FreeLog(capacity=capacity, device=self._device, unit=unit, stride=page_size, check=check_frees)
         self._group = FreeGroup()
         self._kvcache = kvcache
+        # The hot paths take flat int64 tensors on this device as they are; -2 (no tensor's get_device())
+        # turns them off where every call must be checked (check_frees) or refused (meta).
+        self._hot_device = -2 if check_frees or self._device.type == "meta" else torch.empty(
+            0, device=self._device).get_device()
+
+    def is_hot(self, indices: torch.Tensor) -> bool:
+        """Whether indices may skip the general path's checks and conversions (outside a free group)."""
+        return (indices.dtype is torch.int64 and indices.ndim == 1 and indices.get_device() == self._hot_device
+                and not self._group.is_open)
 
     @property
     def size(self) -> int:
@@ -171,6 +180,10 @@ class FreeListAllocator(SharedAllocatorAPI):
 
     def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         """Free kv_row[start_pos : start_pos + n] of one request: start_pos is page-aligned, the last page may be partial."""
+        if self.is_hot(free_index) and start_pos % self._page_size == 0:
+            if free_index.shape[0]:
+                self._log.put(free_index[:: self._page_size])  # every page_size-th index starts a page
+            return
         if free_index.numel() == 0:
             return
         reject_meta(self._device, "free_segment")

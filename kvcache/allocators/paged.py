@@ -180,6 +180,13 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
         None (allocating nothing) when too few pages are free. seq_lens_cpu counts the
         requests that start a page; the device seq_lens is read only by the CUDA kernel.
         """
+        if (self._kernels is not None and self._hot_device != -2 and seq_lens_cpu.dtype is torch.int64
+                and seq_lens_cpu.ndim == 1 and seq_lens_cpu.get_device() == -1 and last_loc.ndim == 1
+                and last_loc.get_device() == self._hot_device == seq_lens.get_device() and seq_lens.ndim == 1
+                and seq_lens_cpu.shape[0] == last_loc.shape[0] == seq_lens.shape[0]
+                and not last_loc.is_floating_point() and not seq_lens.is_floating_point()):
+            # a CUDA decode step's hot path: the arguments are what _count_decode would make of them
+            return self._decode_on_device(seq_lens, last_loc, count_decode_pages(seq_lens_cpu, self._page_size))
         reject_meta(self._device, "alloc_decode")
         return self._decode_with(*self._count_decode(seq_lens, seq_lens_cpu, last_loc))
 
@@ -203,17 +210,23 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
             self._check_same_lengths((device_seq, seq, "seq_lens"))
         return DecodeBatch(count_decode_pages(seq, self._page_size), device_seq, None), last
 
+    def _decode_on_device(self, seq_lens: torch.Tensor, last: torch.Tensor, count: int) -> torch.Tensor | None:
+        """The kernel path: take `count` pages, one launch writes every index."""
+        assert self._kernels is not None
+        head = self._log.take_at(count)
+        if head is None:
+            return None
+        size = last.shape[0]
+        if count == size:  # every request starts a page (a view: see FreeLog's guarantee)
+            return self._log.buffer[head:head + count]
+        out = torch.empty(size, dtype=torch.int64, device=self._device)
+        self._kernels.alloc_decode(seq_lens, last, self._log.buffer, head, out, self._page_size)
+        return out
+
     def _decode_with(self, batch: DecodeBatch, last: torch.Tensor) -> torch.Tensor | None:
         count, size = batch.num_new_pages, last.numel()
         if self._kernels is not None:
-            head = self._log.take_at(count)
-            if head is None:
-                return None
-            if count == size:  # every request starts a page (a view: see FreeLog's guarantee)
-                return self._log.buffer[head:head + count]
-            out = torch.empty(size, dtype=torch.int64, device=self._device)
-            self._kernels.alloc_decode(batch.seq_lens, last, self._log.buffer, head, out, self._page_size)
-            return out
+            return self._decode_on_device(batch.seq_lens, last, count)
         starts = self._log.take(count)
         if starts is None:
             return None
@@ -231,6 +244,9 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
         """Free exactly these pages (no repeats; SGLang 0.5.23's free_page_ids)."""
+        if self.is_hot(page_ids):
+            self._log.put(page_ids, multiply=self._page_size)
+            return
         if page_ids.numel() == 0:
             return
         reject_meta(self._device, "free_page_ids")

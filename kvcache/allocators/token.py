@@ -23,20 +23,17 @@ class TokenToKVPoolAllocator(FreeListAllocator):
             raise ValueError(f"size must be a positive number of tokens, got {size}")
         super().__init__(capacity=size, page_size=1, device=device, check_frees=check_frees, unit="token index",
                          kvcache=kvcache)
-        # frees may take the hot path: on this device (get_device() is -1 on the CPU), unchecked, not meta
-        self._plain_device = -2 if check_frees or self._device.type == "meta" else torch.empty(0, device=self._device).get_device()
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """need_size free token indices (a view kept until `size` more tokens are freed), or None when fewer are free."""
-        if need_size < 0 or self._plain_device == -2:
+        if need_size < 0 or self._hot_device == -2:
             check_need_size(need_size, 1)
             reject_meta(self._device, "alloc")
         return self._log.take(need_size)
 
     def free(self, free_index: torch.Tensor) -> None:
         """Give back token indices; outside a free group a flat int64 tensor on the device is appended as is."""
-        if (free_index.dtype is torch.int64 and free_index.ndim == 1 and free_index.get_device() == self._plain_device
-                and not self._group.is_open):
+        if self.is_hot(free_index):
             self._log.put(free_index)
         else:
             super().free(free_index)  # the general path: conversions, checks, deferral
