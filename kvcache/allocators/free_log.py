@@ -90,6 +90,9 @@ class FreeLog:
         self._serial = next(_serials)
         self._generation = 0
         self._head = self._tail = 0
+        if device.type == "cpu":  # fault every page in now: the hot path would fault once per 4 KiB written
+            for log in self._logs:
+                log.zero_()
         self.reset()
 
     @property
