@@ -170,3 +170,25 @@ def test_on_the_cpu_the_knob_changes_nothing_and_bootstrap_neither_captures_nor_
     runner = engine.engine().target
     assert runner.graph_capture is None and runner.post_capture_kv_resize is None
     assert not engine.target.configurator().post_capture_resize().active
+
+
+@pytest.mark.parametrize(("dtype", "index_row_bytes", "row_bytes"), [
+    ("bfloat16", 0, (128 + 64) * 2),
+    ("fp4_e2m1", 0, 192 // 2 + 192 // 16),  # two values a byte, one scale byte per 16
+    ("bfloat16", 132, (128 + 64) * 2 + 132),  # DSA: the indexer's 128 fp8 keys + one float32 scale
+    ("fp8_e4m3", 132, 128 + 4 + 64 * 2 + 132),  # DSA fp8: the packed latent row, then the indexer's
+])
+def test_a_resize_releases_every_per_token_buffer_of_an_mla_pool(dtype: str, index_row_bytes: int,
+                                                                row_bytes: int) -> None:
+    """DSA's indexer keys are per token like the latent: a resize that kept their tails mapped would hold
+    index_row_bytes x released rows x layers more than the resized plan says."""
+    from kvcache.dsa_latent import DSAFp8Latent
+
+    packed = DSAFp8Latent(128, 64) if index_row_bytes and dtype == "fp8_e4m3" else None
+    pool = MLATokenToKVPool(size=64, page_size=16, dtype=KV_CACHE_DTYPES[dtype], kv_lora_rank=128,
+                            qk_rope_head_dim=64, layer_ids=range(3), device=CPU, index_row_bytes=index_row_bytes,
+                            packed_latent=packed)
+    buffers = pool_buffers(pool)
+    assert sum(t.nbytes for t in buffers) == 3 * 80 * row_bytes  # 3 layers x (64 + 16) rows
+    released = released_address_ranges(buffers, 16 + 16)
+    assert sum(e - s for s, e in released) == 3 * (80 - 32) * row_bytes  # rows 32..79 of every buffer

@@ -33,6 +33,7 @@ class MLATokenToKVPool:
         self.kv_lora_rank = kv_lora_rank
         self.qk_rope_head_dim = qk_rope_head_dim
         self.packed_latent = packed_latent
+        self.index_row_bytes = index_row_bytes  # 0 unless DSA: the indexer's per-token key row
         self._local = LayerIndex(layer_ids)
         self.layer_ids = self._local.layer_ids
         self.layer_num = len(self.layer_ids)

@@ -66,7 +66,7 @@ def shrink_allocator(allocator: Any, new_size: int) -> AllocatorShrink:
 
 
 def pool_buffers(pool: Any) -> list[torch.Tensor]:
-    """Every per-layer storage tensor of an MHA or MLA pool (data, and FP4 scales), rows first."""
+    """Every per-layer storage tensor of an MHA or MLA pool (data, FP4 scales, DSA indexer keys), rows first."""
     from kvcache.pools import MLATokenToKVPool
 
     latent = isinstance(pool, MLATokenToKVPool)  # one latent per layer; MHA keeps K and V apart
@@ -78,6 +78,8 @@ def pool_buffers(pool: Any) -> list[torch.Tensor]:
         for scales in (pool.get_key_scales(layer), None if latent else pool.get_value_scales(layer)):
             if scales is not None:
                 out.append(scales)
+        if latent and pool.index_row_bytes:  # DSA's indexer keys are per token too
+            out.append(pool.get_index_k_with_scale_buffer(layer))
     return out
 
 
