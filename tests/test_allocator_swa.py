@@ -153,6 +153,20 @@ def test_paged_free_swa_works_on_whole_pages() -> None:
     assert mapped(a) == {}
 
 
+@pytest.mark.parametrize("check_frees", [True, False])
+def test_paged_free_group_frees_a_full_page_touched_by_two_frees_once(check_frees: bool) -> None:
+    a = make(32, 16, page_size=4, check_frees=check_frees)
+    full = extend(a, t(0), t(8), t(-1), 8)  # full pages 1, 2 and SWA pages 1, 2
+    assert full is not None
+    a.free_group_begin()
+    a.free(full[:2])  # both calls touch full page 1 (as SGLang's free group, the page is freed once)
+    a.free(full[2:4])
+    a.free_group_end()
+    assert (a.full_available_size(), a.swa_available_size()) == (28, 12)
+    assert sorted(a.full_attn_allocator.get_all_free_pages().tolist()) == [1, 3, 4, 5, 6, 7, 8]
+    assert set(mapped(a)) == {8, 9, 10, 11}
+
+
 def test_extend_into_a_page_that_left_the_window_is_caught_when_checking() -> None:
     a = make(32, 16, page_size=4)
     full = extend(a, t(0), t(3), t(-1), 3)

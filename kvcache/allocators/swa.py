@@ -254,7 +254,10 @@ class SWATokenToKVPoolAllocator(SharedAllocatorAPI):
     def _free_now(self, full: torch.Tensor) -> None:
         starts = page_starts_of(full, self._page_size)
         held = self._map.held_swa_pages(starts, self._page_size, check=self._check)
-        self.full_attn_allocator.free_page_starts(starts)  # with check_frees this raises before anything changed
+        if self._group.is_open:  # another free() in this group may touch these pages: deferred as a set
+            self.full_attn_allocator.free(starts)
+        else:
+            self.full_attn_allocator.free_page_starts(starts)  # with check_frees this raises before anything changed
         if held.numel():
             self.swa_attn_allocator.free_page_starts(held)
         self._map.write(page_rows(starts, self._page_size), 0)
