@@ -78,6 +78,29 @@ def test_extend_kernel_equals_the_host_plan(ps: int, dtype: torch.dtype) -> None
         assert a.available_size() == b.available_size()
 
 
+def strided(values: torch.Tensor) -> torch.Tensor:
+    """The same values as a non-contiguous view (every other element of a longer tensor)."""
+    wide = torch.full((2 * values.numel(),), 10**6, dtype=values.dtype, device=values.device)
+    wide[::2] = values
+    return wide[::2]
+
+
+@runs_kernels
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_kernels_read_strided_length_and_last_loc_views_by_their_strides(dtype: torch.dtype) -> None:
+    rng = random.Random(5)
+    a, b = pair(16)
+    seq, seq_cpu, last = decode_batch(rng, 9, 16, dtype)
+    views = (strided(seq), seq_cpu.to(torch.int64), strided(last))
+    assert not views[0].is_contiguous()
+    got, want = a.alloc_decode(*views), b.alloc_decode(seq, seq_cpu, last)
+    assert got is not None and want is not None and torch.equal(got, want)
+    prefix, prefix_cpu, seq, seq_cpu, last, tokens = extend_batch(rng, 9, 16, 40, dtype)
+    got = a.alloc_extend(strided(prefix), prefix_cpu, strided(seq), seq_cpu, strided(last), tokens)
+    want = b.alloc_extend(prefix, prefix_cpu, seq, seq_cpu, last, tokens)
+    assert got is not None and want is not None and torch.equal(got, want)
+
+
 @runs_kernels
 def test_kernel_steps_refuse_a_batch_that_does_not_fit_and_change_nothing() -> None:
     a, _ = pair(16, size=16 * 64)

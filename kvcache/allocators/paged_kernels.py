@@ -12,6 +12,9 @@ A token at position q of request r (positions prefix..seq-1) goes to
 where fresh[k] = log[head + k] is a page's first token index and first_fresh[r] is the
 number of fresh pages the requests before r take. Decode is the case seq - prefix = 1.
 
+The kernels index their inputs as dense arrays, so the launchers pass strided views as
+contiguous copies (a no-op for the contiguous tensors SGLang's scheduler passes).
+
 Block sizes are fixed (loops cover any batch), so a kernel compiles once per index dtype, not
 once per batch size; the per-step integers are not specialized on. `triton` is imported only
 by `load()`, on CUDA (under Triton's CPU interpreter, TRITON_INTERPRET=1 with NumPy, the
@@ -41,13 +44,15 @@ class PagedKernels:
     def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor, log: torch.Tensor, head: int,
                      out: torch.Tensor, page_size: int) -> None:
         """out[i] = a fresh page's first index (taken in request order from log[head:]) or last_loc[i] + 1."""
-        self.decode_kernel[(1,)](seq_lens, last_loc, log, head, out, out.numel(), page_size, BLOCK=DECODE_BLOCK)
+        self.decode_kernel[(1,)](seq_lens.contiguous(), last_loc.contiguous(), log, head, out, out.numel(), page_size,
+                                 BLOCK=DECODE_BLOCK)
 
     def alloc_extend(self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor, last_loc: torch.Tensor,
                      log: torch.Tensor, head: int, out: torch.Tensor, page_size: int) -> None:
         """out = every new token's index, flat in request order (see the module docstring)."""
         batch = prefix_lens.numel()
-        self.extend_kernel[(batch,)](prefix_lens, seq_lens, last_loc, log, head, out, page_size,
+        self.extend_kernel[(batch,)](prefix_lens.contiguous(), seq_lens.contiguous(), last_loc.contiguous(), log, head,
+                                     out, page_size,
                                      BLOCK_R=EXTEND_BLOCK_REQUESTS, BLOCK_T=EXTEND_BLOCK_TOKENS)
 
 
