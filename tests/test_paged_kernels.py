@@ -102,6 +102,15 @@ def test_kernels_read_strided_length_and_last_loc_views_by_their_strides(dtype: 
 
 
 @runs_kernels
+def test_kernel_decode_refuses_a_bool_last_loc_as_the_host_path_does() -> None:
+    a, b = pair(16)
+    seq_cpu = torch.tensor([18, 33])
+    for x in (a, b):
+        with pytest.raises(ValueError, match="last_loc must be an integer tensor"):
+            x.alloc_decode(seq_cpu.to(DEVICE), seq_cpu, torch.tensor([True, False], device=DEVICE))
+
+
+@runs_kernels
 def test_kernel_steps_refuse_a_batch_that_does_not_fit_and_change_nothing() -> None:
     a, _ = pair(16, size=16 * 64)
     free = a.available_size()

@@ -37,9 +37,12 @@ def reject_meta(device: torch.device, op: str) -> None:
         )
 
 
+INDEX_DTYPES = (torch.int64, torch.int32)  # index dtypes taken as they are (kernels and torch ops read both)
+
+
 def as_indices(indices: torch.Tensor, device: torch.device, what: str) -> torch.Tensor:
     """indices as a flat integer tensor on device (themselves when they already are: the hot path)."""
-    if indices.dim() == 1 and indices.device == device and indices.dtype in (torch.int64, torch.int32):
+    if indices.dim() == 1 and indices.device == device and indices.dtype in INDEX_DTYPES:
         return indices
     if indices.dtype == torch.bool or indices.is_floating_point() or indices.is_complex():
         raise ValueError(f"{what} must be an integer tensor, got dtype {indices.dtype}")

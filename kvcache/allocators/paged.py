@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 
 from kvcache.allocators import paged_kernels
-from kvcache.allocators.base import FreeListAllocator, as_indices, check_need_size, reject_meta
+from kvcache.allocators.base import INDEX_DTYPES, FreeListAllocator, as_indices, check_need_size, reject_meta
 from kvcache.allocators.locations import (
     ExtendPlan,
     check_extend_lengths,
@@ -184,7 +184,7 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
                 and seq_lens_cpu.ndim == 1 and seq_lens_cpu.get_device() == -1 and last_loc.ndim == 1
                 and last_loc.get_device() == self._hot_device == seq_lens.get_device() and seq_lens.ndim == 1
                 and seq_lens_cpu.shape[0] == last_loc.shape[0] == seq_lens.shape[0]
-                and not last_loc.is_floating_point() and not seq_lens.is_floating_point()):
+                and last_loc.dtype in INDEX_DTYPES and seq_lens.dtype in INDEX_DTYPES):
             # a CUDA decode step's hot path: the arguments are what _count_decode would make of them
             return self._decode_on_device(seq_lens, last_loc, count_decode_pages(seq_lens_cpu, self._page_size))
         reject_meta(self._device, "alloc_decode")
