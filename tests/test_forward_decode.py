@@ -185,6 +185,22 @@ def test_a_row_that_no_running_request_holds_is_a_typed_error_that_names_it_and_
     assert allocator.available_size() == free and sorted(requests.seq_lens) == sorted(rows)  # nothing taken or freed
 
 
+def test_a_row_named_twice_is_a_typed_error_that_takes_and_frees_nothing():
+    """A step naming a row twice took two slots for one token position (one never freed); a release
+    naming it twice freed its slots, then failed on a bare KeyError."""
+    allocator = TokenToKVPoolAllocator(size=POOL_TOKENS, device=CPU, check_frees=True)
+    requests = DecodeRequests(req_to_token_pool=ReqToTokenPool(size=4, max_context_len=8, device=CPU),
+                              allocator=allocator, device=CPU)
+    rows = requests.add(2)
+    requests.step(rows, torch.zeros(2, dtype=torch.int64))
+    free = allocator.available_size()
+    with pytest.raises(UnknownRequestError, match=rf"request row {rows[0]} is named twice"):
+        requests.step([rows[0], rows[1], rows[0]], torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(UnknownRequestError, match=rf"request row {rows[1]} is named twice"):
+        requests.release([rows[1], rows[1]])
+    assert allocator.available_size() == free and requests.seq_lens == {rows[0]: 1, rows[1]: 1}
+
+
 def test_families_without_a_reference_decode_are_refused():
     with pytest.raises(UnsupportedModelError, match="supported: deepseek_v2"):
         build_decoder(model_config=load_model_config("gemma-2-9b-it"), weights={}, attention=None)

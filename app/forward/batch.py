@@ -40,7 +40,7 @@ class ContextFullError(KVCacheError):
 
 
 class UnknownRequestError(KVCacheError):
-    """A decode step or release names a request-table row that no running request holds."""
+    """A decode step or release names a request-table row that no running request holds, or one row twice."""
 
 
 class DecodeRequests:
@@ -80,9 +80,13 @@ class DecodeRequests:
                            seq_lens=seq.to(torch.int32), out_cache_loc=loc)
 
     def _running(self, rows: Sequence[int]) -> list[int]:
-        """`rows` as a list, each held by a running request (else UnknownRequestError naming it and the running rows)."""
+        """`rows` as a list, each held by a running request and named once (else UnknownRequestError naming it)."""
         rows = list(rows)
+        seen: set[int] = set()
         for r in rows:
+            if r in seen:  # one request, one token per step and one release
+                raise UnknownRequestError(f"request row {r} is named twice; name each running request once")
+            seen.add(r)
             if r not in self.seq_lens:
                 running = ", ".join(str(k) for k in sorted(self.seq_lens)) or "none"
                 raise UnknownRequestError(f"request row {r} is not running; running rows: {running} "
