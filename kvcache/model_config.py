@@ -145,6 +145,9 @@ def read_hf_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{p} is not a valid config.json: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p} must hold a JSON object, not {type(data).__name__}")
+    from kvcache.models.quantization import refuse_sidecar_quantization
+
+    refuse_sidecar_quantization(p.parent, data)
     return data
 
 

@@ -126,3 +126,15 @@ def test_every_shipped_quantized_config_is_sized_in_its_format(path: Path) -> No
     """DeepSeek-V3/V3.2, Kimi-K2 and MiniMax-M2.5 (fp8 blocks), gpt-oss (mxfp4), Kimi-K2.5 (int4); DeepSeek-V4's
     cache is refused before its weights matter."""
     assert ModelConfig.from_hf_config(path).weights.quantization.weights is not None
+
+
+def test_a_model_directory_quantized_by_hf_quant_config_is_refused_with_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ModelOpt checkpoints (NVIDIA's -FP8/-FP4 releases) describe their format in hf_quant_config.json beside a
+    config.json without quantization_config: read alone, their weights were counted at bf16 without a word."""
+    (tmp_path / "config.json").write_text((ROOT / "kvcache" / "presets" / "SmolLM2-135M.json").read_text())
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(
+        {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None}}))
+    assert main(["plan", "--model", str(tmp_path), "--gpu-memory", "80GiB"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "hf_quant_config.json" in err and "'FP8'" in err

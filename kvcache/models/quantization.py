@@ -17,18 +17,24 @@ model dtype:
   per matrix (under 1 MiB for Kimi-K2.5) is not counted.
 
 Any other quantization_config (another quant_method, or a compressed-tensors scheme outside
-the above) is refused with one line rather than counted at the model dtype.
+the above) is refused with one line rather than counted at the model dtype, and so is a model
+directory whose hf_quant_config.json (ModelOpt) names a weight format config.json does not.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
 
 import torch
 
+from kvcache.errors import ConfigError
 from kvcache.models.fields import ConfigFields
 from kvcache.models.weight_blocks import ParamSpec
 
@@ -142,6 +148,34 @@ def read_quantization(f: ConfigFields) -> Quantization:
                f"one of the weight formats sized here ({', '.join(map(repr, MODELLED_METHODS))}); another format "
                "would be counted at the model dtype's size, so it is not supported")
     return Quantization(method=method, weights=weights, exempt=_exempt(q))
+
+
+SIDECAR_QUANT_CONFIG = "hf_quant_config.json"  # ModelOpt (and Quark) checkpoints describe their format here
+
+
+def refuse_sidecar_quantization(directory: Path, hf: Mapping[str, Any]) -> None:
+    """A checkpoint whose weight format lives in hf_quant_config.json, not config.json's quantization_config,
+    is refused in one line: read from config.json alone its weights would be counted at the model dtype."""
+    text = hf.get("text_config")
+    if "quantization_config" in hf or (isinstance(text, Mapping) and "quantization_config" in text):
+        return
+    path = directory / SIDECAR_QUANT_CONFIG
+    if not path.is_file():
+        return
+    try:
+        sidecar = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc}); it would name the checkpoint's weight format") from None
+    section = sidecar.get("quantization", sidecar) if isinstance(sidecar, dict) else {}
+    algo = section.get("quant_algo") if isinstance(section, dict) else None
+    algo = algo or (sidecar.get("quant_method") if isinstance(sidecar, dict) else None)
+    if algo is None:  # no weight format named (e.g. only the KV cache is quantized): the weights are the model dtype
+        return
+    raise ConfigError(
+        f"{path} names a weight format ({algo!r}) that config.json has no quantization_config for; its weights "
+        f"would be counted at the model dtype's size, so it is not supported (sized here: {', '.join(map(repr, MODELLED_METHODS))} "
+        "in config.json's quantization_config)"
+    )
 
 
 def _compressed_tensors(q: ConfigFields) -> PackedIntWeights:
