@@ -15,7 +15,7 @@ import msgspec
 from kvcache.byte_units import MiB
 from kvcache.errors import DoesNotFitError
 from kvcache.memory_budget import MemoryBudget, compute_budget
-from kvcache.planning import PlanRequest, align_down, plan_pool_sizes
+from kvcache.planning import PlanRequest, align_down, plan_pool_sizes, state_slots
 
 
 def fits(req: PlanRequest) -> bool:
@@ -82,11 +82,19 @@ def smallest_fitting_swa_ratio(req: PlanRequest) -> float | None:
     return None if milli is None else milli / 1000
 
 
+def _with_state(req: PlanRequest, **fields: object) -> PlanRequest:
+    assert req.state is not None
+    return msgspec.structs.replace(req, state=msgspec.structs.replace(req.state, **fields))
+
+
 def largest_fitting_state_slots(req: PlanRequest) -> int | None:
-    """The most usable state slots (<= the asked --max-mamba-cache-size) that plan, or None."""
+    """The most usable state slots (<= the asked --max-mamba-cache-size) that plan, or None; when fewer
+    than one request's are asked, that request's count if it plans."""
     if req.state is None or req.state.max_slots is None:
         return None
     top, least = req.state.max_slots, req.state.slots_per_request  # fewer slots than one request never plans
+    if top < least:
+        return least if fits(_with_state(req, max_slots=least)) else None
 
     def ok_from_top(k: int) -> bool:
         state = msgspec.structs.replace(req.state, max_slots=top + 1 - k)
@@ -94,6 +102,23 @@ def largest_fitting_state_slots(req: PlanRequest) -> int | None:
 
     k = smallest_passing(1, top + 1 - least, ok_from_top)
     return None if k is None else top + 1 - k
+
+
+def smallest_fitting_mamba_ratio(req: PlanRequest) -> float | None:
+    """Without --max-mamba-cache-size: the smallest mamba_full_memory_ratio (to 0.001) above the current one
+    whose state share holds one request's slots, if the plan fits with it; else None."""
+    s = req.state
+    if s is None or s.max_slots is not None:
+        return None
+
+    def holds_one_request(milli: int) -> bool:  # usable slots: the planner's count less the padding slot
+        return state_slots(_with_state(req, memory_ratio=Fraction(milli, 1000))) - 1 >= s.slots_per_request
+
+    current = int(s.memory_ratio * 1000)
+    milli = smallest_passing(current + 1, max(current + 1, 1000 * 1000), holds_one_request)
+    if milli is None or not fits(_with_state(req, memory_ratio=Fraction(milli, 1000))):
+        return None
+    return milli / 1000
 
 
 def smallest_fitting_budget(req: PlanRequest, limit: int) -> int | None:
@@ -185,6 +210,9 @@ def suggest_fixes(
     slots = largest_fitting_state_slots(req)
     if slots is not None and slots != req.state.max_slots:  # type: ignore[union-attr]
         out.append(f"--max-mamba-cache-size {slots}")
+    mamba_ratio = smallest_fitting_mamba_ratio(req)
+    if mamba_ratio is not None:
+        out.append(f"--mamba-full-memory-ratio {mamba_ratio:.3f}")
     ratio = smallest_fitting_swa_ratio(req)
     if ratio is not None:
         out.append(f"--swa-full-tokens-ratio {ratio:.3f}")

@@ -89,7 +89,7 @@ def _pool_tokens(req: PlanRequest, pool: KVPoolDemand, tokens: int) -> int:
     return align_down(tokens * req.swa_ratio.numerator // req.swa_ratio.denominator, req.page_size)
 
 
-def _state_slots(req: PlanRequest) -> int:
+def state_slots(req: PlanRequest) -> int:
     """Slots (padding slot included) from the state share budget * r / (1 + r), or the user's count."""
     s = req.state
     if s is None:
@@ -164,7 +164,7 @@ def plan_pool_sizes(req: PlanRequest) -> MemoryPoolConfig:
     """Size every pool for the budget; raises a DoesNotFitError subclass (without suggestions)."""
     budget = req.budget.budget_bytes
     page = req.page_size
-    slots = _state_slots(req)
+    slots = state_slots(req)
     if req.state is not None:
         _check_state_fits(req, slots)
     tokens = _largest_fitting_tokens(req, slots)
