@@ -9,6 +9,7 @@ with a draft loads both workers' weights before the target profiles.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import msgspec
@@ -67,8 +68,7 @@ class ModelRunner:
         self.timings["profile_before_load_s"] = time.perf_counter() - start
         start = time.perf_counter()
         specs = self.weight_specs()
-        loader = DummyWeightLoader(device=self.device, dtype=self.model_dtype,
-                                   quantization=self.model_config.weights.quantization)
+        loader = self._weight_loader()
         needed = loader.bytes_needed(specs)
         if needed > self.pre_model_load_memory:
             raise self._weights_do_not_fit(needed)
@@ -97,9 +97,9 @@ class ModelRunner:
         self.load_weights()
         return self.init_memory_pool()
 
-    def weight_specs(self) -> tuple[Any, ...]:
-        """This rank's parameter tensors: its pipeline layers, its tensor-parallel shards."""
-        m, p = self.model_config, self.parallel_state
+    def weight_specs(self, parallel_state: ParallelState | None = None) -> tuple[Any, ...]:
+        """This rank's parameter tensors (or a rank's of `parallel_state`): its pipeline layers, its tensor-parallel shards."""
+        m, p = self.model_config, parallel_state or self.parallel_state
         if m.nextn_of_target:
             return parameter_specs(m, tp_size=p.tp_size, nextn=True)
         layers = p.layer_range(m.num_hidden_layers)
@@ -107,6 +107,10 @@ class ModelRunner:
             m, tp_size=p.tp_size, layer_start=layers.start, layer_end=layers.stop,
             include_embedding=p.is_first_pp_rank, include_lm_head=p.is_last_pp_rank,
         )
+
+    def _weight_loader(self) -> DummyWeightLoader:
+        return DummyWeightLoader(device=self.device, dtype=self.model_dtype,
+                                 quantization=self.model_config.weights.quantization)
 
     # ---- what the engine reads -------------------------------------------
     @property
@@ -245,21 +249,36 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _tp_size_that_fits(self, needed: int, free: int) -> int | None:
-        """The smallest --tp-size above this one whose weight shard (needed x tp now / tp) takes at most 90%
-        of `free` and whose attention TP (tp / attention DP) splits the model's heads; None if none does."""
-        parallel = self.parallel_state
+    def _tp_size_that_fits(self, free: int) -> tuple[int, int, bool] | None:
+        """(tp, weight bytes a rank then holds, whether the KV cache plans too) for the smallest --tp-size above this
+        one whose attention TP (tp / attention DP) splits the model's heads and with which this target worker plans
+        as it is configured; else the smallest whose weight shard takes at most 90% of `free` (the weights alone).
+        A draft follows its target's plan, so only its weights are checked."""
+        parallel, loader = self.parallel_state, self._weight_loader()
+        weights_alone: tuple[int, int, bool] | None = None
         for attention_tp in tensor_parallel_sizes(self.model_config):
             tp = attention_tp * parallel.attention_dp_size
-            if tp > parallel.tp_size and needed * parallel.tp_size // tp <= free * 9 // 10:
-                return tp
-        return None
+            if tp <= parallel.tp_size:
+                continue
+            state = replace(parallel, tp_size=tp, tp_rank=0, groups=None)
+            weights = loader.bytes_needed(self.weight_specs(state))
+            if weights > free:
+                continue
+            if self.role == "target" and replace(self._configurator_factory(), parallel_state=state).plans_alone(
+                    free_before_load=free, free_after_load=free - weights):
+                return tp, weights, True
+            if weights_alone is None and weights <= free * 9 // 10:
+                weights_alone = (tp, weights, self.role != "target")
+        return weights_alone
 
     def _weights_do_not_fit(self, needed: int) -> WeightsDoNotFitError:
         free = self.pre_model_load_memory or 0
-        tp = self._tp_size_that_fits(needed, free)
-        per_rank = () if tp is None else (
-            f"--tp-size {tp} (about {format_bytes(needed * self.parallel_state.tp_size // tp)} per rank)",)
+        found = self._tp_size_that_fits(free)
+        per_rank: tuple[str, ...] = ()
+        if found is not None:
+            tp, weights, plans = found
+            per_rank = (f"--tp-size {tp} (about {format_bytes(weights)} per rank"
+                        f"{'' if plans else ', for the weights alone: the KV cache then needs more'})",)
         return WeightsDoNotFitError(
             f"{self.model_config.name}'s {self.role} weights ({format_bytes(needed)} on this rank) do not fit "
             f"in the {format_bytes(free)} free on {self.device}",

@@ -187,6 +187,20 @@ class KVCacheConfigurator:
         (agreed,) = ranks.min_int64((plan.max_total_num_tokens,))
         return ranks.run_everywhere(lambda: _capped(plan, request, agreed))  # every rank, re-planning or not
 
+    def plans_alone(self, *, free_before_load: int, free_after_load: int) -> bool:
+        """Whether this rank's KV cache would plan with these free bytes (pure: no other rank asked, nothing
+        built, no advice searched); the runner checks a --tp-size it suggests with it."""
+        total = self.memory_probe.total_bytes()
+        fraction = None if self.settings.kv_cache_memory is not None else self.mem_fraction_static(total)
+        try:
+            budget = compute_budget(total_bytes=total, free_before_load=free_before_load,
+                                    free_after_load=free_after_load, mem_fraction_static=fraction,
+                                    kv_cache_memory=self.settings.kv_cache_memory)
+            plan_pool_sizes(self.plan_request(self.layout(), budget))
+        except DoesNotFitError:
+            return False
+        return True
+
     def _plan_this_rank(self, layout: CacheLayout, free_before: int, free_after: int,
                         total: int) -> tuple[MemoryPoolConfig, PlanRequest]:
         a = self.settings
