@@ -70,10 +70,11 @@ class FakeAllocation:
 
     granularity = 4096
 
-    def __init__(self, storage: torch.UntypedStorage, fails: bool = False) -> None:
+    def __init__(self, storage: torch.UntypedStorage, fails: bool = False, remap_fails: bool = False) -> None:
         self.base, self.reserved = storage.data_ptr(), storage.nbytes()
         self.kept: list[tuple[int, int]] = []
         self.fails = fails
+        self.remap_fails = remap_fails
         self.released = 0
         self.calls: list[str] = []
 
@@ -87,6 +88,8 @@ class FakeAllocation:
 
     def map_unmapped(self) -> int:
         self.calls.append("map_unmapped")
+        if self.remap_fails:
+            raise VmmError("cuMemCreate failed: out of memory (injected, mapping back)")
         mapped, self.released, self.kept = self.released, 0, []
         return mapped
 
@@ -94,8 +97,8 @@ class FakeAllocation:
 class FakeBacking:
     granularity = FakeAllocation.granularity
 
-    def __init__(self, pool, fails: bool = False) -> None:  # type: ignore[no-untyped-def]
-        self.allocation = FakeAllocation(pool_buffers(pool)[0].untyped_storage(), fails)
+    def __init__(self, pool, fails: bool = False, remap_fails: bool = False) -> None:  # type: ignore[no-untyped-def]
+        self.allocation = FakeAllocation(pool_buffers(pool)[0].untyped_storage(), fails, remap_fails)
 
     def allocation_at(self, address: int) -> FakeAllocation:
         assert self.allocation.base <= address < self.allocation.base + self.allocation.reserved
@@ -160,6 +163,19 @@ def test_a_resize_that_fails_after_the_allocator_shrank_leaves_the_old_allocator
     old.free(held)  # and what was in use still is
     assert old.available_size() == free + 64
     assert old.alloc(old.available_size()) is not None
+
+
+def test_a_failure_to_map_back_still_gives_the_old_allocator_its_free_tokens(make_engine):
+    """The rollback restores the host-side allocator first: a mapping-back that fails too (the device
+    ran out) left the old allocator drained, so nothing could be allocated afterwards."""
+    engine, runner, probe, held = _runner_after_capture(make_engine)
+    kv = runner.kv_cache
+    old = kv.token_to_kv_pool_allocator
+    free = old.available_size()
+    backing = FakeBacking(kv.token_to_kv_pool, fails=True, remap_fails=True)
+    with pytest.raises(VmmError, match="injected"):
+        _apply(engine, runner, probe, backing)
+    assert old.available_size() == free and backing.allocation.calls == ["keep_only", "map_unmapped"]
 
 
 def test_on_the_cpu_the_knob_changes_nothing_and_bootstrap_neither_captures_nor_resizes(make_engine):

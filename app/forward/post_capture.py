@@ -69,14 +69,25 @@ def apply_post_capture_resize(
         ranks.run_everywhere(rebuild_allocator)  # every rank rebuilt it, or none goes on to release a byte
         released = ranks.run_everywhere(lambda: sum(allocation.keep_only(ranges) for allocation, ranges in kept))
     except BaseException:
-        for allocation, _ in kept:  # what this rank released when another rank failed (a failing keep_only maps its own back)
-            allocation.map_unmapped()
         if shrink is not None:
-            shrink.undo()  # the old allocator as it was
+            shrink.undo()  # the old allocator as it was, first: mapping back below can fail too
+        _map_back(kept)  # what this rank released when another rank failed (a failing keep_only maps its own back)
         raise
     pool.size = resize.tokens_after
     assert shrink is not None
     return resize, shrink.allocator, released
+
+
+def _map_back(kept: list[tuple[VmmAllocation, list[tuple[int, int]]]]) -> None:
+    """Map every allocation's unmapped ranges again; each is tried, and the first failure is raised after."""
+    failure: BaseException | None = None
+    for allocation, _ in kept:
+        try:
+            allocation.map_unmapped()
+        except BaseException as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 def kept_ranges(backing: VmmBacking, buffers: list[Any], rows: int) -> list[tuple[VmmAllocation, list[tuple[int, int]]]]:
