@@ -92,8 +92,10 @@ class VmmAllocation:
         self._handles[block.offset] = (block, handle)
 
     def _unmap(self, block: Block) -> None:
-        _, handle = self._handles.pop(block.offset)
+        """Unmap and release one block; it stays recorded (and mapped) if the unmap fails."""
+        _, handle = self._handles[block.offset]
         self._vm.unmap(self.base + block.offset, block.size)
+        del self._handles[block.offset]
         self._vm.release(handle)
 
     def view(self, offset: int, nbytes: int, owner: Any = None) -> torch.Tensor:
@@ -133,8 +135,14 @@ class VmmAllocation:
                 self._vm.release(handle)
             raise
         self._vm.synchronize()
-        _, old_handle = self._handles.pop(old.offset)
-        self._vm.unmap(self.base + old.offset, old.size)
+        _, old_handle = self._handles[old.offset]
+        try:
+            self._vm.unmap(self.base + old.offset, old.size)  # a failure leaves the old block mapped and recorded
+        except BaseException:
+            for handle in handles:
+                self._vm.release(handle)
+            raise
+        del self._handles[old.offset]
         mapped: list[Block] = []
         try:
             for part, handle in zip(parts, handles):

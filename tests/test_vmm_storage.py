@@ -50,6 +50,22 @@ def test_a_replacement_that_cannot_be_made_or_mapped_leaves_every_byte_mapped_an
     assert torch.equal(allocation.view(0, KEEP[0][1]), pattern[:KEEP[0][1]])
 
 
+@pytest.mark.parametrize("after", [0, 1, 2])  # a dropped chunk's unmap, the other's, the straddling one's
+def test_an_unmap_that_fails_leaves_the_block_recorded_and_every_byte_mapped(after):
+    """The handle was forgotten before cuMemUnmap ran: a failed unmap left that block mapped but untracked, so
+    mapping the gaps back collided with it and the allocation could neither be restored nor closed."""
+    memory = FakeVirtualMemory(granularity=G)
+    allocation, pattern = _filled(memory)
+    memory.fail("unmap", after=after)
+    with pytest.raises(VmmError, match="unmap failed"):
+        allocation.keep_only(KEEP)
+    assert allocation.mapped_bytes == memory.physical_bytes == 16 * G
+    assert torch.equal(allocation.view(0, KEEP[0][1]), pattern[:KEEP[0][1]])
+    assert allocation.keep_only(KEEP) == 10 * G
+    allocation.close()
+    assert memory.physical_bytes == 0
+
+
 def test_on_a_full_device_the_dropped_chunks_make_room_for_the_replacement():
     memory = FakeVirtualMemory(granularity=G, capacity_bytes=16 * G)  # all of it mapped: nothing else free
     allocation, pattern = _filled(memory)

@@ -101,6 +101,7 @@ class FakeVirtualMemory:
         self._mappings[address] = (nbytes, handle)
 
     def unmap(self, address: int, nbytes: int) -> None:
+        self._maybe_fail("unmap")
         size, handle = self._mappings.get(address, (None, None))
         if size != nbytes or handle is None:
             raise VmmError(f"[{address:#x}, +{nbytes}) is not one mapping")
