@@ -41,6 +41,15 @@ def test_the_smaller_allocator_keeps_the_tokens_in_use_and_frees_the_rest(page):
 
 
 @pytest.mark.parametrize("page", [1, 16])
+def test_the_smaller_allocator_addresses_the_same_kv_pool(page):
+    """SGLang's callers reach the pool through the allocator (get_kvcache): the rebuilt one answered None."""
+    pool = object()
+    old = (TokenToKVPoolAllocator(size=64 * page, device=CPU, kvcache=pool) if page == 1 else
+           PagedTokenToKVPoolAllocator(size=64 * page, page_size=page, device=CPU, kvcache=pool))
+    assert shrink_allocator(old, 32 * page).allocator.get_kvcache() is pool
+
+
+@pytest.mark.parametrize("page", [1, 16])
 def test_live_tokens_in_the_tail_refuse_the_resize_and_change_nothing(page):
     old = _allocator(64 * page, page)
     old.alloc(40 * page)  # pages 1..40: pages 33..40 would be cut off

@@ -56,9 +56,9 @@ def shrink_allocator(allocator: Any, new_size: int) -> AllocatorShrink:
         )
     from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
-    device = allocator.device
-    smaller: Any = (TokenToKVPoolAllocator(size=new_size, device=device) if page == 1 else
-                    PagedTokenToKVPoolAllocator(size=new_size, page_size=page, device=device))
+    device, pool = allocator.device, allocator.get_kvcache()  # the same pool, addressed by fewer tokens
+    smaller: Any = (TokenToKVPoolAllocator(size=new_size, device=device, kvcache=pool) if page == 1 else
+                    PagedTokenToKVPoolAllocator(size=new_size, page_size=page, device=device, kvcache=pool))
     taken = smaller.alloc(new_size)
     assert taken is not None
     smaller.free(free[kept])
