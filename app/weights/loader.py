@@ -82,11 +82,13 @@ def _arena(nbytes: int, device: torch.device) -> Arena:
 
 
 def _noise(dtype: torch.dtype, device: torch.device, generator: torch.Generator) -> torch.Tensor:
-    """A block of random values: small uniform floats, or random bytes for uint8 storage."""
-    block = torch.empty(NOISE_ELEMENTS, dtype=dtype, device=device)
-    if dtype == torch.uint8:
-        return block.random_(0, 256, generator=generator)
-    return block.uniform_(-NOISE_RANGE, NOISE_RANGE, generator=generator)
+    """A block of random values: small uniform floats, or random bytes for integer storage (uint8 fp8 / mxfp4,
+    int32 packed ints and zero points)."""
+    if dtype.is_floating_point:
+        block = torch.empty(NOISE_ELEMENTS, dtype=dtype, device=device)
+        return block.uniform_(-NOISE_RANGE, NOISE_RANGE, generator=generator)
+    raw = torch.empty(NOISE_ELEMENTS * dtype.itemsize, dtype=torch.uint8, device=device)
+    return raw.random_(0, 256, generator=generator).view(dtype)
 
 
 def _fill(tensor: torch.Tensor, noise: torch.Tensor) -> None:
