@@ -138,3 +138,27 @@ def test_a_model_directory_quantized_by_hf_quant_config_is_refused_with_exit_2(
     assert main(["plan", "--model", str(tmp_path), "--gpu-memory", "80GiB"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "hf_quant_config.json" in err and "'FP8'" in err
+
+
+def test_packed_int_weights_load_on_the_cpu() -> None:
+    """The int32 packed weights and zero points get random bits like the uint8 formats: filling them with
+    uniform floats raised (an internal error, exit 1, for `bootstrap --device cpu` of an int4 checkpoint)."""
+    model = ModelConfig.from_hf_config(_with_quantization(_group(symmetric=False)), name="int4")
+    loader = DummyWeightLoader(device=torch.device("cpu"), dtype=torch.bfloat16, quantization=model.weights.quantization)
+    weights = loader.load(parameter_specs(model, tp_size=1))
+    packed = weights.tensors["model.layers.0.mlp.down_proj.weight_packed"]
+    zero_points = weights.tensors["model.layers.0.mlp.down_proj.weight_zero_point"]
+    assert packed.dtype == zero_points.dtype == torch.int32
+    assert packed.unique().numel() > 1 and zero_points.unique().numel() > 1  # noise, not one repeated value
+
+
+def test_the_reference_decode_refuses_packed_int_weights_in_one_line() -> None:
+    """It refused fp8 / mxfp4 bytes but took int32 packed weights, then failed on a missing '.weight' (KeyError)."""
+    from app.forward import build_decoder
+    from kvcache.errors import UnsupportedModelError
+
+    model = ModelConfig.from_hf_config(_with_quantization(INT4), name="int4")
+    loader = DummyWeightLoader(device=META, dtype=torch.bfloat16, quantization=model.weights.quantization)
+    weights = loader.load(parameter_specs(model, tp_size=1))
+    with pytest.raises(UnsupportedModelError, match="runs unquantized weights; .*_packed is stored as torch.int32"):
+        build_decoder(model_config=model, weights=dict(weights.tensors), attention=None)

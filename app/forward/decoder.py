@@ -33,9 +33,10 @@ class Decoder:
         self.attention = attention
         self.layer_ids = layer_ids if layer_ids is not None else range(model_config.num_hidden_layers)
         self.eps = float(self.hf.get("rms_norm_eps", 1e-6))
-        narrow = [n for n, t in weights.items() if t.dtype in (torch.uint8, torch.int8)]
+        narrow = [(n, t.dtype) for n, t in weights.items() if not t.dtype.is_floating_point]  # fp8/mxfp4 bytes, packed ints
         if narrow:
-            raise UnsupportedModelError(f"the reference decode runs unquantized weights; {narrow[0]} is stored as bytes")
+            name, dtype = narrow[0]
+            raise UnsupportedModelError(f"the reference decode runs unquantized weights; {name} is stored as {dtype}")
         device = next(iter(weights.values())).device if weights else torch.device("cpu")
         self.inv_freq = rope_inv_freq(self.rotary_dim, float(self.hf.get("rope_theta", 10000.0)), device)
 
