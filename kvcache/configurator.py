@@ -238,8 +238,11 @@ class KVCacheConfigurator:
         fp8 = None
         if self.kv_cache_dtype.bits > 8:
             fp8_dtype = KV_CACHE_DTYPES["fp8_e4m3"]
-            fp8_draft = self.draft_layout.with_kv_dtype(fp8_dtype) if self.draft_layout else None
-            fp8 = self.plan_request(self.layout(fp8_dtype), request.budget, fp8_draft)
+            try:
+                fp8_draft = self.draft_layout.with_kv_dtype(fp8_dtype) if self.draft_layout else None
+                fp8 = self.plan_request(self.layout(fp8_dtype), request.budget, fp8_draft)
+            except ConfigError:  # no fp8 layout for this model (a DSA rank fp8's tiles do not divide): not a fix
+                fp8 = None
         limit = request.budget.free_after_load_bytes if self.settings.kv_cache_memory is not None else None
         return suggest_fixes(request, budget_for_fraction=budget_for, kv_cache_memory_limit=limit, fp8_request=fp8,
                              fraction_for_limit=self.mem_fraction_static if self.device.type == "cpu" else None)

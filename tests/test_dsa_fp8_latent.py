@@ -101,3 +101,20 @@ def test_deepseek_v32_fp8_builds_on_meta_as_planned() -> None:
     assert plan.pool("mla").bytes_per_token == 61 * (656 + 132)  # 48,068
     assert runner.kv_cache.allocated_bytes == plan.total_bytes <= 8 * GiB
     engine.shutdown_resources()
+
+
+def test_a_bf16_plan_that_does_not_fit_is_exit_3_even_where_fp8_has_no_layout(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The advice tries fp8 KV; for a rank fp8's tiles do not divide, that try raised the fp8 refusal
+    ("use --kv-cache-dtype bfloat16") as the outcome of a bf16 run: exit 2 with advice to use what was used."""
+    import json
+
+    from app.cli import main
+
+    config = json.loads((CORPUS / "DeepSeek-V3.2.json").read_text()) | {"kv_lora_rank": 96}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    argv = ["plan", "--model", str(path), "--gpu", "H200", "--tp-size", "8", "--max-total-tokens", "1000"]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not fit" in err and "fp8" not in err
