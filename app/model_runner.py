@@ -24,6 +24,7 @@ from kvcache.device_buffers import cuda_backing
 from kvcache.runtime import PostCaptureKVResize
 from kvcache.vmm_storage import VmmBacking
 from kvcache.byte_units import MiB, format_bytes
+from kvcache.cards import CUDA_KERNEL_LOAD_BYTES
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.errors import KVCacheError, WeightsDoNotFitError
 from kvcache.layer_specs import tensor_parallel_sizes
@@ -255,6 +256,8 @@ class ModelRunner:
         as it is configured; else the smallest whose weight shard takes at most 90% of `free` (the weights alone).
         A draft follows its target's plan, so only its weights are checked."""
         parallel, loader = self.parallel_state, self._weight_loader()
+        # a card's context grows by its kernels as the weights are filled (the probe sees it after loading)
+        context_growth = 0 if self.device.type == "cpu" else CUDA_KERNEL_LOAD_BYTES
         weights_alone: tuple[int, int, bool] | None = None
         for attention_tp in tensor_parallel_sizes(self.model_config):
             tp = attention_tp * parallel.attention_dp_size
@@ -265,7 +268,7 @@ class ModelRunner:
             if weights > free:
                 continue
             if self.role == "target" and replace(self._configurator_factory(), parallel_state=state).plans_alone(
-                    free_before_load=free, free_after_load=free - weights):
+                    free_before_load=free, free_after_load=max(0, free - weights - context_growth)):
                 return tp, weights, True
             if weights_alone is None and weights <= free * 9 // 10:
                 weights_alone = (tp, weights, self.role != "target")
