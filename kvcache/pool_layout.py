@@ -15,9 +15,9 @@ from fractions import Fraction
 import torch
 
 from kvcache.dtypes import KVCacheDtype
-from kvcache.errors import UnsupportedModelError
+from kvcache.errors import ConfigError, UnsupportedModelError
 from kvcache.layer_specs import LayerPlacement, RecurrentStateSpec, SlidingWindowSpec, TokenSpec, model_layer_specs
-from kvcache.model_config import ModelConfig
+from kvcache.model_config import KV_LAYER_KINDS, ModelConfig
 from kvcache.parallel import ParallelState
 from kvcache.planning import KVPoolDemand, StateDemand
 from kvcache.pool_config import DRAFT_POOL_PREFIX
@@ -124,7 +124,30 @@ def worker_cache_layout(
         model_config, parallel_state, kv_cache_dtype, model_dtype=model_dtype,
         ssm_dtype=SSM_DTYPES[mamba_ssm_dtype], layer_ids=layer_ids,
     )
-    return CacheLayout.from_placements(placements, prefix=prefix)
+    layout = CacheLayout.from_placements(placements, prefix=prefix)
+    if not layout.kv_groups:  # the attention pool, allocator and request table all index per-token KV
+        raise _without_attention(model_config, parallel_state, layer_ids)
+    return layout
+
+
+def _without_attention(m: ModelConfig, p: ParallelState, layer_ids: range | None) -> ConfigError:
+    """The refusal for a stage (or a model) whose layers hold recurrent state but no per-token KV."""
+    n = len(m.layer_kinds)
+
+    def attends(ids: range) -> bool:
+        return any(m.layer_kinds[i] in KV_LAYER_KINDS for i in ids)
+
+    if not attends(range(n)):
+        return UnsupportedModelError(f"{m.name} has no attention layer, only recurrent state; a model without "
+                                     "per-token KV is not supported")
+    stage = layer_ids if layer_ids is not None else p.layer_range(n)
+    working = [str(k) for k in range(1, n + 1)
+               if all(attends(ParallelState(pp_size=k, pp_rank=r).layer_range(n)) for r in range(k))]
+    listed = working[0] if len(working) == 1 else f"{', '.join(working[:-1])} or {working[-1]}"
+    return ConfigError(
+        f"{m.name}: pipeline stage {p.pp_rank} of --pp-size {p.pp_size} (layers {stage.start}-{stage.stop - 1}) has "
+        f"no attention layer, only recurrent state, and every stage needs one for its per-token KV: use --pp-size {listed}"
+    )
 
 
 def draft_cache_layout(
