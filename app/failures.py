@@ -10,7 +10,7 @@ import msgspec
 import torch
 
 from kvcache.byte_units import format_bytes
-from kvcache.errors import ConfigError, DoesNotFitError, PoolBuildError
+from kvcache.errors import ConfigError, DoesNotFitError, PoolOutOfMemoryError
 
 EXIT_BUG, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 1, 2, 3
 
@@ -53,7 +53,8 @@ def failure_of(exc: BaseException) -> Failure:
                     f"available {format_bytes(exc.available_bytes)})",
             needed_bytes=exc.needed_bytes, available_bytes=exc.available_bytes,
         )
-    if isinstance(exc, (PoolBuildError, torch.cuda.OutOfMemoryError, MemoryError)):
+    # only the device refusing memory; a PoolBuildError that is not one is a broken invariant: a bug (exit 1)
+    if isinstance(exc, (PoolOutOfMemoryError, torch.cuda.OutOfMemoryError, MemoryError)):
         what = one_line(str(exc)) or type(exc).__name__
         return Failure(kind="does_not_fit", exit_code=EXIT_DOES_NOT_FIT, message=f"out of memory: {what}")
     if isinstance(exc, (ConfigError, msgspec.ValidationError, msgspec.DecodeError)):

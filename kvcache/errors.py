@@ -73,7 +73,13 @@ class KVCacheMemoryTooLargeError(DoesNotFitError):
 
 
 class PoolBuildError(KVCacheError):
-    """Building a pool failed part-way (e.g. out of memory); what was built has been freed."""
+    """Building the pools broke one of the builder's invariants (a layout the plan cannot pair): a bug.
+
+    What was built has been freed. The out-of-memory case is its subclass, PoolOutOfMemoryError."""
+
+
+class PoolOutOfMemoryError(PoolBuildError):
+    """The device refused memory part-way through building the planned pools; what was built has been freed."""
 
 
 class WeightsDoNotFitError(DoesNotFitError):

@@ -17,7 +17,7 @@ import torch
 from kvcache.allocators.protocol import AllocatorFactory, TokenAllocator
 from kvcache.byte_units import format_bytes
 from kvcache.device_buffers import Arena
-from kvcache.errors import PlanMismatchError, PoolBuildError
+from kvcache.errors import PlanMismatchError, PoolBuildError, PoolOutOfMemoryError
 from kvcache.layer_specs import FullAttentionSpec, MLASpec, SlidingWindowSpec
 from kvcache.pool_config import KVPoolPlan, MemoryPoolConfig
 from kvcache.pool_layout import CacheLayout, KVPoolGroup
@@ -76,8 +76,8 @@ def build_worker_pools(
     shared_req_to_token_pool: ReqToTokenPool | None = None, shared_allocator: TokenAllocator | None = None,
 ) -> WorkerPools:
     """Allocate this worker's pools from the plan in one arena. A target builds the table and
-    allocator; a draft is given the target's. On any failure, drop everything and raise
-    PoolBuildError (PlanMismatchError when what was built differs from the plan)."""
+    allocator; a draft is given the target's. On any failure, drop everything and re-raise it; the
+    device running out of memory becomes PoolOutOfMemoryError."""
     draft = shared_req_to_token_pool is not None
     arena: Arena | None = None
     try:
@@ -92,7 +92,7 @@ def build_worker_pools(
             torch.cuda.empty_cache()
         if isinstance(exc, PlanMismatchError) or not isinstance(exc, (torch.OutOfMemoryError, RuntimeError, MemoryError)):
             raise
-        raise PoolBuildError(
+        raise PoolOutOfMemoryError(
             f"building the KV pools ({format_bytes(plan.total_bytes)} planned) failed part-way on {device}: "
             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; everything built so far was freed. "
             "Lower --mem-fraction-static (e.g. by 0.05) or set --kv-cache-memory below what is free"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -9,7 +10,9 @@ import torch
 
 from kvcache import device_buffers
 from kvcache.byte_units import GiB, MiB
+from kvcache.errors import PoolBuildError
 from kvcache.memory_probe import FixedMemoryProbe
+from kvcache.testing import FailingAllocatorFactory
 
 
 def _refusing_allocator(*, plan: Any, device: torch.device, kvcache: Any = None) -> Any:
@@ -27,3 +30,33 @@ def test_an_error_that_is_not_out_of_memory_still_frees_the_arena(make_engine: A
         engine.target.configurator().configure(pre_model_load_memory=GiB)
     # no gc.collect(): while the error is still held, its frames must not keep the arena alive
     assert caught.value is not None and len(device_buffers._ARENAS) == arenas_before
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "kind", "line_start"),
+    [  # a broken builder invariant is a bug; the device refusing the arena's memory does not fit
+        (PoolBuildError("expected one attention pool, got []"), 1, "internal_error",
+         "kvcache: internal error: PoolBuildError: expected one attention pool, got [] (a bug in kvcache"),
+        (torch.OutOfMemoryError("CUDA out of memory (simulated)"), 3, "does_not_fit",
+         "kvcache: does not fit: out of memory: building the KV pools"),
+    ],
+)
+def test_the_cli_reports_a_broken_build_invariant_as_a_bug_and_out_of_memory_as_does_not_fit(
+        error: BaseException, code: int, kind: str, line_start: str,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from dependency_injector import providers
+
+    import app.cli as cli
+    from containers import EngineContainer
+
+    def engine_whose_build_fails(**kwargs: Any) -> EngineContainer:
+        container = EngineContainer(**kwargs)
+        container.target.allocator_factory.override(providers.Callable(FailingAllocatorFactory(error)))
+        return container
+
+    monkeypatch.setattr(cli, "EngineContainer", engine_whose_build_fails)
+    assert cli.main(["plan", "--gpu-memory", "8GiB", "--json"]) == code
+    captured = capsys.readouterr()
+    assert captured.err.startswith(line_start) and captured.err.count("\n") == 1, captured.err
+    failure = json.loads(captured.out)["error"]
+    assert (failure["kind"], failure["exit_code"]) == (kind, code)

@@ -119,6 +119,19 @@ class RecordingAllocator:
         return self._inner.full_to_swa_index_mapping
 
 
+class FailingAllocatorFactory:
+    """An AllocatorFactory that raises the error it was given, as a build that fails at that step would.
+
+    Override a worker container's `allocator_factory` with `providers.Callable(FailingAllocatorFactory(err))`.
+    """
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __call__(self, *, plan: MemoryPoolConfig, device: torch.device, kvcache: Any = None) -> Any:
+        raise self.error
+
+
 class RecordingStream(HostStream):
     """A host stream that counts how often work was queued on it and waited for."""
 
