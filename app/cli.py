@@ -89,7 +89,7 @@ def run(ns: argparse.Namespace) -> int:
         container.draft_model_config()
         engine = container.engine()
         engine.bootstrap()
-        report = build_report(engine, card=card.name if card else None)
+        report = build_report(engine, card=card.name if card else None, page_size_note=container.page_size_note())
         output = render_for_this_rank(engine, report, as_json=ns.json)  # rank 0 gathers every rank's plan
     finally:
         container.shutdown_resources()

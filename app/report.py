@@ -35,6 +35,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     model_dtype: str
     kv_cache_dtype: str
     page_size: int
+    page_size_note: str | None  # why the page size is not --page-size's (a DSA model pages at 64)
     context_length: int
     bytes_per_token: int
     max_total_num_tokens: int
@@ -71,7 +72,7 @@ def _pool_names(runner: ModelRunner) -> list[str]:
     return [p.name for p in plan.kv_pools if p.of_draft_worker == (runner.role == "draft")]
 
 
-def build_report(engine: Engine, *, card: str | None = None) -> BootstrapReport:
+def build_report(engine: Engine, *, card: str | None = None, page_size_note: str | None = None) -> BootstrapReport:
     target = engine.target
     kv = target.kv_cache
     plan = kv.memory_pool_config
@@ -81,7 +82,7 @@ def build_report(engine: Engine, *, card: str | None = None) -> BootstrapReport:
     return BootstrapReport(
         model=target.model_config.name, device=str(target.device), card=card,
         model_dtype=model_dtype_name(kv.model_dtype), kv_cache_dtype=kv.kv_cache_dtype.name,
-        page_size=plan.page_size, context_length=plan.context_length, bytes_per_token=plan.bytes_per_token,
+        page_size=plan.page_size, page_size_note=page_size_note, context_length=plan.context_length, bytes_per_token=plan.bytes_per_token,
         max_total_num_tokens=plan.max_total_num_tokens, max_running_requests=plan.max_running_requests,
         budget_bytes=budget.budget_bytes, mem_fraction_static=budget.mem_fraction_static,
         free_before_load_bytes=budget.free_before_load_bytes, free_after_load_bytes=budget.free_after_load_bytes,
@@ -101,7 +102,8 @@ def render_text(report: BootstrapReport) -> str:
         f"model               {r.model}",
         f"device              {r.device}" + (f"  (plan for {r.card}, nothing allocated)" if r.card else ""),
         f"dtype / KV dtype    {r.model_dtype} / {r.kv_cache_dtype}",
-        f"context length      {r.context_length:,}   page size {r.page_size}",
+        f"context length      {r.context_length:,}   page size {r.page_size}"
+        + (f"  ({r.page_size_note})" if r.page_size_note else ""),
         f"memory              total {format_bytes(r.total_memory_bytes)}",
         f"                    free before load {format_bytes(r.free_before_load_bytes)}",
         f"                    free after load  {format_bytes(r.free_after_load_bytes)}",

@@ -12,6 +12,7 @@ from kvcache.draft_pairing import paired_draft
 from kvcache.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.memory_probe import probe_for_device
 from kvcache.model_config import ModelConfig
+from kvcache.model_page_size import note_on_page_size, with_model_page_size
 from kvcache.pool_layout import DRAFT_POOL_PREFIX, draft_cache_layout
 from kvcache.presets import load_model_config
 from kvcache.server_args import ServerArgs
@@ -27,8 +28,13 @@ class EngineContainer(containers.DeclarativeContainer):
     model_config = providers.Dependency(instance_of=ModelConfig)
     card = providers.Object(None)  # a SimulatedCard for dry-run plans on the meta device
 
-    # What the workers size with: the draft shape filled in from the target, as SGLang's launcher does.
-    worker_server_args = providers.Callable(with_speculative_defaults, server_args, model_config.provided.architecture)
+    # What the workers size with: the draft shape filled in from the target, as SGLang's launcher does,
+    # and the page size the target sets (a DSA model pages at 64; the draft shares the target's pages).
+    worker_server_args = providers.Callable(
+        with_model_page_size,
+        providers.Callable(with_speculative_defaults, server_args, model_config.provided.architecture), model_config,
+    )
+    page_size_note = providers.Callable(note_on_page_size, server_args.provided.page_size, model_config)
     parallel_state = providers.Resource(parallel_state_resource, server_args)
     device = providers.ThreadSafeSingleton(resolve_device, server_args.provided.device, parallel_state.provided.local_rank)
     memory_probe = providers.ThreadSafeSingleton(

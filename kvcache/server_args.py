@@ -54,7 +54,9 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_running_requests: Annotated[PositiveInt, _doc("cap on concurrent requests")] | None = None
     context_length: Annotated[PositiveInt, _doc("context length (at most the model's)")] | None = None
     allow_long_context: Annotated[bool, _doc("allow --context-length above the model's max_position_embeddings")] = False
-    page_size: Annotated[PositiveInt, _doc("tokens per KV page")] = 1
+    page_size: Annotated[PositiveInt, _doc(
+        "tokens per KV page; default 1, and always 64 for DeepSeek sparse-attention models (SGLang 0.5.23's rule, "
+        "kvcache.model_page_size)")] | None = None
     # formats
     dtype: Annotated[ModelDtypeName, _doc("model dtype; auto takes the checkpoint's torch_dtype")] = "auto"
     kv_cache_dtype: Annotated[KVCacheDtypeName, _doc("KV cache dtype; auto is the model dtype")] = "auto"
@@ -175,7 +177,7 @@ def _cross_field_problems(a: ServerArgs) -> list[str]:
             "--mem-fraction-static and --kv-cache-memory both set the KV budget: give only one "
             f"(got {a.mem_fraction_static} and {a.kv_cache_memory} bytes)"
         )
-    if a.max_total_tokens is not None and a.max_total_tokens < a.page_size:
+    if a.max_total_tokens is not None and a.page_size is not None and a.max_total_tokens < a.page_size:
         problems.append(
             f"--max-total-tokens {a.max_total_tokens} is below one page (--page-size {a.page_size}); "
             f"use at least {a.page_size}"

@@ -12,6 +12,7 @@ from fractions import Fraction
 import msgspec
 
 from kvcache.memory_budget import exact_fraction
+from kvcache.model_page_size import DEFAULT_PAGE_SIZE, flag_page_size
 from kvcache.planning import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
 from kvcache.server_args import ServerArgs
 
@@ -19,7 +20,7 @@ from kvcache.server_args import ServerArgs
 class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Budget, token and request knobs, with ratios as the exact fractions they were written as."""
 
-    page_size: int = 1
+    page_size: int = DEFAULT_PAGE_SIZE
     context_length: int | None = None
     allow_long_context: bool = False
     max_total_tokens: int | None = None
@@ -42,7 +43,7 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
     @classmethod
     def from_server_args(cls, a: ServerArgs) -> "SizingSettings":
         return cls(
-            page_size=a.page_size, context_length=a.context_length, allow_long_context=a.allow_long_context,
+            page_size=flag_page_size(a.page_size), context_length=a.context_length, allow_long_context=a.allow_long_context,
             max_total_tokens=a.max_total_tokens, max_running_requests=a.max_running_requests,
             mem_fraction_static=a.mem_fraction_static, kv_cache_memory=a.kv_cache_memory,
             chunked_prefill_size=a.chunked_prefill_size, cuda_graph_max_bs=a.cuda_graph_max_bs,

@@ -20,7 +20,7 @@ from kvcache.server_args import ServerArgs, read_settings_file
     ("data", "message"),
     [
         ({"page_size": 0}, "Expected `int` >= 1 - at `$.page_size`"),
-        ({"page_size": "16"}, "Expected `int`, got `str` - at `$.page_size`"),
+        ({"page_size": "16"}, "Expected `int | null`, got `str` - at `$.page_size`"),
         ({"tp_size": 1.5}, "Expected `int`, got `float` - at `$.tp_size`"),
         ({"max_total_tokens": -5}, "Expected `int` >= 1 - at `$.max_total_tokens`"),
         ({"cuda_graph_max_bs": -1}, "Expected `int` >= 0 - at `$.cuda_graph_max_bs`"),
@@ -51,7 +51,7 @@ def test_unknown_fields_are_refused(field: str) -> None:
 def test_defaults_decode_from_an_empty_mapping() -> None:
     args = ServerArgs.from_mapping({})
     assert args == ServerArgs()
-    assert (args.page_size, args.tp_size, args.kv_cache_dtype, args.dtype) == (1, 1, "auto", "auto")
+    assert (args.page_size, args.tp_size, args.kv_cache_dtype, args.dtype) == (None, 1, "auto", "auto")  # page: the model's
     assert args.mem_fraction_static is None and args.kv_cache_memory is None
     assert args.swa_full_tokens_ratio == 0.8 and args.mamba_full_memory_ratio == 0.9
 
