@@ -13,15 +13,28 @@ import gc
 import io
 import json
 import os
+import socket
 import weakref
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from app.cli import main
 from kvcache import device_buffers
+
+NEEDS_GLOO = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="this torch build has no gloo process groups")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, for one 2-rank world's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 
 COMMON = ["bootstrap", "--device", "cpu", "--max-running-requests", "8", "--json"]
 

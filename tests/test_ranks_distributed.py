@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +36,8 @@ import rank_worker
 from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG
 
 SPAWN_TIMEOUT_S = 120
-pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
-                                reason="this torch build has no gloo process groups")
+pytestmark = rank_worker.NEEDS_GLOO
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +46,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("ranks")
     model = tmp / "config.json"
     model.write_text(json.dumps({**TINY_MODEL_HF_CONFIG, "num_hidden_layers": 3}))
-    ports = {name: _free_port() for name in ("tp2", "pp2", "imbalance", "imbalance_relaxed", "build_fails", "embedded")}
+    ports = {name: rank_worker.free_port() for name in ("tp2", "pp2", "imbalance", "imbalance_relaxed", "build_fails", "embedded")}
     context = mp.start_processes(rank_worker.run_rank, args=(str(model), ports, str(tmp)), nprocs=2,
                                  join=False, start_method="fork")
     try:

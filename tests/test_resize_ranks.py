@@ -12,7 +12,6 @@ test_ranks_distributed).
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +20,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import rank_worker
 from test_resize_apply import FakeBacking
 
-pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
-                                reason="this torch build has no gloo process groups")
+pytestmark = rank_worker.NEEDS_GLOO
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _resize_on_rank(rank: int, port: int, out_dir: str) -> None:
@@ -81,7 +75,7 @@ def _resize_on_rank(rank: int, port: int, out_dir: str) -> None:
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """Both ranks' results, scenario by scenario."""
     out = tmp_path_factory.mktemp("resize_ranks")
-    context = mp.start_processes(_resize_on_rank, args=(_free_port(), str(out)), nprocs=2, join=False,
+    context = mp.start_processes(_resize_on_rank, args=(rank_worker.free_port(), str(out)), nprocs=2, join=False,
                                  start_method="fork")
     try:
         while not context.join(timeout=120):
