@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import rank_worker
