@@ -208,3 +208,25 @@ def test_cuda_extend_and_decode_match_cpu() -> None:
         assert ext is not None and dec is not None and ext.device.type == device
         results.append((ext.tolist(), dec.tolist()))
     assert results[0] == results[1]
+
+
+class _KernelsThatFail:
+    """A kernel launch that fails (as a Triton compile error or a device OOM would) after pages were taken."""
+
+    def alloc_decode(self, *args: object) -> None:
+        raise RuntimeError("launch failed (injected)")
+
+    alloc_extend = alloc_decode
+
+
+def test_a_step_that_fails_after_taking_pages_gives_them_back() -> None:
+    a = PagedTokenToKVPoolAllocator(size=1024, page_size=16, device="cpu", kernels=_KernelsThatFail())  # type: ignore[arg-type]
+    free = a.available_size()
+    seq = torch.tensor([17, 18, 33])  # two requests start a page
+    with pytest.raises(RuntimeError, match="injected"):
+        a.alloc_decode(seq, seq, torch.tensor([15, 40, 63]))
+    prefix, new = torch.tensor([0, 8]), torch.tensor([40, 20])
+    with pytest.raises(RuntimeError, match="injected"):
+        a.alloc_extend(prefix, prefix, new, new, torch.tensor([-1, 7]), 52)
+    assert a.available_size() == free
+    assert a.alloc(free) is not None and a.available_size() == 0  # every page still handed out once

@@ -139,6 +139,14 @@ class FreeLog:
             self._is_free[self._log[head:head + n] // self._stride] = False
         return head
 
+    def untake(self, head: int, n: int) -> None:
+        """Give back the n ids the last take_at(n) returned `head` for (the caller failed before using them)."""
+        if self._head != head + n:
+            raise ValueError(f"untake({head}, {n}) is not the latest take (head is {self._head})")
+        self._head = head
+        if self._is_free is not None:
+            self._is_free[self._log[head:head + n] // self._stride] = True
+
     def put(self, ids: torch.Tensor, *, multiply: int = 1) -> None:
         """Return ids * multiply (any integer dtype on this device, 1-D) to the free list: one kernel."""
         n, tail = ids.numel(), self._tail

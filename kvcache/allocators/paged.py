@@ -17,6 +17,7 @@ torch.unique and so syncs, as SGLang's does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -98,11 +99,12 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
         """Token indices of need_size // page_size whole pages, or None (allocating nothing)."""
         check_need_size(need_size, self._page_size)
         reject_meta(self._device, "alloc")
-        starts = self._log.take(need_size // self._page_size)
-        if starts is None:
-            return None
-        offsets = torch.arange(self._page_size, dtype=torch.int64, device=self._device)
-        return torch.add(offsets, starts[:, None]).reshape(-1)
+        n = need_size // self._page_size
+
+        def expand(head: int) -> torch.Tensor:
+            offsets = torch.arange(self._page_size, dtype=torch.int64, device=self._device)
+            return torch.add(offsets, self._log.buffer[head:head + n, None]).reshape(-1)
+        return self._on_new_pages(n, expand)
 
     def alloc_extend(
         self, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor, seq_lens: torch.Tensor,
@@ -151,18 +153,33 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
                 raise ValueError(f"{what} on the device differs from {what}_cpu: the scheduler passed stale copies")
 
     def _extend_with(self, batch: ExtendBatch, last: torch.Tensor) -> torch.Tensor | None:
+        n = batch.num_new_pages
         if self._kernels is None:
             assert batch.plan is not None
-            starts = self._log.take(batch.num_new_pages)
-            return None if starts is None else self._locations(batch.plan, starts, last)
-        head = self._log.take_at(batch.num_new_pages)
+            plan = batch.plan
+            return self._on_new_pages(n, lambda head: self._locations(plan, self._log.buffer[head:head + n], last))
+
+        def launch(head: int) -> torch.Tensor:
+            out = torch.empty(batch.num_tokens, dtype=torch.int64, device=self._device)
+            if batch.num_tokens:
+                assert self._kernels is not None
+                self._kernels.alloc_extend(batch.prefix_lens, batch.seq_lens, last, self._log.buffer, head, out,
+                                           self._page_size)
+            return out
+        return self._on_new_pages(n, launch)
+
+    def _on_new_pages(self, count: int, build: Callable[[int], torch.Tensor]) -> torch.Tensor | None:
+        """Take `count` pages and build the step's indices from where they start in the free log; None when too
+        few are free. If building fails (the device out of memory, a kernel that will not launch) the pages go
+        back, so a failed step leaves the free list as it was."""
+        head = self._log.take_at(count)
         if head is None:
             return None
-        out = torch.empty(batch.num_tokens, dtype=torch.int64, device=self._device)
-        if batch.num_tokens:
-            self._kernels.alloc_extend(batch.prefix_lens, batch.seq_lens, last, self._log.buffer, head, out,
-                                       self._page_size)
-        return out
+        try:
+            return build(head)
+        except BaseException:
+            self._log.untake(head, count)
+            raise
 
     def _locations(self, plan: ExtendPlan, starts: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """Scatter the source, then out = source[gather] + offset on the device (kvcache.allocators.locations)."""
@@ -212,35 +229,36 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
 
     def _decode_on_device(self, seq_lens: torch.Tensor, last: torch.Tensor, count: int) -> torch.Tensor | None:
         """The kernel path: take `count` pages, one launch writes every index."""
-        assert self._kernels is not None
-        head = self._log.take_at(count)
-        if head is None:
-            return None
         size = last.shape[0]
-        if count == size:  # every request starts a page (a view: see FreeLog's guarantee)
-            return self._log.buffer[head:head + count]
-        out = torch.empty(size, dtype=torch.int64, device=self._device)
-        self._kernels.alloc_decode(seq_lens, last, self._log.buffer, head, out, self._page_size)
-        return out
+
+        def launch(head: int) -> torch.Tensor:
+            if count == size:  # every request starts a page (a view: see FreeLog's guarantee)
+                return self._log.buffer[head:head + count]
+            out = torch.empty(size, dtype=torch.int64, device=self._device)
+            assert self._kernels is not None
+            self._kernels.alloc_decode(seq_lens, last, self._log.buffer, head, out, self._page_size)
+            return out
+        return self._on_new_pages(count, launch)
 
     def _decode_with(self, batch: DecodeBatch, last: torch.Tensor) -> torch.Tensor | None:
         count, size = batch.num_new_pages, last.numel()
         if self._kernels is not None:
             return self._decode_on_device(batch.seq_lens, last, count)
-        starts = self._log.take(count)
-        if starts is None:
-            return None
-        if count == size:
-            return starts
-        if last.dtype == torch.int64:
-            out = last + 1
-        else:
-            out = torch.empty(size, dtype=torch.int64, device=self._device)
-            torch.add(last, 1, out=out)
-        if count:
-            assert batch.starting is not None
-            out.index_copy_(0, to_device_async(batch.starting, self._device), starts)
-        return out
+
+        def place(head: int) -> torch.Tensor:
+            starts = self._log.buffer[head:head + count]
+            if count == size:
+                return starts
+            if last.dtype == torch.int64:
+                out = last + 1
+            else:
+                out = torch.empty(size, dtype=torch.int64, device=self._device)
+                torch.add(last, 1, out=out)
+            if count:
+                assert batch.starting is not None
+                out.index_copy_(0, to_device_async(batch.starting, self._device), starts)
+            return out
+        return self._on_new_pages(count, place)
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
         """Free exactly these pages (no repeats; SGLang 0.5.23's free_page_ids)."""
