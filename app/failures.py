@@ -7,10 +7,10 @@ internal error, which is a bug in this program (exit 1). Nothing here prints a t
 from __future__ import annotations
 
 import msgspec
-import torch
 
 from kvcache.byte_units import format_bytes
 from kvcache.errors import ConfigError, DoesNotFitError, PoolOutOfMemoryError
+from kvcache.out_of_memory import is_out_of_memory
 
 EXIT_BUG, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 1, 2, 3
 
@@ -54,7 +54,7 @@ def failure_of(exc: BaseException) -> Failure:
             needed_bytes=exc.needed_bytes, available_bytes=exc.available_bytes,
         )
     # only the device refusing memory; a PoolBuildError that is not one is a broken invariant: a bug (exit 1)
-    if isinstance(exc, (PoolOutOfMemoryError, torch.cuda.OutOfMemoryError, MemoryError)):
+    if isinstance(exc, PoolOutOfMemoryError) or is_out_of_memory(exc):
         what = one_line(str(exc)) or type(exc).__name__
         return Failure(kind="does_not_fit", exit_code=EXIT_DOES_NOT_FIT, message=f"out of memory: {what}")
     if isinstance(exc, (ConfigError, msgspec.ValidationError, msgspec.DecodeError)):

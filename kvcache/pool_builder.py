@@ -19,6 +19,7 @@ from kvcache.byte_units import format_bytes
 from kvcache.device_buffers import Arena
 from kvcache.errors import PlanMismatchError, PoolBuildError, PoolOutOfMemoryError
 from kvcache.layer_specs import FullAttentionSpec, MLASpec, SlidingWindowSpec
+from kvcache.out_of_memory import is_out_of_memory
 from kvcache.pool_config import KVPoolPlan, MemoryPoolConfig
 from kvcache.pool_layout import CacheLayout, KVPoolGroup
 from kvcache.pools import HybridSWAKVPool, MHATokenToKVPool, MLATokenToKVPool, RecurrentStatePool, ReqToTokenPool
@@ -76,8 +77,8 @@ def build_worker_pools(
     shared_req_to_token_pool: ReqToTokenPool | None = None, shared_allocator: TokenAllocator | None = None,
 ) -> WorkerPools:
     """Allocate this worker's pools from the plan in one arena. A target builds the table and
-    allocator; a draft is given the target's. On any failure, drop everything and re-raise it; the
-    device running out of memory becomes PoolOutOfMemoryError."""
+    allocator; a draft is given the target's. On any failure, drop everything and re-raise it; only the
+    device refusing memory (kvcache.out_of_memory) becomes PoolOutOfMemoryError, anything else is a bug."""
     draft = shared_req_to_token_pool is not None
     arena: Arena | None = None
     try:
@@ -90,7 +91,7 @@ def build_worker_pools(
         traceback.clear_frames(exc.__traceback__)  # the error keeps no buffer alive
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        if isinstance(exc, PlanMismatchError) or not isinstance(exc, (torch.OutOfMemoryError, RuntimeError, MemoryError)):
+        if not is_out_of_memory(exc):
             raise
         raise PoolOutOfMemoryError(
             f"building the KV pools ({format_bytes(plan.total_bytes)} planned) failed part-way on {device}: "

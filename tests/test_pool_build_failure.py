@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from typing import Any
 
@@ -10,9 +11,32 @@ import torch
 
 from kvcache import device_buffers
 from kvcache.byte_units import GiB, MiB
-from kvcache.errors import PoolBuildError
+from kvcache.errors import PoolBuildError, PoolOutOfMemoryError
 from kvcache.memory_probe import FixedMemoryProbe
 from kvcache.testing import FailingAllocatorFactory
+
+
+def _host_allocator_refusal() -> RuntimeError:
+    """The RuntimeError this torch's CPU allocator really raises when it cannot allocate."""
+    try:
+        torch.empty(1 << 62, dtype=torch.uint8)
+    except RuntimeError as refusal:
+        return refusal
+    raise AssertionError("the host allocated 4 EiB")
+
+
+REFUSED = [  # the device or host refusing memory: does not fit
+    torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    _host_allocator_refusal(),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
+                 "you tried to allocate 4096 bytes."),
+    OSError(errno.ENOMEM, "Cannot allocate memory"),  # the host arena's mmap
+]
+NOT_REFUSED = [  # anything else that fails mid-build is a bug, whatever its type
+    RuntimeError("CUDA error: an illegal memory access was encountered"),
+    RuntimeError("view size is not compatible with input tensor's size and stride"),
+    OSError(errno.EACCES, "Permission denied"),
+]
 
 
 def _refusing_allocator(*, plan: Any, device: torch.device, kvcache: Any = None) -> Any:
@@ -39,6 +63,9 @@ def test_an_error_that_is_not_out_of_memory_still_frees_the_arena(make_engine: A
          "kvcache: internal error: PoolBuildError: expected one attention pool, got [] (a bug in kvcache"),
         (torch.OutOfMemoryError("CUDA out of memory (simulated)"), 3, "does_not_fit",
          "kvcache: does not fit: out of memory: building the KV pools"),
+        (_host_allocator_refusal(), 3, "does_not_fit", "kvcache: does not fit: out of memory: building the KV pools"),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), 1, "internal_error",
+         "kvcache: internal error: RuntimeError: CUDA error: an illegal memory access was encountered (a bug"),
     ],
 )
 def test_the_cli_reports_a_broken_build_invariant_as_a_bug_and_out_of_memory_as_does_not_fit(
@@ -60,3 +87,26 @@ def test_the_cli_reports_a_broken_build_invariant_as_a_bug_and_out_of_memory_as_
     assert captured.err.startswith(line_start) and captured.err.count("\n") == 1, captured.err
     failure = json.loads(captured.out)["error"]
     assert (failure["kind"], failure["exit_code"]) == (kind, code)
+
+
+@pytest.mark.parametrize("error", REFUSED, ids=lambda e: str(e)[:40])
+def test_only_the_device_refusing_memory_mid_build_becomes_out_of_memory(
+        error: BaseException, make_engine: Any, mocker: Any) -> None:
+    engine = make_engine(kv_cache_memory=64 * MiB)
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
+    mocker.patch("kvcache.pool_builder.Arena", side_effect=error)
+    with pytest.raises(PoolOutOfMemoryError, match="failed part-way on cpu") as caught:
+        engine.target.configurator().configure(pre_model_load_memory=GiB)
+    assert caught.value.__cause__ is error
+
+
+@pytest.mark.parametrize("error", NOT_REFUSED, ids=lambda e: str(e)[:40])
+def test_a_runtime_error_that_is_not_out_of_memory_is_raised_as_itself(
+        error: BaseException, make_engine: Any, mocker: Any) -> None:
+    """It used to be read as out of memory (exit 3, 'lower --mem-fraction-static') whatever it said."""
+    engine = make_engine(kv_cache_memory=64 * MiB)
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
+    mocker.patch("kvcache.pool_builder.Arena", side_effect=error)
+    with pytest.raises(type(error)) as caught:
+        engine.target.configurator().configure(pre_model_load_memory=GiB)
+    assert caught.value is error and not isinstance(caught.value, PoolBuildError)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,12 @@ def test_the_model_description_names_the_weight_format(quantization: dict[str, A
     assert ModelConfig.from_hf_config(cfg).weights.quantization.weights == expected
 
 
-@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory"), RuntimeError("allocator failed")])
+@pytest.mark.parametrize("error", [
+    torch.OutOfMemoryError("CUDA out of memory"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                 "you tried to allocate 270532608 bytes. Error code 12 (Cannot allocate memory)"),
+    OSError(errno.ENOMEM, "Cannot allocate memory"),
+])
 def test_a_failed_allocation_leaves_nothing(monkeypatch: pytest.MonkeyPatch, error: RuntimeError) -> None:
     specs = parameter_specs(preset("SmolLM2-135M"))
     asked: list[int] = []
@@ -139,6 +145,15 @@ def test_a_failed_allocation_leaves_nothing(monkeypatch: pytest.MonkeyPatch, err
     assert failure.allocated_bytes == 0
     assert "0.25 GiB" in str(failure) and "--tp-size" in str(failure)
     assert failure.__cause__ is error
+
+
+def test_a_runtime_error_that_is_not_out_of_memory_is_not_called_weights_do_not_fit(mocker: Any) -> None:
+    """Any RuntimeError used to read as 'the weights do not fit' (exit 3); a bug must surface as itself."""
+    error = RuntimeError("CUDA error: an illegal memory access was encountered")
+    mocker.patch.object(loader_module, "_arena", side_effect=error)
+    with pytest.raises(RuntimeError) as caught:
+        DummyWeightLoader(device=CPU, dtype=torch.bfloat16).load(parameter_specs(preset("SmolLM2-135M")))
+    assert caught.value is error
 
 
 

@@ -24,6 +24,7 @@ import torch
 from app.weights.shapes import ParamSpec
 from kvcache.device_buffers import Arena, arena_size, slot_size
 from kvcache.models.quantization import Quantization, StoredTensor
+from kvcache.out_of_memory import is_out_of_memory
 
 NO_QUANTIZATION = Quantization()
 
@@ -124,12 +125,14 @@ class DummyWeightLoader:
         return bytes_needed(specs, self.dtype, self.quantization)
 
     def load(self, specs: Sequence[ParamSpec]) -> LoadedWeights:
-        """Allocate and fill every tensor; on failure free them all and raise WeightsDoNotFitError."""
+        """Allocate and fill every tensor; if the device refuses the memory, raise WeightsDoNotFitError."""
         stored = _stored(specs, self.dtype, self.quantization)
         needed = _arena_bytes(stored)
         try:
             arena = _arena(needed, self.device)
-        except RuntimeError as error:  # torch.OutOfMemoryError is a RuntimeError
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise  # not out of memory: a bug, reported as one
             raise WeightsDoNotFitError(needed_bytes=needed, allocated_bytes=0, device=self.device) from error
         tensors = {t.name: arena.take(t.shape, t.dtype, self.device) for t in stored}
         if self.device.type != "meta":

@@ -1,0 +1,24 @@
+"""Whether an exception is the device refusing memory (does not fit, exit 3) or something else (a bug).
+
+torch raises `torch.cuda.OutOfMemoryError` on CUDA; its CPU allocator raises a plain
+RuntimeError ("DefaultCPUAllocator: can't allocate memory" from posix_memalign, "... not enough
+memory" elsewhere), and a host mapping that the kernel refuses is an OSError with ENOMEM.
+Any other RuntimeError (a kernel that will not launch, a bad view) is not out of memory.
+"""
+
+from __future__ import annotations
+
+import errno
+
+import torch
+
+HOST_ALLOCATOR_REFUSALS = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True only when a device or the host refused an allocation."""
+    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno == errno.ENOMEM
+    return isinstance(exc, RuntimeError) and any(refusal in str(exc) for refusal in HOST_ALLOCATOR_REFUSALS)
