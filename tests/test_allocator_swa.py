@@ -251,3 +251,27 @@ def test_checked_allocators_count_their_flags_in_nbytes() -> None:
     # starts, 17 + 9 flags, 69 map rows (64 tokens, a padding page of 4, the -1 row): 8 blocks.
     expected = sum(allocation_size(n) for n in (32 * 8, 32 * 8, 17, 16 * 8, 16 * 8, 9, 69 * 8))
     assert a.nbytes == allocator_index_bytes(64, 4, 32, check_frees=True) == expected == 8 * 512
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("fails", ["swa side", "map write"])
+def test_a_step_whose_second_half_fails_gives_both_sides_back(mocker, page_size: int, fails: str) -> None:
+    """A device OOM after the full side took its pages (in the SWA side's take, or the map write) changes no free list."""
+    a = make(64, 32, page_size=page_size, check_frees=False)
+    before = (a.full_available_size(), a.swa_available_size())
+    if fails == "swa side":
+        mocker.patch.object(a.swa_attn_allocator, "_on_new_pages" if page_size > 1 else "alloc",
+                            side_effect=RuntimeError("CUDA out of memory (injected)"))
+    else:
+        mocker.patch.object(a._map, "write", side_effect=RuntimeError("CUDA out of memory (injected)"))
+    with pytest.raises(RuntimeError, match="injected"):
+        a.alloc(2 * page_size)
+    if page_size > 1:
+        with pytest.raises(RuntimeError, match="injected"):
+            decode(a, t(5, 9), t(7, 11))  # both requests start a page
+        with pytest.raises(RuntimeError, match="injected"):
+            extend(a, t(0, 0), t(6, 9), t(-1, -1), 15)
+    assert (a.full_available_size(), a.swa_available_size()) == before
+    mocker.stopall()
+    full = a.alloc(before[1])  # every SWA slot still handed out exactly once
+    assert full is not None and a.swa_available_size() == 0 and len(set(full.tolist())) == before[1]

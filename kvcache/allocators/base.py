@@ -167,6 +167,11 @@ class FreeListAllocator(SharedAllocatorAPI):
         """Ask tree_cache to evict until num_tokens could be allocated (nothing when they already can)."""
         evict_shortfall(tree_cache, full_shortfall=num_tokens - self.available_size())
 
+    def untake_latest(self, need_size: int) -> None:
+        """Put back the need_size tokens this allocator's latest alloc handed out, as if never taken (that alloc
+        must be the latest change to the free list: the SWA allocator's rollback when its other side fails)."""
+        self._log.untake_latest(need_size // self._page_size)
+
     def free(self, free_index: torch.Tensor) -> None:
         """Give back token indices (a set: a paged pool frees every page they touch, once)."""
         if free_index.numel() == 0:

@@ -147,6 +147,10 @@ class FreeLog:
         if self._is_free is not None:
             self._is_free[self._log[head:head + n] // self._stride] = True
 
+    def untake_latest(self, n: int) -> None:
+        """Give back the n ids the latest take handed out (a caller whose later step failed)."""
+        self.untake(self._head - n, n)
+
     def put(self, ids: torch.Tensor, *, multiply: int = 1) -> None:
         """Return ids * multiply (any integer dtype on this device, 1-D) to the free list: one kernel."""
         n, tail = ids.numel(), self._tail

@@ -16,6 +16,7 @@ Backup covers both sides, the free group and the map (journaled while live).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,9 +156,24 @@ class SWATokenToKVPoolAllocator(SharedAllocatorAPI):
         reject_meta(self._device, "alloc")
         if need_size > self.available_size():
             return None
-        full, swa = self.full_attn_allocator.alloc(need_size), self.swa_attn_allocator.alloc(need_size)
-        assert full is not None and swa is not None
-        self._map.write(full, swa)
+        return self._take_both(need_size, lambda side: side.alloc(need_size))
+
+    def _take_both(self, tokens: int, take: Callable[[SideAllocator], torch.Tensor | None]) -> torch.Tensor:
+        """take() on the full side, then the SWA side, then map them: all or nothing (room was checked). If the
+        second take or the map write raises (a device OOM), the tokens taken go back, so the free lists are
+        unchanged."""
+        full = take(self.full_attn_allocator)
+        assert full is not None
+        swa = None
+        try:
+            swa = take(self.swa_attn_allocator)
+            assert swa is not None
+            self._map.write(full, swa)
+        except BaseException:
+            if swa is not None:
+                self.swa_attn_allocator.untake_latest(tokens)
+            self.full_attn_allocator.untake_latest(tokens)
+            raise
         return full
 
     def _paged_sides(self, op: str) -> tuple[PagedTokenToKVPoolAllocator, PagedTokenToKVPoolAllocator]:
@@ -191,10 +207,8 @@ class SWATokenToKVPoolAllocator(SharedAllocatorAPI):
             prefix = prefix_lens_cpu.reshape(-1).cpu()
             continues = (prefix % self._page_size != 0) & (seq_lens_cpu.reshape(-1).cpu() > prefix)
             self._check_still_mapped(last, swa_last, continues)
-        full, swa = full_side._extend_with(plan, last), swa_side._extend_with(plan, swa_last)
-        assert full is not None and swa is not None
-        self._map.write(full, swa)
-        return full
+        return self._take_both(plan.num_new_pages * self._page_size,
+                               lambda side: side._extend_with(plan, swa_last if side is swa_side else last))
 
     def alloc_decode(self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
         """Paged decode on both sides; the full indices, or None allocating nothing."""
@@ -206,10 +220,8 @@ class SWATokenToKVPoolAllocator(SharedAllocatorAPI):
         if self._check:
             continues = ~decode_starts_page(host_lengths(seq_lens_cpu, "seq_lens_cpu"), self._page_size)
             self._check_still_mapped(last, swa_last, continues)
-        full, swa = full_side._decode_with(batch, last), swa_side._decode_with(batch, swa_last)
-        assert full is not None and swa is not None
-        self._map.write(full, swa)
-        return full
+        return self._take_both(batch.num_new_pages * self._page_size,
+                               lambda side: side._decode_with(batch, swa_last if side is swa_side else last))
 
     # Frees resolve the map at once (SGLang 0.5.23: a later cache action in a free group may map the
     # same full index again); inside a free group both sides defer their releases, with copies.
