@@ -163,3 +163,47 @@ def test_the_kernels_compile_for_an_h200_on_any_machine(index: str) -> None:
                                                          {"BLOCK": paged_kernels.DECODE_BLOCK})
     assert ".entry extend_kernel" in _compile_for_hopper(kernels.extend_kernel, extend, {
         "BLOCK_R": paged_kernels.EXTEND_BLOCK_REQUESTS, "BLOCK_T": paged_kernels.EXTEND_BLOCK_TOKENS})
+
+
+class _RecordingKernel:
+    """Stands in for a Triton kernel: records the CUDA device current when it is launched."""
+
+    def __init__(self, current: list[int]) -> None:
+        self.current, self.launched_on = current, []
+
+    def __getitem__(self, grid: object) -> object:
+        return lambda *args, **kwargs: self.launched_on.append(self.current[0])
+
+
+class _OnCuda1(torch.Tensor):
+    """A CPU tensor that says it lives on cuda:1 (all the launcher asks of its output)."""
+
+    def get_device(self) -> int:  # type: ignore[override]
+        return 1
+
+
+def test_launches_run_on_the_allocators_device_not_the_current_one(mocker) -> None:
+    """Triton launches on the current device: an allocator on cuda:1 while cuda:0 is current must switch first."""
+    current = [0]
+
+    class Switch:
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+        def __enter__(self) -> None:
+            self.saved, current[0] = current[0], self.index
+
+        def __exit__(self, *exc: object) -> None:
+            current[0] = self.saved
+
+    mocker.patch.object(torch.cuda, "current_device", side_effect=lambda: current[0])
+    mocker.patch.object(torch.cuda, "device", Switch)
+    decode_kernel, extend_kernel = _RecordingKernel(current), _RecordingKernel(current)
+    kernels = paged_kernels.PagedKernels(decode_kernel=decode_kernel, extend_kernel=extend_kernel)
+    lengths, out = torch.ones(4, dtype=torch.int64), torch.empty(4, dtype=torch.int64).as_subclass(_OnCuda1)
+    kernels.alloc_decode(lengths, lengths, lengths, 0, out, 16)
+    kernels.alloc_extend(lengths, lengths, lengths, lengths, 0, out, 16)
+    assert decode_kernel.launched_on == [1] and extend_kernel.launched_on == [1] and current == [0]
+    current[0] = 1  # already current: no switch
+    kernels.alloc_decode(lengths, lengths, lengths, 0, out, 16)
+    assert decode_kernel.launched_on == [1, 1]

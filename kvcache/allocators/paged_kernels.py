@@ -13,7 +13,8 @@ where fresh[k] = log[head + k] is a page's first token index and first_fresh[r] 
 number of fresh pages the requests before r take. Decode is the case seq - prefix = 1.
 
 The kernels index their inputs as dense arrays, so the launchers pass strided views as
-contiguous copies (a no-op for the contiguous tensors SGLang's scheduler passes).
+contiguous copies (a no-op for the contiguous tensors SGLang's scheduler passes), and they
+launch on the output's device (Triton would use the current one).
 
 Block sizes are fixed (loops cover any batch), so a kernel compiles once per index dtype, not
 once per batch size; the per-step integers are not specialized on. `triton` is imported only
@@ -23,6 +24,7 @@ same kernels run on CPU tensors: tests/test_paged_kernels.py uses that off the G
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -32,6 +34,16 @@ import torch
 DECODE_BLOCK = 256  # requests per loop step of the decode kernel (one program)
 EXTEND_BLOCK_REQUESTS = 128  # requests per loop step when a program sums the ones before it
 EXTEND_BLOCK_TOKENS = 512  # tokens per loop step of one request's program
+
+
+def on_device_of(out: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
+    """Where a launch must run: Triton launches on the current CUDA device, so an allocator on cuda:1 while
+    cuda:0 is current switches to its own device for the launch (a no-op when it is already current, or on
+    the CPU under Triton's interpreter)."""
+    index = out.get_device()
+    if index < 0 or index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,16 +56,18 @@ class PagedKernels:
     def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor, log: torch.Tensor, head: int,
                      out: torch.Tensor, page_size: int) -> None:
         """out[i] = a fresh page's first index (taken in request order from log[head:]) or last_loc[i] + 1."""
-        self.decode_kernel[(1,)](seq_lens.contiguous(), last_loc.contiguous(), log, head, out, out.numel(), page_size,
-                                 BLOCK=DECODE_BLOCK)
+        with on_device_of(out):
+            self.decode_kernel[(1,)](seq_lens.contiguous(), last_loc.contiguous(), log, head, out, out.numel(),
+                                     page_size, BLOCK=DECODE_BLOCK)
 
     def alloc_extend(self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor, last_loc: torch.Tensor,
                      log: torch.Tensor, head: int, out: torch.Tensor, page_size: int) -> None:
         """out = every new token's index, flat in request order (see the module docstring)."""
         batch = prefix_lens.numel()
-        self.extend_kernel[(batch,)](prefix_lens.contiguous(), seq_lens.contiguous(), last_loc.contiguous(), log, head,
-                                     out, page_size,
-                                     BLOCK_R=EXTEND_BLOCK_REQUESTS, BLOCK_T=EXTEND_BLOCK_TOKENS)
+        with on_device_of(out):
+            self.extend_kernel[(batch,)](prefix_lens.contiguous(), seq_lens.contiguous(), last_loc.contiguous(), log,
+                                         head, out, page_size,
+                                         BLOCK_R=EXTEND_BLOCK_REQUESTS, BLOCK_T=EXTEND_BLOCK_TOKENS)
 
 
 @cache
