@@ -113,6 +113,21 @@ def test_paged_steps_launch_the_same_few_kernels_at_any_pool_size(size: int) -> 
     assert not SYNCING & {*decode, *extend, *segment, *by_id}
 
 
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_a_free_group_copies_each_free_and_ends_in_one_kernel(page_size: int) -> None:
+    """A group of releases: one copy per deferred free (the caller may overwrite its tensor) and one
+    concatenation written straight into the free log at the end (not a cat and then an append)."""
+    a = half_full(PagedTokenToKVPoolAllocator(size=1 << 14, page_size=page_size, device=CPU) if page_size > 1
+                  else TokenToKVPoolAllocator(size=1 << 14, device=CPU))
+    rows = [a.alloc(3 * page_size) for _ in range(3)]
+    free = a.available_size()
+    a.free_group_begin()
+    frees = [kernels(lambda r=r: a.free_segment(r, start_pos=0), a, r) for r in rows]  # type: ignore[misc]
+    end = kernels(a.free_group_end, a)
+    assert frees == [["_to_copy"]] * 3
+    assert end == ["cat"] and a.available_size() == free + 9 * page_size
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_steady_state_steps_never_sync_the_host_on_cuda() -> None:
     dev = torch.device("cuda")

@@ -234,7 +234,7 @@ class FreeListAllocator(SharedAllocatorAPI):
         if repeats:  # data-dependent length: one host sync, as in SGLang's paged free
             exact.append(torch.unique(repeats[0] if len(repeats) == 1 else torch.cat(repeats)))
         if exact:
-            self._log.put(exact[0] if len(exact) == 1 else torch.cat(exact))
+            self._log.put_all(exact)
 
     def free_group_begin(self) -> None:
         self._group.begin()

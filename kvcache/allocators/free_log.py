@@ -5,7 +5,8 @@ kvcache.device_buffers (so they are slots of the worker's arena, counted by the 
 of them active, and host ints head <= tail. The free ids are exactly active[head:tail].
 
 - take(n)  returns the view log[head:head+n] and moves head up: no kernel, no sync.
-- put(xs)  copies xs into log[tail:tail+len] and moves tail up: one kernel, no sync.
+- put(xs)  copies xs into log[tail:tail+len] and moves tail up: one kernel, no sync
+  (put_all: several tensors, concatenated straight into the log, also one kernel).
   When the active log's end is reached, the free ids (at most `capacity`) are copied to
   the front of the OTHER log, which becomes active (a compaction: one copy, at most once
   per `capacity` freed ids, so O(1) amortized per id). No memory is allocated after
@@ -181,6 +182,16 @@ class FreeLog:
         self._tail += n
         if self._is_free is not None:
             self._is_free[dest // self._stride] = True
+
+    def put_all(self, parts: list[torch.Tensor]) -> None:
+        """put() of their concatenation (int64, this device), written straight into the log: one kernel."""
+        n = sum(part.numel() for part in parts)
+        tail = self._tail
+        if self._is_free is None and tail + n <= self._length and tail - self._head + n <= self._capacity:
+            torch.cat(parts, out=self._log[tail:tail + n])
+            self._tail = tail + n
+        elif n:
+            self.put(torch.cat(parts))
 
     def _activate(self, index: int, head: int, tail: int) -> None:
         self._active, self._log, self._head, self._tail = index, self._logs[index], head, tail
