@@ -2,7 +2,8 @@
 
 MLA caches one latent of kv_lora_rank + qk_rope_head_dim per token per layer. V3.2's
 indexer (present when the config has `index_topk`) adds one fp8 key of index_head_dim
-per token per layer with a float32 scale per 128 values, as SGLang 0.5.23 sizes it.
+per token per layer with a float32 scale per 128 values, as SGLang 0.5.23 sizes it; indexer
+settings that make SGLang size that key cache otherwise are refused (`refuse_unmodelled_indexer`).
 Dense MLPs for the first first_k_dense_replace layers, MoE after; NEXTN (MTP) layers
 are numbered after the main ones, as in the checkpoint.
 """
@@ -26,12 +27,36 @@ from kvcache.models.weight_blocks import Indexer, Layer, Linear, MLAttention, No
 from kvcache.models.generic import text_model_type
 
 
+def refuse_unmodelled_indexer(t: ConfigFields) -> None:
+    """Refuse the indexer settings that change SGLang 0.5.23's key cache and are not modelled here: pooled keys
+    (`index_kpool` > 1 divides each token's key bytes) and layers that reuse the previous layer's top-k (they keep
+    no key, by `index_topk_freq`, `index_topk_pattern` "S", `indexer_types` "shared" or `cli_factor`)."""
+    every_layer = ("every layer computes its own top-k and keeps its own indexer key (layers that reuse another's "
+                   "top-k, which SGLang gives no key, are not modelled)")
+    kpool = t.int("index_kpool", default=1, high=MAX_LAYERS)
+    if kpool != 1:
+        t.fail("index_kpool", kpool, "1: one indexer key per token (pooled keys, index_kpool > 1, are not modelled)")
+    if t.flag("index_kpool_compress"):
+        t.fail("index_kpool_compress", True, "false: compressed indexer key pools are not modelled")
+    for name in ("index_topk_freq", "cli_factor"):
+        value = t.int(name, default=1, high=MAX_LAYERS)
+        if value != 1:
+            t.fail(name, value, f"1: {every_layer}")
+    for name, shared in (("index_topk_pattern", "S"), ("indexer_types", "shared")):
+        listed = t.raw.get(name)
+        if listed is not None and not isinstance(listed, (str, list)):
+            t.fail(name, listed, "a string or a list, one entry per layer")
+        if listed is not None and shared in listed:
+            t.fail(name, listed, f"no '{shared}' entry: {every_layer}")
+
+
 def mla_attention(t: ConfigFields, hidden: int, heads: int) -> MLAttention:
     """The MLA block, with V3.2's indexer when `index_topk` is set."""
     q_rank = t.optional_int("q_lora_rank")
     indexer = None
     if t.has("index_topk"):
         t.int("index_topk")
+        refuse_unmodelled_indexer(t)
         if q_rank is None:
             t.fail("q_lora_rank", None, "a positive integer: the sparse-attention indexer reads the q latent")
         index_dim = t.int("index_head_dim", high=MAX_HEAD_DIM)
