@@ -19,10 +19,10 @@ from typing import Any, NoReturn, Sequence
 from app.failures import UsageError, failure_of
 from app.server_args_flags import add_server_args_flags, server_args_values, sizes_read
 from containers import EngineContainer
-from kvcache.byte_units import SIZE_UNITS_HELP
-from kvcache.cards import KNOWN_CARDS, SimulatedCard, card_named, card_of_size
-from kvcache.presets import DEFAULT_PRESET, load_model_config, preset_names
-from kvcache.server_args import ServerArgs, read_settings_file
+from kvcache.inputs.byte_units import SIZE_UNITS_HELP
+from kvcache.inputs.cards import KNOWN_CARDS, SimulatedCard, card_named, card_of_size
+from kvcache.models.presets import DEFAULT_PRESET, load_model_config, preset_names
+from kvcache.inputs.server_args import ServerArgs, read_settings_file
 
 EXIT_OK = 0
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose pipe closed

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from kvcache.model_config import ModelConfig
+from kvcache.models.model_config import ModelConfig
 
 from app.model_runner import ModelRunner
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import msgspec
 
-from kvcache.byte_units import format_bytes
+from kvcache.inputs.byte_units import format_bytes
 from kvcache.errors import ConfigError, DoesNotFitError, PoolOutOfMemoryError
-from kvcache.out_of_memory import is_out_of_memory
+from kvcache.memory.out_of_memory import is_out_of_memory
 
 EXIT_BUG, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 1, 2, 3
 

@@ -20,18 +20,18 @@ from app.weights import parameter_specs
 from app.forward import DecodeBatch, DecodeRequests, Decoder, PoolAttention, build_decoder
 from app.forward.graphs import DecodeGraphs, GraphCapture, decode_graph_batch_sizes
 from app.forward.post_capture import apply_post_capture_resize
-from kvcache.device_buffers import cuda_backing
-from kvcache.runtime import PostCaptureKVResize
-from kvcache.vmm_storage import VmmBacking
-from kvcache.byte_units import MiB, format_bytes
-from kvcache.cards import CUDA_KERNEL_LOAD_BYTES
+from kvcache.memory.device_buffers import cuda_backing
+from kvcache.runtime.resize import PostCaptureKVResize
+from kvcache.memory.vmm_storage import VmmBacking
+from kvcache.inputs.byte_units import MiB, format_bytes
+from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.errors import KVCacheError, WeightsDoNotFitError
-from kvcache.layer_specs import tensor_parallel_sizes
-from kvcache.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
-from kvcache.memory_probe import MemoryProbe
-from kvcache.model_config import ModelConfig
-from kvcache.parallel import ParallelState
+from kvcache.sizing.layer_specs import tensor_parallel_sizes
+from kvcache.memory.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
+from kvcache.memory.memory_probe import MemoryProbe
+from kvcache.models.model_config import ModelConfig
+from kvcache.inputs.parallel import ParallelState
 
 
 class ModelRunner:

@@ -22,10 +22,10 @@ from typing import Iterator, Mapping
 import torch
 import torch.distributed as dist
 
-from kvcache.devices import resolve_device
+from kvcache.inputs.devices import resolve_device
 from kvcache.errors import ConfigError
-from kvcache.parallel import ParallelState, ProcessGroups, group_ranks
-from kvcache.server_args import ServerArgs
+from kvcache.inputs.parallel import ParallelState, ProcessGroups, group_ranks
+from kvcache.inputs.server_args import ServerArgs
 
 # How long a rank waits for the others at one collective before giving up (torch's default is 10 minutes;
 # a start-up step that takes this long means a rank died).

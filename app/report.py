@@ -8,8 +8,8 @@ import msgspec
 
 from app.engine import Engine
 from app.model_runner import ModelRunner
-from kvcache.byte_units import format_bytes
-from kvcache.dtypes import model_dtype_name
+from kvcache.inputs.byte_units import format_bytes
+from kvcache.inputs.dtypes import model_dtype_name
 
 
 class WorkerReport(msgspec.Struct, frozen=True, kw_only=True):

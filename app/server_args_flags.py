@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 from msgspec import inspect as mi
 
-from kvcache.byte_units import parse_bytes
+from kvcache.inputs.byte_units import parse_bytes
 from kvcache.errors import ConfigError
-from kvcache.server_args import ServerArgs
+from kvcache.inputs.server_args import ServerArgs
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.cli import main  # noqa: E402
-from kvcache.presets import preset_names  # noqa: E402
+from kvcache.models.presets import preset_names  # noqa: E402
 
 HEAVY: list[list[str]] = [
     ["DeepSeek-V3", "--tp-size", "8", "--speculative-algorithm", "NEXTN"],

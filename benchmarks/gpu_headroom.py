@@ -44,9 +44,9 @@ def one_case(model: str, extra: dict[str, Any], card_name: str) -> dict[str, Any
     import torch
 
     from containers import EngineContainer
-    from kvcache.cards import card_named
-    from kvcache.presets import load_model_config
-    from kvcache.server_args import ServerArgs
+    from kvcache.inputs.cards import card_named
+    from kvcache.models.presets import load_model_config
+    from kvcache.inputs.server_args import ServerArgs
 
     device = torch.device("cuda", 0)
     free_at_context, total = (int(x) for x in torch.cuda.mem_get_info(device))

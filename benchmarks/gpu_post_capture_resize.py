@@ -25,8 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from containers import EngineContainer  # noqa: E402
-from kvcache.presets import load_model_config  # noqa: E402
-from kvcache.server_args import ServerArgs  # noqa: E402
+from kvcache.models.presets import load_model_config  # noqa: E402
+from kvcache.inputs.server_args import ServerArgs  # noqa: E402
 
 GIB = 1 << 30
 
@@ -40,7 +40,7 @@ def smoke() -> dict[str, Any]:
     """The kernel against the torch reference on random pools, and a VMM allocation released in part."""
     from app.forward.paged_attention import paged_decode_attention_torch
     from app.forward.triton_decode import paged_decode_attention_triton
-    from kvcache.vmm_storage import VmmAllocation
+    from kvcache.memory.vmm_storage import VmmAllocation
 
     out: dict[str, Any] = {}
     g = torch.Generator(device="cuda").manual_seed(0)

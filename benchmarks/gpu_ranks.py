@@ -56,8 +56,8 @@ def one_case(name: str, model: str, extra: dict[str, Any], device_kind: str) -> 
     """Bootstrap one case on this rank; the imbalance case holds an extra buffer on rank 1 first."""
     from containers import EngineContainer
     from kvcache.errors import KVCacheError
-    from kvcache.presets import load_model_config
-    from kvcache.server_args import ServerArgs
+    from kvcache.models.presets import load_model_config
+    from kvcache.inputs.server_args import ServerArgs
 
     engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": device_kind, **extra}),
                              model_config=load_model_config(model))

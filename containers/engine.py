@@ -7,16 +7,16 @@ from dependency_injector import containers, providers
 from app.engine import Engine, draft_runner_for
 from app.parallel_setup import parallel_state_resource
 from kvcache.configurator import SharedTargetCache
-from kvcache.devices import resolve_device
-from kvcache.draft_pairing import paired_draft
-from kvcache.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
-from kvcache.memory_probe import probe_for_device
-from kvcache.model_config import ModelConfig
-from kvcache.model_page_size import note_on_page_size, with_model_page_size
-from kvcache.pool_layout import DRAFT_POOL_PREFIX, draft_cache_layout
-from kvcache.presets import load_model_config
-from kvcache.server_args import ServerArgs
-from kvcache.speculative_defaults import with_speculative_defaults
+from kvcache.inputs.devices import resolve_device
+from kvcache.models.draft_pairing import paired_draft
+from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
+from kvcache.memory.memory_probe import probe_for_device
+from kvcache.models.model_config import ModelConfig
+from kvcache.models.model_page_size import note_on_page_size, with_model_page_size
+from kvcache.sizing.pool_layout import DRAFT_POOL_PREFIX, draft_cache_layout
+from kvcache.models.presets import load_model_config
+from kvcache.inputs.server_args import ServerArgs
+from kvcache.inputs.speculative_defaults import with_speculative_defaults
 
 from containers.worker import WorkerContainer
 
@@ -44,7 +44,7 @@ class EngineContainer(containers.DeclarativeContainer):
     kv_cache_dtype = providers.Callable(resolve_kv_cache_dtype, server_args.provided.kv_cache_dtype, model_dtype)
 
     # The one place the speculative algorithm is read: no draft, the target's own MTP layer, or a checkpoint.
-    draft_checkpoint = providers.Callable(  # checked against the target (kvcache.draft_pairing)
+    draft_checkpoint = providers.Callable(  # checked against the target (kvcache.models.draft_pairing)
         paired_draft, providers.Callable(load_model_config, server_args.provided.speculative_draft_model),
         target=model_config, algorithm=server_args.provided.speculative_algorithm)
     draft_model_config = providers.Selector(

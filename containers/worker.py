@@ -6,15 +6,15 @@ import torch
 from dependency_injector import containers, providers
 
 from app.model_runner import ModelRunner
-from kvcache.allocator_factory import allocator_for_plan
+from kvcache.allocators.factory import allocator_for_plan
 from kvcache.configurator import KVCacheConfigurator
-from kvcache.dtypes import KVCacheDtype
-from kvcache.memory_probe import MemoryProbe
-from kvcache.model_config import ModelConfig
-from kvcache.parallel import ParallelState
-from kvcache.server_args import ServerArgs
-from kvcache.sizing_settings import SizingSettings
-from kvcache.streams import forward_stream_for
+from kvcache.inputs.dtypes import KVCacheDtype
+from kvcache.memory.memory_probe import MemoryProbe
+from kvcache.models.model_config import ModelConfig
+from kvcache.inputs.parallel import ParallelState
+from kvcache.inputs.server_args import ServerArgs
+from kvcache.inputs.sizing_settings import SizingSettings
+from kvcache.runtime.streams import forward_stream_for
 
 
 class WorkerContainer(containers.DeclarativeContainer):

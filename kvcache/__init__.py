@@ -1,5 +1,7 @@
 """kvcache: size an LLM engine's KV cache from a model config and a memory budget, then build it.
 
 The domain package: plain Python, torch and msgspec. It never imports
-dependency_injector, app or containers (see DESIGN.md).
+dependency_injector, app or containers (see DESIGN.md). One folder per stage, in the order
+start-up runs them: inputs, models, memory, sizing, pools, allocators, runtime; the configurator
+on top (README's Layout says what each holds).
 """

@@ -14,26 +14,26 @@ from typing import Any
 import msgspec
 import torch
 
-from kvcache.advice import suggest_fixes, suggest_kv_cache_memory
+from kvcache.sizing.advice import suggest_fixes, suggest_kv_cache_memory
 from kvcache.allocators.protocol import AllocatorFactory, TokenAllocator
-from kvcache.device_buffers import Arena
-from kvcache.dtypes import KV_CACHE_DTYPES, KVCacheDtype
+from kvcache.memory.device_buffers import Arena
+from kvcache.inputs.dtypes import KV_CACHE_DTYPES, KVCacheDtype
 from kvcache.errors import ConfigError, DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
-from kvcache.memory_budget import MemoryBudget, compute_budget, derive_mem_fraction_static
-from kvcache.memory_probe import MemoryProbe
-from kvcache.model_config import ModelConfig
-from kvcache.parallel import ParallelState
-from kvcache.planning import PlanRequest, plan_pool_sizes
-from kvcache.pool_builder import KVPool, WorkerPools, build_worker_pools
-from kvcache.pool_config import MemoryPoolConfig
-from kvcache.pool_layout import CacheLayout, worker_cache_layout
+from kvcache.memory.memory_budget import MemoryBudget, compute_budget, derive_mem_fraction_static
+from kvcache.memory.memory_probe import MemoryProbe
+from kvcache.models.model_config import ModelConfig
+from kvcache.inputs.parallel import ParallelState
+from kvcache.sizing.planning import PlanRequest, plan_pool_sizes
+from kvcache.pools.builder import KVPool, WorkerPools, build_worker_pools
+from kvcache.sizing.pool_config import MemoryPoolConfig
+from kvcache.sizing.pool_layout import CacheLayout, worker_cache_layout
 from kvcache.pools import RecurrentStatePool, ReqToTokenPool
-from kvcache.runtime_reserve import RuntimeShape, default_mem_fraction_static
+from kvcache.memory.runtime_reserve import RuntimeShape, default_mem_fraction_static
 from kvcache.runtime.eligibility import PostCaptureEligibility, post_capture_eligibility, post_capture_reserve_mib
-from kvcache.sizing_settings import SizingSettings
-from kvcache.speculative_defaults import default_max_running_requests
-from kvcache.state_slots import state_slots_per_request
-from kvcache.streams import ForwardStream
+from kvcache.inputs.sizing_settings import SizingSettings
+from kvcache.inputs.speculative_defaults import default_max_running_requests
+from kvcache.sizing.state_slots import state_slots_per_request
+from kvcache.runtime.streams import ForwardStream
 
 
 class KVCacheConfigResult(msgspec.Struct, frozen=True, kw_only=True, eq=False):
@@ -119,7 +119,7 @@ class KVCacheConfigurator:
         )
 
     def mem_fraction_static(self, total_bytes: int | None = None) -> float:
-        """The user's value, or SGLang's rule for this card (or one of total_bytes; kvcache.runtime_reserve)."""
+        """The user's value, or SGLang's rule for this card (or one of total_bytes; kvcache.memory.runtime_reserve)."""
         s, p = self.settings, self.parallel_state
         if s.mem_fraction_static is not None:
             return s.mem_fraction_static

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvcache.byte_units import format_bytes
+from kvcache.inputs.byte_units import format_bytes
 
 
 class KVCacheError(Exception):

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from containers import EngineContainer
-from kvcache.cards import SimulatedCard
-from kvcache.memory_probe import MemoryProbe
-from kvcache.model_config import ModelConfig
-from kvcache.presets import load_model_config
-from kvcache.server_args import ServerArgs
+from kvcache.inputs.cards import SimulatedCard
+from kvcache.memory.memory_probe import MemoryProbe
+from kvcache.models.model_config import ModelConfig
+from kvcache.models.presets import load_model_config
+from kvcache.inputs.server_args import ServerArgs
 from kvcache.testing import tiny_model_config
 
 EngineFactory = Callable[..., EngineContainer]

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from app.cli import main
-from kvcache import device_buffers
+from kvcache.memory import device_buffers
 
 NEEDS_GLOO = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="this torch build has no gloo process groups")

@@ -12,10 +12,10 @@ import json
 import pytest
 
 from app.cli import main
-from kvcache.advice import round_shorter_contexts
-from kvcache.byte_units import GiB
-from kvcache.memory_budget import MemoryBudget
-from kvcache.planning import KVPoolDemand, PlanRequest
+from kvcache.sizing.advice import round_shorter_contexts
+from kvcache.inputs.byte_units import GiB
+from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.sizing.planning import KVPoolDemand, PlanRequest
 
 LLAMA_ON_L4 = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "L4"]
 QWEN3_NEXT_ON_L4 = ["plan", "--model", "Qwen3-Next-80B-A3B-Thinking", "--gpu", "L4", "--tp-size", "8"]

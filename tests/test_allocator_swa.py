@@ -7,7 +7,7 @@ import torch
 
 from kvcache.allocators import SWATokenToKVPoolAllocator, allocator_index_bytes
 from sglang_calls import decode, extend
-from kvcache.device_buffers import allocation_size
+from kvcache.memory.device_buffers import allocation_size
 
 
 def make(full: int = 16, swa: int = 8, page_size: int = 1, check_frees: bool = True) -> SWATokenToKVPoolAllocator:

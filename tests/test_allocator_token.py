@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcache import device_buffers
+from kvcache.memory import device_buffers
 from kvcache.allocators import TokenToKVPoolAllocator, allocator_index_bytes
-from kvcache.byte_units import MiB
-from kvcache.device_buffers import Arena
+from kvcache.inputs.byte_units import MiB
+from kvcache.memory.device_buffers import Arena
 
 CPU = torch.device("cpu")
 

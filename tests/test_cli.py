@@ -14,7 +14,7 @@ import torch
 import app.cli as cli
 
 from app.cli import main
-from kvcache.byte_units import GiB
+from kvcache.inputs.byte_units import GiB
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED_KEYS = {"model", "device", "model_dtype", "kv_cache_dtype", "page_size", "bytes_per_token",

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 import app.cli as cli
-import kvcache.memory_probe as memory_probe
+import kvcache.memory.memory_probe as memory_probe
 from app.cli import build_parser, main
 from app.server_args_flags import server_args_fields
 from containers import EngineContainer
-from kvcache.byte_units import GiB, MiB, parse_bytes
+from kvcache.inputs.byte_units import GiB, MiB, parse_bytes
 from kvcache.errors import ConfigError, DoesNotFitError
-from kvcache.memory_probe import FixedMemoryProbe
-from kvcache.server_args import ServerArgs
+from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.inputs.server_args import ServerArgs
 from kvcache.testing import tiny_model_config
 
 

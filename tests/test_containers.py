@@ -9,10 +9,10 @@ import torch
 from dependency_injector import errors, providers
 
 from containers import EngineContainer, WorkerContainer
-from kvcache.byte_units import GiB, MiB
+from kvcache.inputs.byte_units import GiB, MiB
 from kvcache.configurator import KVCacheConfigurator
-from kvcache.memory_probe import FixedMemoryProbe, HostMemoryProbe, MemoryProbe
-from kvcache.parallel import ParallelState
+from kvcache.memory.memory_probe import FixedMemoryProbe, HostMemoryProbe, MemoryProbe
+from kvcache.inputs.parallel import ParallelState
 from kvcache.testing import RecordingAllocator, RecordingStream
 
 

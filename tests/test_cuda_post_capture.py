@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from containers import EngineContainer
-from kvcache.presets import load_model_config
-from kvcache.server_args import ServerArgs
+from kvcache.models.presets import load_model_config
+from kvcache.inputs.server_args import ServerArgs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def test_a_vmm_allocation_releases_what_is_not_kept_and_keeps_its_bytes():
-    from kvcache.vmm_storage import VmmAllocation
+    from kvcache.memory.vmm_storage import VmmAllocation
 
     alloc = VmmAllocation(64 << 20, torch.device("cuda"), chunk_bytes=16 << 20)
     view = alloc.view(0, 64 << 20)
@@ -64,8 +64,8 @@ def test_an_engine_bootstrap_with_the_knob_on_captures_and_resizes(max_bs):
 
 
 def test_a_remap_that_fails_on_the_driver_leaves_every_byte_mapped_and_the_kept_bytes_intact():
-    from kvcache.cuda_virtual_memory import CudaVirtualMemory
-    from kvcache.vmm_storage import VmmAllocation, VmmError
+    from kvcache.memory.cuda_virtual_memory import CudaVirtualMemory
+    from kvcache.memory.vmm_storage import VmmAllocation, VmmError
 
     class FailingMap(CudaVirtualMemory):
         armed = False

@@ -9,11 +9,11 @@ import pytest
 
 from app.cli import main
 from containers import EngineContainer
-from kvcache.draft_pairing import check_draft_pairing
+from kvcache.models.draft_pairing import check_draft_pairing
 from kvcache.errors import ConfigError
-from kvcache.model_config import ModelConfig
-from kvcache.presets import PRESET_DIR, load_model_config
-from kvcache.server_args import ServerArgs
+from kvcache.models.model_config import ModelConfig
+from kvcache.models.presets import PRESET_DIR, load_model_config
+from kvcache.inputs.server_args import ServerArgs
 
 EAGLE3_HEAD = "EAGLE3-LLaMA3.1-Instruct-8B"  # hidden 4,096, vocab 128,256, draft_vocab_size 32,000
 

@@ -13,17 +13,17 @@ import pytest
 import torch
 
 from containers import EngineContainer
-from kvcache.byte_units import GiB
-from kvcache.dsa_latent import DSAFp8Latent
-from kvcache.dtypes import KV_CACHE_DTYPES
+from kvcache.inputs.byte_units import GiB
+from kvcache.sizing.dsa_latent import DSAFp8Latent
+from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.errors import ConfigError
-from kvcache.layer_specs import MLASpec
-from kvcache.memory_probe import FixedMemoryProbe
-from kvcache.model_config import ModelConfig
-from kvcache.parallel import ParallelState
-from kvcache.pool_layout import worker_cache_layout
+from kvcache.sizing.layer_specs import MLASpec
+from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.models.model_config import ModelConfig
+from kvcache.inputs.parallel import ParallelState
+from kvcache.sizing.pool_layout import worker_cache_layout
 from kvcache.pools import MLATokenToKVPool
-from kvcache.server_args import ServerArgs
+from kvcache.inputs.server_args import ServerArgs
 
 CORPUS = Path(__file__).with_name("model_corpus")
 CPU = torch.device("cpu")

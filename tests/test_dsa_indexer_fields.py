@@ -16,7 +16,7 @@ import pytest
 
 from app.cli import main
 from kvcache.errors import ModelConfigFieldError
-from kvcache.model_config import ModelConfig
+from kvcache.models.model_config import ModelConfig
 
 V32 = json.loads((Path(__file__).with_name("model_corpus") / "DeepSeek-V3.2.json").read_text())
 LAYERS = V32["num_hidden_layers"]

@@ -17,11 +17,11 @@ import torch
 from app.forward import ContextFullError, DecodeBatch, UnknownRequestError, DecodeRequests, PoolAttention, build_decoder, paged_decode_attention_torch
 from app.weights import parameter_specs
 from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvcache.dtypes import KV_CACHE_DTYPES
+from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.errors import UnsupportedModelError
-from kvcache.model_config import ModelConfig
+from kvcache.models.model_config import ModelConfig
 from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
-from kvcache.presets import load_model_config
+from kvcache.models.presets import load_model_config
 from kvcache.testing import TINY_MODEL_HF_CONFIG, tiny_model_config
 
 CPU = torch.device("cpu")

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from kvcache.cards import card_named
-from kvcache.rank_agreement import RankAgreement
+from kvcache.inputs.cards import card_named
+from kvcache.runtime.rank_agreement import RankAgreement
 
 
 def test_the_derived_fraction_uses_the_ranks_smallest_card(make_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,10 +8,10 @@ import torch
 
 from containers import EngineContainer
 from kvcache.allocators import SWATokenToKVPoolAllocator
-from kvcache.byte_units import GiB, MiB
-from kvcache.memory_probe import FixedMemoryProbe
+from kvcache.inputs.byte_units import GiB, MiB
+from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.pools import HybridSWAKVPool
-from kvcache.presets import preset_names
+from kvcache.models.presets import preset_names
 
 
 @pytest.fixture

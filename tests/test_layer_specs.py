@@ -1,6 +1,6 @@
 """Layer specs: a rank's cache bytes per token (and per request, for recurrent state), by hand.
 
-Every number below is worked out from the model's published config.json (kvcache/presets/):
+Every number below is worked out from the model's published config.json (kvcache/models/presets/):
 bytes per token = sum over this rank's KV layers of K + V elements x element bytes
 (MLA: one latent of kv_lora_rank + qk_rope_head_dim); state bytes per request = sum over
 state layers of conv window (model dtype) + SSM state (--mamba-ssm-dtype, float32 by default).
@@ -13,14 +13,14 @@ from collections import Counter
 import pytest
 import torch
 
-from kvcache.dtypes import KV_CACHE_DTYPES, KVCacheDtype, resolve_kv_cache_dtype, resolve_model_dtype
+from kvcache.inputs.dtypes import KV_CACHE_DTYPES, KVCacheDtype, resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.errors import ConfigError
-from kvcache.layer_specs import (
+from kvcache.sizing.layer_specs import (
     FullAttentionSpec, LayerPlacement, MLASpec, RecurrentStateSpec, SlidingWindowSpec, model_layer_specs,
 )
-from kvcache.model_config import ModelConfig
-from kvcache.parallel import ParallelState
-from kvcache.presets import load_model_config
+from kvcache.models.model_config import ModelConfig
+from kvcache.inputs.parallel import ParallelState
+from kvcache.models.presets import load_model_config
 from kvcache.testing import tiny_model_config
 
 

@@ -12,11 +12,11 @@ import pytest
 
 from kvcache.models.registry import FAMILIES
 from kvcache.errors import ConfigError, UnsupportedModelError
-from kvcache.model_config import ModelConfig
-from kvcache.presets import PRESET_DIR, load_model_config, preset_names
+from kvcache.models.model_config import ModelConfig
+from kvcache.models.presets import PRESET_DIR, load_model_config, preset_names
 
 # name: (layers, {kind: count}, head_dim, kv heads, max_position_embeddings, checkpoint dtype, window)
-# all taken from the published config.json files in kvcache/presets/
+# all taken from the published config.json files in kvcache/models/presets/
 EXPECTED: dict[str, tuple[int, dict[str, int], int, int, int, str | None, int | None]] = {
     "SmolLM2-135M": (30, {"full_attention": 30}, 576 // 9, 3, 8192, "bfloat16", None),
     "Llama-3.2-1B-Instruct": (16, {"full_attention": 16}, 64, 8, 131072, "bfloat16", None),

@@ -15,13 +15,13 @@ import pytest
 from app.cli import main
 from app.weights import count_parameters
 from containers import EngineContainer
-from kvcache.byte_units import GiB
-from kvcache.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
-from kvcache.layer_specs import RecurrentStateSpec, model_layer_specs
-from kvcache.memory_probe import FixedMemoryProbe
-from kvcache.model_config import ModelConfig
-from kvcache.parallel import ParallelState
-from kvcache.server_args import ServerArgs
+from kvcache.inputs.byte_units import GiB
+from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
+from kvcache.sizing.layer_specs import RecurrentStateSpec, model_layer_specs
+from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.models.model_config import ModelConfig
+from kvcache.inputs.parallel import ParallelState
+from kvcache.inputs.server_args import ServerArgs
 
 CORPUS = Path(__file__).with_name("model_corpus")
 REFUSED = {"DeepSeek-V4-Flash": "compressed sparse attention", "gemma-4-26B-A4B": "own head_dim and KV sharing"}

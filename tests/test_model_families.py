@@ -7,11 +7,11 @@ from pathlib import Path
 import torch
 
 from app.weights import parameter_specs
-from kvcache.dtypes import KV_CACHE_DTYPES
-from kvcache.layer_specs import MLASpec
-from kvcache.model_config import ModelConfig
-from kvcache.parallel import ParallelState
-from kvcache.pool_layout import worker_cache_layout
+from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+from kvcache.sizing.layer_specs import MLASpec
+from kvcache.models.model_config import ModelConfig
+from kvcache.inputs.parallel import ParallelState
+from kvcache.sizing.pool_layout import worker_cache_layout
 from kvcache.pools import MLATokenToKVPool
 
 CORPUS = Path(__file__).with_name("model_corpus")

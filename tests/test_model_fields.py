@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from app.cli import main
 from kvcache.errors import ConfigError, ModelConfigFieldError, UnsupportedModelError
-from kvcache.model_config import ModelConfig
-from kvcache.presets import PRESET_DIR, preset_names
+from kvcache.models.model_config import ModelConfig
+from kvcache.models.presets import PRESET_DIR, preset_names
 
 LLAMA = "Llama-3.1-8B-Instruct"
 

@@ -8,11 +8,11 @@ import weakref
 import pytest
 import torch
 
-from kvcache import device_buffers
-from kvcache.byte_units import GiB, MiB
+from kvcache.memory import device_buffers
+from kvcache.inputs.byte_units import GiB, MiB
 from kvcache.errors import KVCacheError, PoolBuildError, WeightsDoNotFitError
-from kvcache.memory_probe import FixedMemoryProbe
-from kvcache.presets import load_model_config
+from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.models.presets import load_model_config
 
 
 def test_the_runner_keeps_what_sglang_keeps(make_engine) -> None:
@@ -114,8 +114,8 @@ def test_a_pool_build_failing_part_way_frees_everything(make_engine, monkeypatch
 
 def test_pools_that_fail_to_build_leave_nothing_to_resize() -> None:
     from app.model_runner import ModelRunner
-    from kvcache.parallel import ParallelState
-    from kvcache.runtime import PostCaptureEligibility
+    from kvcache.inputs.parallel import ParallelState
+    from kvcache.runtime.eligibility import PostCaptureEligibility
 
     class ResizableButFails:
         def post_capture_resize(self) -> PostCaptureEligibility:

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvcache.model_config import ModelConfig
+from kvcache.models.model_config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted([*ROOT.glob("kvcache/presets/*.json"), *ROOT.glob("tests/model_corpus/*.json")])
+CONFIGS = sorted([*ROOT.glob("kvcache/models/presets/*.json"), *ROOT.glob("tests/model_corpus/*.json")])
 SKIP = {"EAGLE3-LLaMA3.1-Instruct-8B", "DeepSeek-V4-Flash", "gemma-4-26B-A4B"}
 # Known, explained gaps: Zamba-2's per-layer LoRA adapters on its shared blocks are not modelled;
 # SigLIP's patch-conv bias and position table are approximated in Gemma-3's vision tower.

@@ -9,16 +9,16 @@ from typing import Any
 import pytest
 import torch
 
-from kvcache import device_buffers
+from kvcache.memory import device_buffers
 from kvcache.allocators import TokenToKVPoolAllocator
-from kvcache.byte_units import GiB, MiB
-from kvcache.device_buffers import Arena, arena_size
+from kvcache.inputs.byte_units import GiB, MiB
+from kvcache.memory.device_buffers import Arena, arena_size
 from kvcache.errors import ConfigError, PlanMismatchError
-from kvcache.memory_probe import FixedMemoryProbe
-from kvcache.planning import candidate_plan, plan_cost, plan_pool_sizes
+from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.sizing.planning import candidate_plan, plan_cost, plan_pool_sizes
 from kvcache.pools import MHATokenToKVPool
-from kvcache.dtypes import KV_CACHE_DTYPES
-from kvcache.presets import load_model_config
+from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+from kvcache.models.presets import load_model_config
 from kvcache.testing import tiny_model_config
 
 META = torch.device("meta")
@@ -143,7 +143,7 @@ def test_fp4_refuses_head_dims_it_cannot_pack(make_engine: Any, head_dim: int) -
 def test_a_dry_run_charges_the_kernels_that_load_with_the_weights_once(make_engine: Any) -> None:
     """H200 (measured): 150,109,880,320 B in all, 650,969,088 B of context before weights load, and
     96,468,992 B more once the first weights are filled; two workers' weights pay it once."""
-    from kvcache.cards import card_named
+    from kvcache.inputs.cards import card_named
 
     engine = make_engine(model="Llama-3.1-8B-Instruct", device="meta", card=card_named("H200"),
                          speculative_algorithm="EAGLE3", speculative_draft_model="EAGLE3-LLaMA3.1-Instruct-8B")

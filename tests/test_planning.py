@@ -1,6 +1,6 @@
 """plan_pool_sizes: tokens, requests and every buffer's bytes, by hand and through the configurator.
 
-Each buffer is a slot of its worker's one arena, S(n) = kvcache.device_buffers.slot_size: n
+Each buffer is a slot of its worker's one arena, S(n) = kvcache.memory.device_buffers.slot_size: n
 rounded up to 512 B; the arena is the slots' sum rounded up to 2 MiB (at least 10 MiB). The
 allocator's index is a free log of two int64 per page (per token at page_size 1), plus, with a
 paired sliding-window pool, its free log and one int64 per full-pool row.
@@ -17,26 +17,26 @@ import msgspec
 import pytest
 import torch
 
-from kvcache.byte_units import GiB, MiB
+from kvcache.inputs.byte_units import GiB, MiB
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
-from kvcache.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
+from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.errors import (
     BudgetBelowOnePageError, BudgetBelowOneRequestError, DoesNotFitError, KVCacheMemoryTooLargeError,
     WeightsLeaveNoRoomError,
 )
-from kvcache.memory_budget import MemoryBudget
-from kvcache.parallel import ParallelState
-from kvcache.planning import (
+from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.inputs.parallel import ParallelState
+from kvcache.sizing.planning import (
     KVPoolDemand, PlanRequest, StateDemand, align_down, plan_cost, plan_pool_sizes, running_requests,
 )
-from kvcache.pool_config import MemoryPoolConfig
-from kvcache.device_buffers import arena_size, slot_size
-from kvcache.pool_layout import DRAFT_POOL_PREFIX, worker_cache_layout
-from kvcache.presets import load_model_config
-from kvcache.server_args import ServerArgs
-from kvcache.sizing_settings import SizingSettings
-from kvcache.streams import HostStream
-from kvcache.allocator_factory import allocator_for_plan
+from kvcache.sizing.pool_config import MemoryPoolConfig
+from kvcache.memory.device_buffers import arena_size, slot_size
+from kvcache.sizing.pool_layout import DRAFT_POOL_PREFIX, worker_cache_layout
+from kvcache.models.presets import load_model_config
+from kvcache.inputs.server_args import ServerArgs
+from kvcache.inputs.sizing_settings import SizingSettings
+from kvcache.runtime.streams import HostStream
+from kvcache.allocators.factory import allocator_for_plan
 from kvcache.testing import FixedMemoryProbe
 
 META = torch.device("meta")

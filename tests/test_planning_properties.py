@@ -21,24 +21,24 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from kvcache.allocators.footprint import allocator_index_bytes
-from kvcache.byte_units import GiB, KiB, MiB
+from kvcache.inputs.byte_units import GiB, KiB, MiB
 from kvcache.configurator import KVCacheConfigurator
-from kvcache.device_buffers import LARGE_ROUND
-from kvcache.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
+from kvcache.memory.device_buffers import LARGE_ROUND
+from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, ConfigError, DoesNotFitError
-from kvcache.layer_specs import check_tensor_parallel
-from kvcache.memory_budget import MemoryBudget
-from kvcache.model_config import ModelConfig
-from kvcache.parallel import ParallelState
-from kvcache.planning import (
+from kvcache.sizing.layer_specs import check_tensor_parallel
+from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.models.model_config import ModelConfig
+from kvcache.inputs.parallel import ParallelState
+from kvcache.sizing.planning import (
     KVPoolDemand, PlanRequest, StateDemand, align_down, align_up, plan_cost, plan_pool_sizes, running_requests,
 )
-from kvcache.pool_config import REQ_TO_TOKEN_ELEMENT_BYTES, MemoryPoolConfig
-from kvcache.presets import load_model_config
-from kvcache.server_args import ServerArgs
-from kvcache.sizing_settings import SizingSettings
-from kvcache.streams import HostStream
-from kvcache.allocator_factory import allocator_for_plan
+from kvcache.sizing.pool_config import REQ_TO_TOKEN_ELEMENT_BYTES, MemoryPoolConfig
+from kvcache.models.presets import load_model_config
+from kvcache.inputs.server_args import ServerArgs
+from kvcache.inputs.sizing_settings import SizingSettings
+from kvcache.runtime.streams import HostStream
+from kvcache.allocators.factory import allocator_for_plan
 from kvcache.testing import FixedMemoryProbe
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

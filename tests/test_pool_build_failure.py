@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from kvcache import device_buffers
-from kvcache.byte_units import GiB, MiB
+from kvcache.memory import device_buffers
+from kvcache.inputs.byte_units import GiB, MiB
 from kvcache.errors import PoolBuildError, PoolOutOfMemoryError
-from kvcache.memory_probe import FixedMemoryProbe
+from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.testing import FailingAllocatorFactory
 
 
@@ -94,7 +94,7 @@ def test_only_the_device_refusing_memory_mid_build_becomes_out_of_memory(
         error: BaseException, make_engine: Any, mocker: Any) -> None:
     engine = make_engine(kv_cache_memory=64 * MiB)
     engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
-    mocker.patch("kvcache.pool_builder.Arena", side_effect=error)
+    mocker.patch("kvcache.pools.builder.Arena", side_effect=error)
     with pytest.raises(PoolOutOfMemoryError, match="failed part-way on cpu") as caught:
         engine.target.configurator().configure(pre_model_load_memory=GiB)
     assert caught.value.__cause__ is error
@@ -106,7 +106,7 @@ def test_a_runtime_error_that_is_not_out_of_memory_is_raised_as_itself(
     """It used to be read as out of memory (exit 3, 'lower --mem-fraction-static') whatever it said."""
     engine = make_engine(kv_cache_memory=64 * MiB)
     engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
-    mocker.patch("kvcache.pool_builder.Arena", side_effect=error)
+    mocker.patch("kvcache.pools.builder.Arena", side_effect=error)
     with pytest.raises(type(error)) as caught:
         engine.target.configurator().configure(pre_model_load_memory=GiB)
     assert caught.value is error and not isinstance(caught.value, PoolBuildError)

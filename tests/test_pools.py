@@ -8,11 +8,11 @@ import weakref
 import pytest
 import torch
 
-from kvcache.device_buffers import allocation_size
-from kvcache.dtypes import KV_CACHE_DTYPES
-from kvcache.layer_specs import RecurrentStateSpec
+from kvcache.memory.device_buffers import allocation_size
+from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+from kvcache.sizing.layer_specs import RecurrentStateSpec
 from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool, RecurrentStatePool, ReqToTokenPool
-from kvcache import device_buffers as buffers
+from kvcache.memory import device_buffers as buffers
 from kvcache.pools.codec import dequantize_fp4, quantize_fp4
 
 CPU = torch.device("cpu")

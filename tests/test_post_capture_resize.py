@@ -1,6 +1,6 @@
 """Post-capture KV resize, the pure part: who may resize, the fraction a plan starts from, the smaller plan.
 
-Numbers are worked by hand from the planner's formula (kvcache.planning) and SGLang 0.5.23's
+Numbers are worked by hand from the planner's formula (kvcache.sizing.planning) and SGLang 0.5.23's
 reserves: 1536 MiB + tp * pp / 8 GiB when post-capture sizing is planned.
 """
 
@@ -12,26 +12,24 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kvcache.byte_units import GiB, MiB
+from kvcache.inputs.byte_units import GiB, MiB
 from kvcache.configurator import KVCacheConfigurator
-from kvcache.dtypes import KV_CACHE_DTYPES, resolve_kv_cache_dtype, resolve_model_dtype
-from kvcache.memory_budget import MemoryBudget
-from kvcache.parallel import ParallelState
-from kvcache.planning import KVPoolDemand, PlanRequest, plan_cost, plan_pool_sizes
-from kvcache.pool_layout import worker_cache_layout
-from kvcache.presets import load_model_config
-from kvcache.runtime import (
-    compute_post_capture_kv_resize, is_post_capture_kv_active, post_capture_eligibility,
-    post_capture_headroom_bytes, post_capture_reserve_mib, resized_plan_request,
-)
+from kvcache.inputs.dtypes import KV_CACHE_DTYPES, resolve_kv_cache_dtype, resolve_model_dtype
+from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.inputs.parallel import ParallelState
+from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_cost, plan_pool_sizes
+from kvcache.sizing.pool_layout import worker_cache_layout
+from kvcache.models.presets import load_model_config
+from kvcache.runtime.resize import compute_post_capture_kv_resize, post_capture_headroom_bytes, resized_plan_request
+from kvcache.runtime.eligibility import is_post_capture_kv_active, post_capture_eligibility, post_capture_reserve_mib
 from kvcache.runtime.resize import PostCaptureResizeError
-from kvcache.server_args import ServerArgs
-from kvcache.sizing_settings import SizingSettings
-from kvcache.streams import HostStream
-from kvcache.allocator_factory import allocator_for_plan
+from kvcache.inputs.server_args import ServerArgs
+from kvcache.inputs.sizing_settings import SizingSettings
+from kvcache.runtime.streams import HostStream
+from kvcache.allocators.factory import allocator_for_plan
 from kvcache.testing import FixedMemoryProbe, tiny_model_config
 
-H200_BYTES = 150_109_880_320  # cudaMemGetInfo's total on an H200 (kvcache/cards.py)
+H200_BYTES = 150_109_880_320  # cudaMemGetInfo's total on an H200 (kvcache/inputs/cards.py)
 BPT = 256  # the tiny model's KV bytes per token in bf16
 
 

@@ -31,12 +31,12 @@ import torch
 from app.cli import main
 from app.weights import DummyWeightLoader, ParamSpec, parameter_specs, storage_of
 from kvcache.errors import ModelConfigFieldError
-from kvcache.model_config import ModelConfig
+from kvcache.models.model_config import ModelConfig
 from kvcache.models.quantization import PackedIntWeights, Quantization
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "model_corpus"
-SHIPPED = sorted([*CORPUS.glob("*.json"), *(ROOT / "kvcache" / "presets").glob("*.json")])
+SHIPPED = sorted([*CORPUS.glob("*.json"), *(ROOT / "kvcache" / "models" / "presets").glob("*.json")])
 META = torch.device("meta")
 INT4 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
     "targets": ["Linear"], "input_activations": None,
@@ -77,7 +77,7 @@ def test_asymmetric_and_channel_schemes_by_hand() -> None:
 
 
 def _with_quantization(quantization: dict[str, Any]) -> dict[str, Any]:
-    config = json.loads((ROOT / "kvcache" / "presets" / "SmolLM2-135M.json").read_text())
+    config = json.loads((ROOT / "kvcache" / "models" / "presets" / "SmolLM2-135M.json").read_text())
     return config | {"quantization_config": quantization}
 
 
@@ -132,7 +132,7 @@ def test_a_model_directory_quantized_by_hf_quant_config_is_refused_with_exit_2(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """ModelOpt checkpoints (NVIDIA's -FP8/-FP4 releases) describe their format in hf_quant_config.json beside a
     config.json without quantization_config: read alone, their weights were counted at bf16 without a word."""
-    (tmp_path / "config.json").write_text((ROOT / "kvcache" / "presets" / "SmolLM2-135M.json").read_text())
+    (tmp_path / "config.json").write_text((ROOT / "kvcache" / "models" / "presets" / "SmolLM2-135M.json").read_text())
     (tmp_path / "hf_quant_config.json").write_text(json.dumps(
         {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None}}))
     assert main(["plan", "--model", str(tmp_path), "--gpu-memory", "80GiB"]) == 2

@@ -1,8 +1,8 @@
 """The README's test example, verbatim in spirit: it must keep working."""
 
 from containers import EngineContainer
-from kvcache.byte_units import GiB
-from kvcache.server_args import ServerArgs
+from kvcache.inputs.byte_units import GiB
+from kvcache.inputs.server_args import ServerArgs
 from kvcache.testing import FixedMemoryProbe, tiny_model_config
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvcache.dtypes import KV_CACHE_DTYPES
+from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool
-from kvcache.vmm_storage import VmmError
+from kvcache.memory.vmm_storage import VmmError
 from kvcache.runtime.shrink import (
     LiveTokensInTailError, complement, pool_buffers, released_address_ranges, shrink_allocator,
 )
@@ -131,7 +131,7 @@ def _runner_after_capture(make_engine):  # type: ignore[no-untyped-def]
 
 def _apply(engine, runner, probe, backing):  # type: ignore[no-untyped-def]
     from app.forward.post_capture import apply_post_capture_resize
-    from kvcache.sizing_settings import SizingSettings
+    from kvcache.inputs.sizing_settings import SizingSettings
 
     return apply_post_capture_resize(
         kv_cache=runner.kv_cache, backing=backing, settings=SizingSettings.from_server_args(engine.server_args()),
@@ -207,7 +207,7 @@ def test_a_resize_releases_every_per_token_buffer_of_an_mla_pool(dtype: str, ind
                                                                 row_bytes: int) -> None:
     """DSA's indexer keys are per token like the latent: a resize that kept their tails mapped would hold
     index_row_bytes x released rows x layers more than the resized plan says."""
-    from kvcache.dsa_latent import DSAFp8Latent
+    from kvcache.sizing.dsa_latent import DSAFp8Latent
 
     packed = DSAFp8Latent(128, 64) if index_row_bytes and dtype == "fp8_e4m3" else None
     pool = MLATokenToKVPool(size=64, page_size=16, dtype=KV_CACHE_DTYPES[dtype], kv_lora_rank=128,

@@ -32,9 +32,9 @@ def _resize_on_rank(rank: int, port: int, out_dir: str) -> None:
     from app.forward.post_capture import apply_post_capture_resize
     from containers import EngineContainer
     from kvcache.errors import KVCacheError
-    from kvcache.parallel import ParallelState, ProcessGroups
-    from kvcache.server_args import ServerArgs
-    from kvcache.sizing_settings import SizingSettings
+    from kvcache.inputs.parallel import ParallelState, ProcessGroups
+    from kvcache.inputs.server_args import ServerArgs
+    from kvcache.inputs.sizing_settings import SizingSettings
     from kvcache.testing import FixedMemoryProbe, tiny_model_config
 
     args = ServerArgs.from_mapping({"device": "cpu", "mem_fraction_static": 0.5, "memory_limit": 1 << 30,

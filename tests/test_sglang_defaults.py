@@ -8,10 +8,10 @@ import pytest
 
 from app.cli import main
 from containers import EngineContainer
-from kvcache.presets import load_model_config
-from kvcache.server_args import ServerArgs
-from kvcache.speculative_defaults import default_draft_shape, default_max_running_requests, with_speculative_defaults
-from kvcache.state_slots import state_slots_per_request
+from kvcache.models.presets import load_model_config
+from kvcache.inputs.server_args import ServerArgs
+from kvcache.inputs.speculative_defaults import default_draft_shape, default_max_running_requests, with_speculative_defaults
+from kvcache.sizing.state_slots import state_slots_per_request
 
 
 @pytest.mark.parametrize(

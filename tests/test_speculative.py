@@ -10,12 +10,12 @@ import torch
 from dependency_injector import providers
 
 from containers import EngineContainer
-from kvcache.byte_units import GiB, MiB
-from kvcache.dtypes import KV_CACHE_DTYPES
+from kvcache.inputs.byte_units import GiB, MiB
+from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.errors import ConfigError
-from kvcache.memory_probe import FixedMemoryProbe
-from kvcache.presets import PRESET_DIR
-from kvcache.server_args import ServerArgs
+from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.models.presets import PRESET_DIR
+from kvcache.inputs.server_args import ServerArgs
 
 LLAMA_EAGLE = {"speculative_algorithm": "EAGLE3", "speculative_draft_model": "EAGLE3-LLaMA3.1-Instruct-8B"}
 

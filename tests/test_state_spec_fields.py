@@ -16,14 +16,14 @@ import pytest
 import torch
 
 from app.cli import main
-from kvcache.dtypes import resolve_kv_cache_dtype
+from kvcache.inputs.dtypes import resolve_kv_cache_dtype
 from kvcache.errors import ModelConfigFieldError
-from kvcache.layer_specs import model_layer_specs
-from kvcache.model_config import ModelConfig
-from kvcache.parallel import ParallelState
-from kvcache.presets import load_model_config
+from kvcache.sizing.layer_specs import model_layer_specs
+from kvcache.models.model_config import ModelConfig
+from kvcache.inputs.parallel import ParallelState
+from kvcache.models.presets import load_model_config
 
-PRESETS = Path(__file__).resolve().parents[1] / "kvcache" / "presets"
+PRESETS = Path(__file__).resolve().parents[1] / "kvcache" / "models" / "presets"
 
 
 def _specs(model: ModelConfig) -> Any:

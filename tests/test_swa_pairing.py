@@ -13,13 +13,13 @@ import pytest
 
 from containers import EngineContainer
 from kvcache.allocators import SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvcache.byte_units import GiB
-from kvcache.memory_probe import FixedMemoryProbe
+from kvcache.inputs.byte_units import GiB
+from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.pools import HybridSWAKVPool, MHATokenToKVPool
-from kvcache.presets import load_model_config
-from kvcache.server_args import ServerArgs
+from kvcache.models.presets import load_model_config
+from kvcache.inputs.server_args import ServerArgs
 
-PRESETS = Path(__file__).resolve().parents[1] / "kvcache" / "presets"
+PRESETS = Path(__file__).resolve().parents[1] / "kvcache" / "models" / "presets"
 
 
 def _engine(target: str, draft: str | None = None) -> EngineContainer:

@@ -12,7 +12,7 @@ import torch
 
 from kvcache.runtime.tail_release import Block
 from kvcache.testing.virtual_memory import POISON, FakeVirtualMemory
-from kvcache.vmm_storage import VmmAllocation, VmmBacking, VmmError
+from kvcache.memory.vmm_storage import VmmAllocation, VmmBacking, VmmError
 
 G = 4096
 CPU = torch.device("cpu")

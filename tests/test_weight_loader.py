@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvcache.byte_units import MiB
+from kvcache.inputs.byte_units import MiB
 
 import app.weights.loader as loader_module
 from app.weights import (
@@ -22,10 +22,10 @@ from app.weights import (
     parameter_specs,
     storage_of,
 )
-from kvcache.model_config import ModelConfig
+from kvcache.models.model_config import ModelConfig
 from kvcache.models.quantization import Fp8Weights, Mxfp4Weights, Quantization
 
-PRESETS = Path(__file__).resolve().parents[1] / "kvcache" / "presets"
+PRESETS = Path(__file__).resolve().parents[1] / "kvcache" / "models" / "presets"
 CPU, META = torch.device("cpu"), torch.device("meta")
 
 
@@ -162,8 +162,8 @@ def test_the_runner_sizes_fp8_scales_by_the_checkpoint_block_size(make_engine) -
     (it used to, whatever the checkpoint said): the tiny model's 64 x 128 weights in 32 x 32 blocks
     carry 2 x 4 float32 scales each, not 1."""
     from app.weights import DummyWeightLoader
-    from kvcache.cards import card_named
-    from kvcache.model_config import ModelConfig
+    from kvcache.inputs.cards import card_named
+    from kvcache.models.model_config import ModelConfig
     from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG
 
     fp8 = {"quant_method": "fp8", "weight_block_size": [32, 32]}
@@ -184,7 +184,7 @@ def test_the_runner_takes_the_weight_format_from_the_model_description_alone(mak
     whose raw dict is gone still loads fp8 weights (the runner re-read hf_config and loaded bf16)."""
     import msgspec
 
-    from kvcache.cards import card_named
+    from kvcache.inputs.cards import card_named
     from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG
 
     fp8 = {"quant_method": "fp8", "weight_block_size": [32, 32]}

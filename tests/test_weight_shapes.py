@@ -10,7 +10,7 @@ import pytest
 
 from app.weights import ParamSpec, count_parameters, parameter_specs
 
-PRESETS = Path(__file__).resolve().parents[1] / "kvcache" / "presets"
+PRESETS = Path(__file__).resolve().parents[1] / "kvcache" / "models" / "presets"
 
 # Mixtral-8x7B is not shipped as a preset; these are its published config.json values.
 MIXTRAL_8X7B: dict[str, Any] = {

@@ -16,7 +16,7 @@ from app.forward.batch import DecodeBatch
 from app.forward.layers import RotaryAngles, dense_moe, gated_mlp, linear, rms_norm, rope_inv_freq, rotary
 from app.forward.pool_attention import AttentionBackend
 from kvcache.errors import UnsupportedModelError
-from kvcache.model_config import ModelConfig
+from kvcache.models.model_config import ModelConfig
 
 GQA_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 MLA_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3"})

@@ -3,7 +3,7 @@
 Measure what is free after capture, decide the smaller plan, rebuild the allocator with
 the same tokens in use (refused if any sit in the tail), then unmap every per-layer
 buffer's tail in the VMM allocations. Addresses do not move, so captured graphs stay valid.
-On several ranks every step ends with the ranks agreeing (kvcache.rank_agreement): they
+On several ranks every step ends with the ranks agreeing (kvcache.runtime.rank_agreement): they
 agree on the decision and the smallest token count, then all rebuild their allocators
 before any releases a byte, then all release; a failure on any rank leaves every rank's
 old allocator and every mapped byte as they were, and every rank raises the same error.
@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcache.agreed_resize import agree_on_resize
+from kvcache.runtime.agreed_resize import agree_on_resize
 from kvcache.configurator import KVCacheConfigResult
-from kvcache.runtime_reserve import RuntimeShape, runtime_reserve_mib
-from kvcache.memory_probe import MemoryProbe
-from kvcache.parallel import ParallelState
-from kvcache.runtime import PostCaptureKVResize, compute_post_capture_kv_resize, post_capture_headroom_bytes
+from kvcache.memory.runtime_reserve import RuntimeShape, runtime_reserve_mib
+from kvcache.memory.memory_probe import MemoryProbe
+from kvcache.inputs.parallel import ParallelState
+from kvcache.runtime.resize import PostCaptureKVResize, compute_post_capture_kv_resize, post_capture_headroom_bytes
 from kvcache.runtime.shrink import AllocatorShrink, complement, pool_buffers, released_address_ranges, shrink_allocator
-from kvcache.sizing_settings import SizingSettings
-from kvcache.vmm_storage import VmmAllocation, VmmBacking
+from kvcache.inputs.sizing_settings import SizingSettings
+from kvcache.memory.vmm_storage import VmmAllocation, VmmBacking
 
 
 def eager_activation_reserve_mib(settings: SizingSettings, parallel_state: ParallelState, total_bytes: int) -> Any:

@@ -7,7 +7,7 @@ only specs marked `quantized` (linear weights the format covers) are stored narr
 
 `storage_of` (the format's `stored`) is the one formula for what holds a parameter; `bytes_needed` (the
 up-front figure) and `load` (the allocation) both go through it, so they agree.
-All tensors are carved from ONE allocation (kvcache.device_buffers.Arena, each tensor
+All tensors are carved from ONE allocation (kvcache.memory.device_buffers.Arena, each tensor
 512-byte aligned, the whole a 2 MiB multiple of at least 10 MiB): on CUDA it takes a
 segment of its own, so the reported weight bytes are exactly what cudaMemGetInfo loses
 (and what a dry run debits), with no shared caching-allocator segments left half used.
@@ -22,9 +22,9 @@ from types import MappingProxyType
 import torch
 
 from app.weights.shapes import ParamSpec
-from kvcache.device_buffers import Arena, arena_size, slot_size
+from kvcache.memory.device_buffers import Arena, arena_size, slot_size
 from kvcache.models.quantization import Quantization, StoredTensor
-from kvcache.out_of_memory import is_out_of_memory
+from kvcache.memory.out_of_memory import is_out_of_memory
 
 NO_QUANTIZATION = Quantization()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvcache.model_config import ModelConfig
+from kvcache.models.model_config import ModelConfig
 from kvcache.models.weight_blocks import ParamSpec
 
 __all__ = ["ParamSpec", "count_parameters", "parameter_specs"]

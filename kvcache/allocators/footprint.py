@@ -5,7 +5,7 @@ them on compaction) of two int64 entries per token each, a paged one per page (p
 with check_frees, one bool per id and one for the padding id); an SWA allocator keeps
 both sides' free logs and an int64 full -> SWA map with a row per full-pool row (tokens +
 one padding page) and SGLang's trailing -1 row, each buffer in a slot of the worker's KV
-arena (kvcache.device_buffers.slot_size: 512-byte aligned). An allocator built in an
+arena (kvcache.memory.device_buffers.slot_size: 512-byte aligned). An allocator built in an
 arena has `nbytes` equal to this (on its own, each buffer takes the caching allocator's
 allocation_size instead, the same up to 1 MiB). Nothing is allocated after construction
 except, rarely, transient copies: a backup's free ids when a restore spans two
@@ -16,7 +16,7 @@ between backup and restore.
 from __future__ import annotations
 
 from kvcache.allocators.free_log import FREE_LOGS, LOG_LENGTH_FACTOR
-from kvcache.device_buffers import slot_size
+from kvcache.memory.device_buffers import slot_size
 
 INDEX_BYTES = 8  # torch.int64
 FLAG_BYTES = 1  # torch.bool

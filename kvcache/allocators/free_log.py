@@ -1,7 +1,7 @@
 """FreeLog: the free ids of one pool in an append-only device log; alloc hands out views, free appends.
 
 Layout: TWO int64 logs of 2 * capacity entries each, both allocated up front through
-kvcache.device_buffers (so they are slots of the worker's arena, counted by the plan), one
+kvcache.memory.device_buffers (so they are slots of the worker's arena, counted by the plan), one
 of them active, and host ints head <= tail. The free ids are exactly active[head:tail].
 
 - take(n)  returns the view log[head:head+n] and moves head up: no kernel, no sync.
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvcache import device_buffers
+from kvcache.memory import device_buffers
 
 _serials = itertools.count(1)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvcache import device_buffers
+from kvcache.memory import device_buffers
 
 _serials = itertools.count(1)
 

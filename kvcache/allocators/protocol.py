@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
-    from kvcache.pool_config import MemoryPoolConfig
+    from kvcache.sizing.pool_config import MemoryPoolConfig
 
 
 @runtime_checkable

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvcache.model_config import LayerKind, ModelConfig
+from kvcache.models.model_config import LayerKind, ModelConfig
 from kvcache.models.fields import MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigFields
 from kvcache.models.weight_blocks import Block, GatedMLP, Layer, MoE, Norm, Part, PlainMLP
 from kvcache.models.quantization import Quantization, read_quantization

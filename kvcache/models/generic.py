@@ -8,7 +8,7 @@ checkpoint fuses or renames tensors still gets the same shapes and byte counts.
 
 from __future__ import annotations
 
-from kvcache.model_config import ModelConfig
+from kvcache.models.model_config import ModelConfig
 from kvcache.models.decoder import (
     Heads,
     ModelSource,

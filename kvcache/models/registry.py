@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from kvcache.errors import UnsupportedModelError
-from kvcache.model_config import ModelConfig
+from kvcache.models.model_config import ModelConfig
 from kvcache.models.decoder import ModelSource
 from kvcache.models.families.deepseek import read_deepseek
 from kvcache.models.families.eagle import read_eagle, read_eagle3

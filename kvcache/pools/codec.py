@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import torch
 
-from kvcache.dtypes import KVCacheDtype
+from kvcache.inputs.dtypes import KVCacheDtype
 
 _E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 FP4_GROUP = 16

@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 import torch
 
-from kvcache.dtypes import KVCacheDtype
-from kvcache.device_buffers import carve, tensor_bytes
+from kvcache.inputs.dtypes import KVCacheDtype
+from kvcache.memory.device_buffers import carve, tensor_bytes
 from kvcache.pools.codec import CacheTensor, LayerIndex, cache_segments
 
 

@@ -3,7 +3,7 @@
 The first kv_lora_rank elements are the compressed KV (the 'value' view); the rest
 is the decoupled RoPE key. DeepSeek-V3.2 (sparse attention) adds per layer the indexer's
 key buffer, [rows, index_row_bytes] of uint8: fp8 keys and their float32 scales; with an fp8
-KV cache its latent is one packed byte row per token (`packed_latent`, kvcache.dsa_latent).
+KV cache its latent is one packed byte row per token (`packed_latent`, kvcache.sizing.dsa_latent).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any, Sequence
 
 import torch
 
-from kvcache.dsa_latent import DSAFp8Latent, PackedLatentTensor
-from kvcache.dtypes import KVCacheDtype
-from kvcache.device_buffers import carve, tensor_bytes
+from kvcache.sizing.dsa_latent import DSAFp8Latent, PackedLatentTensor
+from kvcache.inputs.dtypes import KVCacheDtype
+from kvcache.memory.device_buffers import carve, tensor_bytes
 from kvcache.pools.codec import CacheTensor, LayerIndex, cache_segments
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from kvcache import device_buffers
-from kvcache.device_buffers import tensor_bytes
+from kvcache.memory import device_buffers
+from kvcache.memory.device_buffers import tensor_bytes
 
 
 def kv_record(req: Any) -> Any:

@@ -10,9 +10,9 @@ from typing import Sequence
 
 import torch
 
-from kvcache.layer_specs import RecurrentStateSpec
-from kvcache import device_buffers
-from kvcache.device_buffers import tensor_bytes
+from kvcache.sizing.layer_specs import RecurrentStateSpec
+from kvcache.memory import device_buffers
+from kvcache.memory.device_buffers import tensor_bytes
 from kvcache.pools.codec import LayerIndex
 
 

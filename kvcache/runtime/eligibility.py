@@ -15,11 +15,11 @@ from fractions import Fraction
 
 import msgspec
 
-from kvcache.dtypes import KVCacheDtype
-from kvcache.pool_layout import CacheLayout
-from kvcache.runtime_reserve import parallel_reserve_mib
-from kvcache.server_args import ServerArgs
-from kvcache.sizing_settings import SizingSettings
+from kvcache.inputs.dtypes import KVCacheDtype
+from kvcache.sizing.pool_layout import CacheLayout
+from kvcache.memory.runtime_reserve import parallel_reserve_mib
+from kvcache.inputs.server_args import ServerArgs
+from kvcache.inputs.sizing_settings import SizingSettings
 
 POST_CAPTURE_FLOOR_MIB = 1536  # SGLang 0.5.23's reserve when post-capture sizing is planned
 

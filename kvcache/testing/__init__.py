@@ -5,6 +5,6 @@ Not MagicMock: a fake that invents attributes hides a missing field (the missing
 """
 
 from kvcache.testing.fakes import FailingAllocatorFactory, RecordingAllocator, RecordingStream, fixed_card_probe, tiny_model_config, TINY_MODEL_HF_CONFIG
-from kvcache.memory_probe import FixedMemoryProbe
+from kvcache.memory.memory_probe import FixedMemoryProbe
 
 __all__ = ["FailingAllocatorFactory", "FixedMemoryProbe", "RecordingAllocator", "RecordingStream", "fixed_card_probe", "tiny_model_config", "TINY_MODEL_HF_CONFIG"]

@@ -6,12 +6,12 @@ from typing import Any
 
 import torch
 
-from kvcache.allocator_factory import allocator_for_plan
-from kvcache.byte_units import GiB
-from kvcache.memory_probe import FixedMemoryProbe
-from kvcache.model_config import ModelConfig
-from kvcache.pool_config import MemoryPoolConfig
-from kvcache.streams import HostStream
+from kvcache.allocators.factory import allocator_for_plan
+from kvcache.inputs.byte_units import GiB
+from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.models.model_config import ModelConfig
+from kvcache.sizing.pool_config import MemoryPoolConfig
+from kvcache.runtime.streams import HostStream
 
 # A two-layer Llama-shaped model: 2 KV heads of 16, so 2 * 2 * (16 + 16) * 2 = 256 bytes/token in bf16.
 TINY_MODEL_HF_CONFIG: dict[str, Any] = {
@@ -53,7 +53,7 @@ class RecordingAllocator:
 
     @classmethod
     def from_plan(cls, *, plan: MemoryPoolConfig, device: torch.device, kvcache: Any = None) -> "RecordingAllocator":
-        """The allocator the plan calls for (kvcache.allocator_factory), wrapped."""
+        """The allocator the plan calls for (kvcache.allocators.factory), wrapped."""
         return cls(allocator_for_plan(plan=plan, device=device, kvcache=kvcache))
 
     def _record(self, name: str, arg: Any = None) -> None:

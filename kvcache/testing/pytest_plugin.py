@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvcache.memory_probe import FixedMemoryProbe
-from kvcache.model_config import ModelConfig
+from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.models.model_config import ModelConfig
 from kvcache.testing.fakes import fixed_card_probe, tiny_model_config
 
 

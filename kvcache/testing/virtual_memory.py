@@ -1,4 +1,4 @@
-"""FakeVirtualMemory: the driver calls of kvcache.vmm_storage on the CPU, strict as the driver is.
+"""FakeVirtualMemory: the driver calls of kvcache.memory.vmm_storage on the CPU, strict as the driver is.
 
 An address range is a CPU byte buffer; a physical handle is a buffer of its own. Mapping
 copies the handle's bytes into the range, unmapping copies them back (a handle keeps its
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kvcache.vmm_storage import VmmError
+from kvcache.memory.vmm_storage import VmmError
 
 POISON = 0xA5
 

@@ -10,8 +10,8 @@ are numbered after the main ones, as in the checkpoint.
 
 from __future__ import annotations
 
-from kvcache.layer_specs import INDEX_SCALE_BLOCK
-from kvcache.model_config import ModelConfig
+from kvcache.sizing.layer_specs import INDEX_SCALE_BLOCK
+from kvcache.models.model_config import ModelConfig
 from kvcache.models.decoder import (
     Heads,
     ModelSource,

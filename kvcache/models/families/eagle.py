@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from kvcache.model_config import ModelConfig
+from kvcache.models.model_config import ModelConfig
 from kvcache.models.decoder import ModelSource, describe, ffn_blocks, read_heads, weight_layout
 from kvcache.models.fields import MAX_VOCAB
 from kvcache.models.generic import attention_block, read_generic, text_model_type

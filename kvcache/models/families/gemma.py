@@ -6,7 +6,7 @@ Gemma-2 without `layer_types` slides on even layers; Gemma-3 on all but every
 
 from __future__ import annotations
 
-from kvcache.model_config import LayerKind, ModelConfig
+from kvcache.models.model_config import LayerKind, ModelConfig
 from kvcache.models.decoder import (
     ModelSource,
     attention_layer_kinds,

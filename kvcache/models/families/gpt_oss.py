@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvcache.model_config import ModelConfig
+from kvcache.models.model_config import ModelConfig
 from kvcache.models.decoder import (
     ModelSource,
     attention_layer_kinds,

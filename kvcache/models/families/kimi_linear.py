@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvcache.model_config import LayerKind, ModelConfig
+from kvcache.models.model_config import LayerKind, ModelConfig
 from kvcache.models.decoder import (
     Heads,
     ModelSource,

@@ -8,7 +8,7 @@ intermediate_size; MoE every interleave_moe_layer_step-th layer.
 
 from __future__ import annotations
 
-from kvcache.model_config import LayerKind, ModelConfig
+from kvcache.models.model_config import LayerKind, ModelConfig
 from kvcache.models.decoder import ModelSource, describe, moe_layers, num_layers, read_heads, standard_layers, weight_layout
 from kvcache.models.fields import MAX_EXPERTS, MAX_LAYERS, MAX_POSITIONS
 from kvcache.models.generic import attention_block, text_model_type

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from kvcache.model_config import LayerKind, ModelConfig
+from kvcache.models.model_config import LayerKind, ModelConfig
 from kvcache.models.decoder import (
     Heads,
     ModelSource,

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from kvcache.model_config import LayerKind, ModelConfig
+from kvcache.models.model_config import LayerKind, ModelConfig
 from kvcache.models.decoder import (
     ModelSource,
     describe,

@@ -7,7 +7,7 @@ keep a per-request conv window and a delta-rule state (see layer_specs).
 
 from __future__ import annotations
 
-from kvcache.model_config import LayerKind, ModelConfig
+from kvcache.models.model_config import LayerKind, ModelConfig
 from kvcache.models.decoder import (
     ModelSource,
     describe,

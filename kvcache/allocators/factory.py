@@ -14,7 +14,7 @@ import torch
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.allocators.protocol import TokenAllocator
-from kvcache.pool_config import MemoryPoolConfig
+from kvcache.sizing.pool_config import MemoryPoolConfig
 
 
 def allocator_for_plan(*, plan: MemoryPoolConfig, device: torch.device, kvcache: Any = None) -> TokenAllocator:

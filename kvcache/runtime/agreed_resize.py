@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import msgspec
 
-from kvcache.planning import plan_pool_sizes
-from kvcache.rank_agreement import RankAgreement
+from kvcache.sizing.planning import plan_pool_sizes
+from kvcache.runtime.rank_agreement import RankAgreement
 from kvcache.runtime.resize import PostCaptureKVResize, resized_plan_request
 
 

@@ -11,8 +11,8 @@ Not modelled: index_kpool > 1 (pooled indexer keys); the shipped and corpus DSA 
 
 from __future__ import annotations
 
-from kvcache.model_config import ModelConfig
-from kvcache.server_args import ServerArgs
+from kvcache.models.model_config import ModelConfig
+from kvcache.inputs.server_args import ServerArgs
 
 DEFAULT_PAGE_SIZE = 1  # SGLang 0.5.23's page_size when neither the flag nor the model sets one
 SGLANG_DSA_PAGE_SIZE = 64

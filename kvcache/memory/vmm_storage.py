@@ -6,9 +6,9 @@ addresses for life, so CUDA graphs captured against the pools stay valid after
 `keep_only` unmaps everything outside the byte ranges still needed
 (kvcache.runtime.tail_release decides which blocks). A failed `keep_only` leaves every
 byte mapped again and the kept bytes unchanged. `VmmBacking` is the allocation function
-`kvcache.device_buffers.cuda_backing` takes.
+`kvcache.memory.device_buffers.cuda_backing` takes.
 
-The driver calls go through a `VirtualMemory`: CUDA's (kvcache.cuda_virtual_memory,
+The driver calls go through a `VirtualMemory`: CUDA's (kvcache.memory.cuda_virtual_memory,
 needing the optional cuda-bindings, imported only when a CUDA pool is built this way),
 or the CPU fake of kvcache.testing.
 """
@@ -46,7 +46,7 @@ class VirtualMemory(Protocol):
 
 def cuda_virtual_memory(device: torch.device) -> VirtualMemory:
     """The CUDA driver's virtual-memory calls for `device`."""
-    from kvcache.cuda_virtual_memory import CudaVirtualMemory
+    from kvcache.memory.cuda_virtual_memory import CudaVirtualMemory
 
     return CudaVirtualMemory(device)
 

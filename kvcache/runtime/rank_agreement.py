@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import torch
 import torch.distributed as dist
 
-from kvcache.byte_units import format_bytes
+from kvcache.inputs.byte_units import format_bytes
 from kvcache.errors import KVCacheError, RankFailedError, UnbalancedMemoryError
 
 T = TypeVar("T")

@@ -12,10 +12,10 @@ from typing import Callable
 
 import msgspec
 
-from kvcache.byte_units import MiB
+from kvcache.inputs.byte_units import MiB
 from kvcache.errors import DoesNotFitError
-from kvcache.memory_budget import MemoryBudget, compute_budget
-from kvcache.planning import PlanRequest, align_down, plan_pool_sizes, state_slots
+from kvcache.memory.memory_budget import MemoryBudget, compute_budget
+from kvcache.sizing.planning import PlanRequest, align_down, plan_pool_sizes, state_slots
 
 
 def fits(req: PlanRequest) -> bool:

@@ -10,14 +10,14 @@ The context then grows while the first weights load, as the kernels that fill th
 loaded into it: by CUDA_KERNEL_LOAD_BYTES = 96,468,992 B (92 MiB) for every one of ten
 presets on an H200 (torch 2.11, driver 580.159, 2026-12-03; benchmarks/RESULTS.md), and
 not at all while the KV cache is built. A dry run charges it with the first allocation
-(kvcache.memory_probe.FixedMemoryProbe), so it never promises more than a real bootstrap.
+(kvcache.memory.memory_probe.FixedMemoryProbe), so it never promises more than a real bootstrap.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvcache.byte_units import GiB, MiB, parse_bytes
+from kvcache.inputs.byte_units import GiB, MiB, parse_bytes
 from kvcache.errors import ConfigError
 
 CUDA_CONTEXT_BYTES = 650_969_088

@@ -1,11 +1,11 @@
-"""Shipped model presets: real HF config.json files under kvcache/presets/ (see SOURCES.md there)."""
+"""Shipped model presets: real HF config.json files under kvcache/models/presets/ (see SOURCES.md there)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from kvcache.errors import ConfigError
-from kvcache.model_config import ModelConfig
+from kvcache.models.model_config import ModelConfig
 
 PRESET_DIR = Path(__file__).with_name("presets")
 DEFAULT_PRESET = "SmolLM2-135M"

@@ -3,7 +3,7 @@
 budget = free_after_load - round(free_before_load * (1 - mem_fraction_static)),
 or `kv_cache_memory` when given (checked against what is free after the weights).
 When mem_fraction_static is not given it is derived from the card's size the way
-SGLang does (`kvcache.runtime_reserve`, then `derive_mem_fraction_static`).
+SGLang does (`kvcache.memory.runtime_reserve`, then `derive_mem_fraction_static`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from fractions import Fraction
 
 import msgspec
 
-from kvcache.byte_units import MiB, format_bytes
+from kvcache.inputs.byte_units import MiB, format_bytes
 from kvcache.errors import KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcache.errors import ConfigError
-from kvcache.rank_agreement import SGLANG_MIN_RANK_MEMORY_RATIO, RankAgreement
+from kvcache.runtime.rank_agreement import SGLANG_MIN_RANK_MEMORY_RATIO, RankAgreement
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ What must agree, as SGLang 0.5.23's draft models use the target (`models/llama_e
 from __future__ import annotations
 
 from kvcache.errors import ConfigError
-from kvcache.model_config import ModelConfig
+from kvcache.models.model_config import ModelConfig
 
 VOCAB_PADDING_SLACK = 1024
 EAGLE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3"})

@@ -1,6 +1,6 @@
 """Build the pools a plan describes, on any device, from one arena; check them against the plan.
 
-Each worker's buffers are carved from one allocation (kvcache.device_buffers.Arena) of
+Each worker's buffers are carved from one allocation (kvcache.memory.device_buffers.Arena) of
 the plan's `arena_bytes`; after the build a guard compares every buffer's bytes, and
 the arena's use, with the plan and raises PlanMismatchError when they differ. If any
 step fails, nothing stays allocated.
@@ -15,13 +15,13 @@ from typing import Any
 import torch
 
 from kvcache.allocators.protocol import AllocatorFactory, TokenAllocator
-from kvcache.byte_units import format_bytes
-from kvcache.device_buffers import Arena
+from kvcache.inputs.byte_units import format_bytes
+from kvcache.memory.device_buffers import Arena
 from kvcache.errors import PlanMismatchError, PoolBuildError, PoolOutOfMemoryError
-from kvcache.layer_specs import FullAttentionSpec, MLASpec, SlidingWindowSpec
-from kvcache.out_of_memory import is_out_of_memory
-from kvcache.pool_config import KVPoolPlan, MemoryPoolConfig
-from kvcache.pool_layout import CacheLayout, KVPoolGroup
+from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec, SlidingWindowSpec
+from kvcache.memory.out_of_memory import is_out_of_memory
+from kvcache.sizing.pool_config import KVPoolPlan, MemoryPoolConfig
+from kvcache.sizing.pool_layout import CacheLayout, KVPoolGroup
 from kvcache.pools import HybridSWAKVPool, MHATokenToKVPool, MLATokenToKVPool, RecurrentStatePool, ReqToTokenPool
 
 KVPool = MHATokenToKVPool | MLATokenToKVPool | HybridSWAKVPool
@@ -78,7 +78,7 @@ def build_worker_pools(
 ) -> WorkerPools:
     """Allocate this worker's pools from the plan in one arena. A target builds the table and
     allocator; a draft is given the target's. On any failure, drop everything and re-raise it; only the
-    device refusing memory (kvcache.out_of_memory) becomes PoolOutOfMemoryError, anything else is a bug."""
+    device refusing memory (kvcache.memory.out_of_memory) becomes PoolOutOfMemoryError, anything else is a bug."""
     draft = shared_req_to_token_pool is not None
     arena: Arena | None = None
     try:

@@ -12,11 +12,11 @@ from math import prod
 
 import torch
 
-from kvcache.dsa_latent import DSAFp8Latent
-from kvcache.dtypes import KVCacheDtype
+from kvcache.sizing.dsa_latent import DSAFp8Latent
+from kvcache.inputs.dtypes import KVCacheDtype
 from kvcache.errors import ConfigError, ModelConfigFieldError, UnsupportedModelError
-from kvcache.model_config import STATE_LAYER_KINDS, ModelConfig
-from kvcache.parallel import ParallelState
+from kvcache.models.model_config import STATE_LAYER_KINDS, ModelConfig
+from kvcache.inputs.parallel import ParallelState
 
 
 INDEX_SCALE_BLOCK = 128  # the DSA indexer key's fp8 values per float32 scale
@@ -67,7 +67,7 @@ class MLASpec:
     DeepSeek-V3.2 (sparse attention) adds the indexer's key per token: index_head_dim fp8
     bytes plus a float32 scale per 128 (SGLang 0.5.23's DSA pool), whatever the KV dtype;
     with an fp8_e4m3 KV cache its latent is packed with scales and a bfloat16 RoPE part
-    (kvcache.dsa_latent), as SGLang 0.5.23 stores it.
+    (kvcache.sizing.dsa_latent), as SGLang 0.5.23 stores it.
     """
 
     kv_lora_rank: int

@@ -14,13 +14,13 @@ from fractions import Fraction
 
 import torch
 
-from kvcache.dtypes import KVCacheDtype
+from kvcache.inputs.dtypes import KVCacheDtype
 from kvcache.errors import ConfigError, UnsupportedModelError
-from kvcache.layer_specs import LayerPlacement, RecurrentStateSpec, SlidingWindowSpec, TokenSpec, model_layer_specs
-from kvcache.model_config import KV_LAYER_KINDS, ModelConfig
-from kvcache.parallel import ParallelState
-from kvcache.planning import KVPoolDemand, StateDemand
-from kvcache.pool_config import DRAFT_POOL_PREFIX
+from kvcache.sizing.layer_specs import LayerPlacement, RecurrentStateSpec, SlidingWindowSpec, TokenSpec, model_layer_specs
+from kvcache.models.model_config import KV_LAYER_KINDS, ModelConfig
+from kvcache.inputs.parallel import ParallelState
+from kvcache.sizing.planning import KVPoolDemand, StateDemand
+from kvcache.sizing.pool_config import DRAFT_POOL_PREFIX
 SSM_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

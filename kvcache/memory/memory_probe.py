@@ -14,9 +14,9 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from kvcache.cards import CUDA_KERNEL_LOAD_BYTES, SimulatedCard
+from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES, SimulatedCard
 from kvcache.errors import ConfigError
-from kvcache.host_memory import check_memory_limit, host_memory_bytes
+from kvcache.memory.host_memory import check_memory_limit, host_memory_bytes
 
 
 @runtime_checkable
@@ -102,7 +102,7 @@ class FixedMemoryProbe:
 
     `first_allocation_overhead` is charged once, with the first allocation noted: on a
     CUDA card the context grows by the kernels that load while weights are filled
-    (kvcache.cards.CUDA_KERNEL_LOAD_BYTES), and a dry run must see that too.
+    (kvcache.inputs.cards.CUDA_KERNEL_LOAD_BYTES), and a dry run must see that too.
     """
 
     def __init__(self, *, total_bytes: int, free_bytes: int | None = None, first_allocation_overhead: int = 0) -> None:

@@ -2,7 +2,7 @@
 
 The cost of holding T tokens (T a multiple of page_size) is the total of the plan the
 planner would return for T, `candidate_plan(req, T).total_bytes`: each worker's arena
-(kvcache.device_buffers.arena_size: the slots' sum rounded up to 2 MiB, at least 10 MiB)
+(kvcache.memory.device_buffers.arena_size: the slots' sum rounded up to 2 MiB, at least 10 MiB)
 holding its buffers, every buffer in a slot of S(n) = slot_size(n) (n rounded up to 512 B):
 
     pools       S((tokens_p(T) + page_size) * bytes_per_token_p)
@@ -24,10 +24,10 @@ from typing import Literal
 
 import msgspec
 
-from kvcache.byte_units import format_bytes
+from kvcache.inputs.byte_units import format_bytes
 from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, DoesNotFitError
-from kvcache.memory_budget import MemoryBudget
-from kvcache.pool_config import KVPoolPlan, MemoryPoolConfig, PoolKind, StatePoolPlan
+from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.sizing.pool_config import KVPoolPlan, MemoryPoolConfig, PoolKind, StatePoolPlan
 
 # SGLang 0.5.23's fallbacks for the two hybrid ratios (srt/arg_groups/fields/schedule.py), as exact
 # fractions; ServerArgs' flag defaults and SizingSettings' are these, nowhere written again.

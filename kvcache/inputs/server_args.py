@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal, Mapping
 import msgspec
 
 from kvcache.errors import ConfigError
-from kvcache.planning import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
-from kvcache.rank_agreement import SGLANG_MIN_RANK_MEMORY_RATIO
+from kvcache.sizing.planning import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
+from kvcache.runtime.rank_agreement import SGLANG_MIN_RANK_MEMORY_RATIO
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -56,7 +56,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     allow_long_context: Annotated[bool, _doc("allow --context-length above the model's max_position_embeddings")] = False
     page_size: Annotated[PositiveInt, _doc(
         "tokens per KV page; default 1, and always 64 for DeepSeek sparse-attention models (SGLang 0.5.23's rule, "
-        "kvcache.model_page_size)")] | None = None
+        "kvcache.models.model_page_size)")] | None = None
     # formats
     dtype: Annotated[ModelDtypeName, _doc("model dtype; auto takes the checkpoint's torch_dtype")] = "auto"
     kv_cache_dtype: Annotated[KVCacheDtypeName, _doc("KV cache dtype; auto is the model dtype")] = "auto"

@@ -11,10 +11,10 @@ from fractions import Fraction
 
 import msgspec
 
-from kvcache.memory_budget import exact_fraction
-from kvcache.model_page_size import DEFAULT_PAGE_SIZE, flag_page_size
-from kvcache.planning import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
-from kvcache.server_args import ServerArgs
+from kvcache.memory.memory_budget import exact_fraction
+from kvcache.models.model_page_size import DEFAULT_PAGE_SIZE, flag_page_size
+from kvcache.sizing.planning import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
+from kvcache.inputs.server_args import ServerArgs
 
 
 class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):

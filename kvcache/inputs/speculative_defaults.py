@@ -16,7 +16,7 @@ for STANDALONE): the draft's weights are measured like the target's.
 
 from __future__ import annotations
 
-from kvcache.server_args import ServerArgs
+from kvcache.inputs.server_args import ServerArgs
 
 SPECULATIVE_MAX_RUNNING_REQUESTS = 48
 WIDE_TREE_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"})

@@ -1,4 +1,4 @@
-"""CUDA's virtual-memory driver calls (cuda-bindings), as the VirtualMemory that kvcache.vmm_storage uses.
+"""CUDA's virtual-memory driver calls (cuda-bindings), as the VirtualMemory that kvcache.memory.vmm_storage uses.
 
 Needs `cuda-bindings` (the optional `cuda` extra); it is imported only when a CUDA pool
 is built on VMM storage, never on the CPU.
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from kvcache.vmm_storage import VmmError
+from kvcache.memory.vmm_storage import VmmError
 
 
 def _driver() -> Any:

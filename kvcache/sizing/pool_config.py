@@ -11,8 +11,8 @@ from typing import Literal
 import msgspec
 
 from kvcache.allocators.footprint import allocator_index_bytes
-from kvcache.device_buffers import arena_size, slot_size
-from kvcache.memory_budget import MemoryBudget
+from kvcache.memory.device_buffers import arena_size, slot_size
+from kvcache.memory.memory_budget import MemoryBudget
 
 PoolKind = Literal["full", "swa", "mla"]
 REQ_TO_TOKEN_ELEMENT_BYTES = 4  # int32 token indices
@@ -41,7 +41,7 @@ class KVPoolPlan(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def total_bytes(self) -> int:
-        """Every layer's rows, in one slot of the worker's arena (kvcache.device_buffers.slot_size)."""
+        """Every layer's rows, in one slot of the worker's arena (kvcache.memory.device_buffers.slot_size)."""
         return slot_size(self.num_rows * self.bytes_per_token)
 
 
@@ -128,7 +128,7 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
         return out
 
     def arena_bytes(self, *, draft: bool = False) -> int:
-        """The one allocation a worker makes for its buffers (kvcache.device_buffers.arena_size)."""
+        """The one allocation a worker makes for its buffers (kvcache.memory.device_buffers.arena_size)."""
         return arena_size(sum(self.worker_buffers(draft=draft).values()))
 
     @property

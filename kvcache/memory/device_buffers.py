@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from kvcache.byte_units import MiB
+from kvcache.inputs.byte_units import MiB
 from kvcache.errors import PlanMismatchError
 
 BLOCK_ROUND = 512
@@ -64,7 +64,7 @@ _CUDA_BACKING: contextvars.ContextVar["CudaBacking | None"] = contextvars.Contex
 @contextlib.contextmanager
 def cuda_backing(allocate: CudaBacking) -> Iterator[None]:
     """Inside, large CUDA allocations (an arena among them) come from `allocate(nbytes, device)`, a uint8
-    tensor, not the caching allocator: kvcache.vmm_storage backs pools resized after CUDA-graph capture."""
+    tensor, not the caching allocator: kvcache.memory.vmm_storage backs pools resized after CUDA-graph capture."""
     token = _CUDA_BACKING.set(allocate)
     try:
         yield
