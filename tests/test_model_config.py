@@ -105,7 +105,7 @@ def test_nemotron_h_follows_its_hybrid_override_pattern() -> None:
 
 def test_mla_fields() -> None:
     m = load_model_config("DeepSeek-V3")
-    assert (m.kv_lora_rank, m.qk_rope_head_dim, m.v_head_dim, m.num_nextn_predict_layers) == (512, 64, 128, 1)
+    assert (m.kv_lora_rank, m.qk_rope_head_dim, m.v_head_dim, m.nextn_layer_kinds) == (512, 64, 128, ("mla",))
 
 
 def test_qwen3_next_linear_attention_fields() -> None:
@@ -316,7 +316,7 @@ def test_nextn_draft_is_the_targets_mtp_layer() -> None:
     draft = target.nextn_draft()
     assert draft.name == "DeepSeek-V3 (NEXTN)"
     assert (draft.num_hidden_layers, draft.layer_kinds) == (1, ("mla",))
-    assert draft.is_draft_head and draft.nextn_of_target and draft.num_nextn_predict_layers == 0
+    assert draft.is_draft_head and draft.nextn_of_target and draft.nextn_layer_kinds == ()
     assert (draft.kv_lora_rank, draft.qk_rope_head_dim) == (512, 64)
     assert target.num_hidden_layers == 61  # the target is unchanged
 

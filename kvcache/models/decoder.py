@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
+
 from kvcache.models.model_config import LayerKind, ModelConfig
 from kvcache.models.fields import MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, ConfigFields
 from kvcache.models.weight_blocks import Block, GatedMLP, Layer, MoE, Norm, Part, PlainMLP
@@ -267,3 +269,14 @@ def describe(src: ModelSource, *, kinds: tuple[LayerKind, ...], heads: Heads, we
     )
     fields.update(extra)
     return ModelConfig(**fields)
+
+
+# ---- next-token-prediction (MTP / NEXTN) layers -----------------------------------------------------
+
+def with_mtp(model: ModelConfig, layers: tuple[Layer, ...], kinds: tuple[LayerKind, ...], *,
+             prefix: str | None = None) -> ModelConfig:
+    """The model with the MTP layers its checkpoint holds: their weights (one Layer each, named from `prefix`, else
+    numbered after the decoder layers) and cache kinds. Only a NEXTN draft loads and caches them
+    (ModelConfig.nextn_draft); the target skips them, as SGLang 0.5.23 does."""
+    weights = replace(model.weights, nextn_layers=layers, nextn_prefix=prefix)
+    return msgspec.structs.replace(model, weights=weights, nextn_layer_kinds=kinds)

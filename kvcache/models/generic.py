@@ -24,8 +24,9 @@ from kvcache.models.decoder import (
 from kvcache.models.fields import MAX_POSITIONS, ConfigFields
 from kvcache.models.weight_blocks import Attention, Linear
 
-# Families whose q/k/v carry a bias without saying so in the config (Qwen2 and its VL/MoE kin).
-_QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"})
+# Families whose q/k/v carry a bias without saying so in the config, and o_proj none whatever attention_bias
+# says (Qwen2 and its VL/MoE kin, MiMo).
+_QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "mimo"})
 # Families with per-head q/k RMSNorms over head_dim.
 _QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_moe", "gemma3", "gemma3_text"})
 # GPT-2-style families: biases everywhere and learned absolute positions, which their configs do not state.
@@ -41,7 +42,7 @@ def attention_block(f: ConfigFields, heads: Heads, model_type: str, *, input_siz
     bias = f.flag("attention_bias", "bias", "use_bias") or model_type in _GPT2_TYPES
     qkv_bias = bias or f.flag("qkv_bias", "use_qkv_bias", "add_qkv_bias") or model_type in _QKV_BIAS_TYPES
     qk_norm = f.flag("use_qk_norm", "qk_layernorm") or model_type in _QK_NORM_TYPES
-    settings = {"qkv_bias": qkv_bias, "o_bias": bias, "qk_norm": qk_norm, **flags}
+    settings = {"qkv_bias": qkv_bias, "o_bias": bias and model_type not in _QKV_BIAS_TYPES, "qk_norm": qk_norm, **flags}
     return Attention(hidden=heads.hidden, heads=heads.heads, kv_heads=heads.kv_heads, head_dim=heads.head_dim,
                      input_size=input_size or heads.hidden, **settings)
 

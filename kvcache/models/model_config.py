@@ -63,8 +63,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     ssm_state_size: int | None = None
     mamba_n_groups: int | None = None
     mamba_conv_kernel: int | None = None
-    # speculative decoding
-    num_nextn_predict_layers: int = 0
+    # speculative decoding: the cache kinds of the MTP (NEXTN) layers the checkpoint holds, one per layer of
+    # weights.nextn_layers; only a NEXTN draft loads and caches them (nextn_draft), as in SGLang 0.5.23
+    nextn_layer_kinds: tuple[LayerKind, ...] = ()
     is_draft_head: bool = False
     nextn_of_target: bool = False  # a NEXTN draft: its weights are the target's MTP layers
     # multimodal: the vision tower's weights are counted when its config gives its shapes
@@ -78,6 +79,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         if len(self.layer_kinds) != self.num_hidden_layers:
             raise ConfigError(
                 f"{self.name}: {len(self.layer_kinds)} layer kinds for {self.num_hidden_layers} layers"
+            )
+        if not self.nextn_of_target and len(self.nextn_layer_kinds) != len(self.weights.nextn_layers):
+            raise ConfigError(
+                f"{self.name}: {len(self.nextn_layer_kinds)} NEXTN layer kinds for {len(self.weights.nextn_layers)} layers"
             )
 
     @classmethod
@@ -95,16 +100,16 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
     def nextn_draft(self) -> "ModelConfig":
         """The model's own next-token-prediction layers as a draft model (NEXTN / MTP)."""
-        if self.num_nextn_predict_layers < 1:
+        kinds = self.nextn_layer_kinds
+        if not kinds:
             raise ConfigError(
-                f"{self.name} has no next-token-prediction layers (num_nextn_predict_layers is 0); "
-                "NEXTN needs a model that ships them (DeepSeek-V3); use EAGLE with --speculative-draft-model instead"
+                f"{self.name} has no next-token-prediction layers (MTP) in its config.json; NEXTN needs a model that "
+                "ships them (DeepSeek-V3/V3.2, GLM-5, Qwen3-Next, Qwen3.5, MiMo, Nemotron-3 Super/Ultra); "
+                "use EAGLE with --speculative-draft-model instead"
             )
-        n = self.num_nextn_predict_layers
         return msgspec.structs.replace(
-            self, name=f"{self.name} (NEXTN)", num_hidden_layers=n,
-            layer_kinds=(self.layer_kinds[-1],) * n, num_nextn_predict_layers=0, is_draft_head=True,
-            nextn_of_target=True,
+            self, name=f"{self.name} (NEXTN)", num_hidden_layers=len(kinds), layer_kinds=kinds,
+            nextn_layer_kinds=(), is_draft_head=True, nextn_of_target=True,
         )
 
     @property

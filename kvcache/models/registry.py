@@ -25,6 +25,7 @@ from kvcache.models.families.gemma import read_gemma
 from kvcache.models.families.gpt_oss import read_gpt_oss
 from kvcache.models.families.kimi_linear import read_kimi_linear
 from kvcache.models.families.llama4 import read_llama4
+from kvcache.models.families.mimo import read_mimo
 from kvcache.models.families.mamba_hybrids import read_bamba, read_falcon_h1, read_granite_hybrid, read_jamba, read_zamba2
 from kvcache.models.families.nemotron_h import read_nemotron_h
 from kvcache.models.families.qwen3_next import read_qwen3_next
@@ -46,7 +47,7 @@ FAMILIES: dict[str, Reader] = {
     "Llama4ForConditionalGeneration": read_llama4, "Llama4ForCausalLM": read_llama4,
     "FalconH1ForCausalLM": read_falcon_h1, "GraniteMoeHybridForCausalLM": read_granite_hybrid,
     "BambaForCausalLM": read_bamba, "Zamba2ForCausalLM": read_zamba2, "JambaForCausalLM": read_jamba,
-    "KimiLinearForCausalLM": read_kimi_linear,
+    "KimiLinearForCausalLM": read_kimi_linear, "MiMoForCausalLM": read_mimo,
     "LlamaForCausalLMEagle": read_eagle, "LlamaForCausalLMEagle3": read_eagle3,
 }
 MODEL_TYPES: dict[str, Reader] = {
@@ -56,7 +57,7 @@ MODEL_TYPES: dict[str, Reader] = {
     "qwen3_5_moe": read_qwen3_next, "qwen3_5_text": read_qwen3_next, "qwen3_5_moe_text": read_qwen3_next,
     "nemotron_h": read_nemotron_h, "llama4": read_llama4, "llama4_text": read_llama4, "falcon_h1": read_falcon_h1,
     "granitemoehybrid": read_granite_hybrid, "bamba": read_bamba, "zamba2": read_zamba2, "jamba": read_jamba,
-    "kimi_linear": read_kimi_linear,
+    "kimi_linear": read_kimi_linear, "mimo": read_mimo,
 }
 # Architectures that look like decoders but whose cache no reader here describes.
 UNSUPPORTED: dict[str, str] = {

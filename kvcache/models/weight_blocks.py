@@ -70,15 +70,18 @@ class Norm:
 
 @dataclass(frozen=True, slots=True)
 class Linear:
-    """A replicated linear (EAGLE's fc, MTP's eh_proj, a shared-expert gate)."""
+    """A replicated linear (EAGLE's fc, MTP's eh_proj, a shared-expert gate); `column_parallel` splits its
+    outputs over the ranks instead (Nemotron-3's MTP eh_proj)."""
 
     out: int
     inp: int
     bias: bool = False
     quantizable: bool = False
+    column_parallel: bool = False
 
     def specs(self, name: str, shard: Shard) -> list[ParamSpec]:
-        return linear(name, self.out, self.inp, bias=self.bias, quantizable=self.quantizable)
+        out = shard.split(self.out) if self.column_parallel else self.out
+        return linear(name, out, self.inp, bias=self.bias, quantizable=self.quantizable)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ class WeightLayout:
     lm_head_name: str = "lm_head"
     lm_head_vocab: int | None = None
     nextn_layers: tuple[Layer, ...] = ()
+    nextn_prefix: str | None = None  # the MTP layers' own names ("mtp.layers.{i}."); None: numbered after the layers
     front: tuple[Part, ...] = ()
     quantization: Quantization = Quantization()
 
@@ -48,11 +49,11 @@ class WeightLayout:
         shard = Shard(tp_size)
         if nextn:
             if not self.nextn_layers:
-                raise ConfigError("nextn=True but the config has no NEXTN layers "
-                                  "('num_nextn_predict_layers' is missing or 0)")
+                raise ConfigError("nextn=True but the config has no NEXTN (MTP) layers "
+                                  "('num_nextn_predict_layers' / 'mtp_num_hidden_layers' is missing or 0)")
             ids = _checked_range(layer_start, layer_end, len(self.nextn_layers), "NEXTN layers")
             first = len(self.layers)
-            specs = [s for k in ids for s in self.nextn_layers[k].specs(self.layer_prefix.format(i=first + k), shard)]
+            specs = [s for k in ids for s in self.nextn_layers[k].specs(self._nextn_name(k, first), shard)]
             return self._quantized(specs)
         ids = _checked_range(layer_start, layer_end, len(self.layers), "layers")
         vocab = shard.split(self.vocab)
@@ -67,6 +68,10 @@ class WeightLayout:
             if not (self.tied and include_embedding and self.lm_head_vocab is None):
                 specs.append(ParamSpec(f"{self.lm_head_name}.weight", (head_vocab, self.hidden)))
         return self._quantized(specs)
+
+    def _nextn_name(self, k: int, first: int) -> str:
+        """The k-th MTP layer's prefix: its own (Qwen3-Next's mtp., MiMo's model.mtp_layers.k.), else layer first + k."""
+        return self.nextn_prefix.format(i=k) if self.nextn_prefix is not None else self.layer_prefix.format(i=first + k)
 
     def _quantized(self, specs: Sequence[ParamSpec]) -> tuple[ParamSpec, ...]:
         """Keep `quantized` only on quantizable weights the checkpoint's quantization covers."""

@@ -21,6 +21,7 @@ from kvcache.models.decoder import (
     num_layers,
     standard_layers,
     weight_layout,
+    with_mtp,
 )
 from kvcache.models.fields import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, ConfigFields
 from kvcache.models.weight_blocks import Indexer, Layer, Linear, MLAttention, Norm
@@ -87,7 +88,8 @@ def read_deepseek(src: ModelSource) -> ModelConfig:
     # an MTP layer: its own input norms and projection around a copy of the last decoder layer
     mtp = Layer((("enorm", norm), ("hnorm", norm), ("eh_proj", Linear(hidden, 2 * hidden)), *layers[-1].parts,
                  ("shared_head.norm", norm)))
-    weights = weight_layout(src, layers, hidden, nextn_layers=(mtp,) * nextn)
+    weights = weight_layout(src, layers, hidden)
     qk_dim = attn.nope_dim + attn.rope_dim
-    return describe(src, kinds=("mla",) * n, heads=Heads(hidden, heads, heads, qk_dim), weights=weights,
-                    v_head_dim=attn.v_dim, num_nextn_predict_layers=nextn, **mla_cache_fields(attn))
+    model = describe(src, kinds=("mla",) * n, heads=Heads(hidden, heads, heads, qk_dim), weights=weights,
+                     v_head_dim=attn.v_dim, **mla_cache_fields(attn))
+    return with_mtp(model, (mtp,) * nextn, ("mla",) * nextn)

@@ -1,5 +1,7 @@
 """Nemotron-H / Nemotron-3: `hybrid_override_pattern` picks each layer: M Mamba-2, * attention,
-- squared-ReLU MLP, E MoE (no cache for - and E)."""
+- squared-ReLU MLP, E MoE (no cache for - and E). Nemotron-3 Super/Ultra ship one MTP step
+(`num_nextn_predict_layers` 1) of `mtp_hybrid_override_pattern` / `mtp_layers_block_type` layers (* and E),
+the first with enorm, hnorm and a column-parallel eh_proj, the last with a final norm: a NEXTN draft's."""
 
 from __future__ import annotations
 
@@ -11,12 +13,14 @@ from kvcache.models.decoder import (
     num_layers,
     read_heads,
     weight_layout,
+    with_mtp,
 )
 from kvcache.models.fields import MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, ConfigFields
 from kvcache.models.generic import attention_block, text_model_type
-from kvcache.models.weight_blocks import Block, Layer, Mamba2Mixer, Norm, PlainMLP
+from kvcache.models.weight_blocks import Block, Layer, Linear, Mamba2Mixer, Norm, PlainMLP
 
 _KINDS: dict[str, LayerKind] = {"M": "mamba2", "*": "full_attention", "-": "mlp", "E": "mlp"}
+_LETTERS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
 
 
 def mamba2_mixer(t: ConfigFields, hidden: int, *, heads: int, head_dim: int) -> Mamba2Mixer:
@@ -34,18 +38,23 @@ def mamba2_cache_fields(m: Mamba2Mixer) -> dict[str, int]:
                 mamba_n_groups=m.groups, mamba_conv_kernel=m.conv_kernel)
 
 
+def _listed_pattern(t: ConfigFields, listed_name: str, pattern_name: str, n: int | None) -> str | None:
+    """A layer pattern spelled as letters (`pattern_name`) or as a list of block types (`listed_name`)."""
+    listed = t.text_list(listed_name, length=n)
+    if listed is not None and not t.has(pattern_name):  # Nemotron-3 Ultra spells it out
+        for i, b in enumerate(listed):
+            if b not in _LETTERS:
+                t.fail(f"{listed_name}[{i}]", b, "one of mamba, attention, mlp, moe")
+        return "".join(_LETTERS[b] for b in listed)
+    return t.text(pattern_name, default="") or None
+
+
 def read_nemotron_h(src: ModelSource) -> ModelConfig:
     t = src.text
     listed = t.raw.get("layers_block_type")
     n = num_layers(t) if not isinstance(listed, list) or t.has("num_hidden_layers") else len(listed)
-    blocks_listed = t.text_list("layers_block_type", length=n)
-    if blocks_listed is not None and not t.has("hybrid_override_pattern"):  # Nemotron-3 Ultra spells it out
-        letters = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
-        for i, b in enumerate(blocks_listed):
-            if b not in letters:
-                t.fail(f"layers_block_type[{i}]", b, "one of mamba, attention, mlp, moe")
-        pattern = "".join(letters[b] for b in blocks_listed)
-    else:
+    pattern = _listed_pattern(t, "layers_block_type", "hybrid_override_pattern", n)
+    if pattern is None:
         pattern = t.text("hybrid_override_pattern")
     if len(pattern) != n:
         t.fail("hybrid_override_pattern", f"{len(pattern)} layers", f"one letter per layer (num_hidden_layers is {n})")
@@ -56,17 +65,39 @@ def read_nemotron_h(src: ModelSource) -> ModelConfig:
     hidden = heads.hidden
     mamba = mamba2_mixer(t, hidden, heads=t.int("mamba_num_heads", high=MAX_HEADS),
                          head_dim=t.int("mamba_head_dim", high=MAX_HEAD_DIM))
+    mtp_pattern = _mtp_pattern(t)
     blocks: dict[str, Block] = {"M": mamba}
-    if "*" in pattern:
+    if "*" in pattern + mtp_pattern:
         blocks["*"] = attention_block(t, heads, text_model_type(src))
     if "-" in pattern:
         blocks["-"] = PlainMLP(hidden, t.int("intermediate_size"), t.flag("mlp_bias"))
-    if "E" in pattern:
+    if "E" in pattern + mtp_pattern:
         blocks["E"] = moe_block(t, hidden, t.int("n_routed_experts", "num_experts", high=MAX_EXPERTS), score_bias=True,
                                 gated=False)
     norm = Norm(hidden)
     layers = {c: Layer((("norm", norm), ("mixer", blocks[c]))) for c in set(pattern)}
     weights = weight_layout(src, tuple(layers[c] for c in pattern), hidden, embed_name="backbone.embeddings",
                             final_norm="backbone.norm_f", layer_prefix="backbone.layers.{i}.")
-    return describe(src, kinds=tuple(_KINDS[c] for c in pattern), heads=heads, weights=weights,
-                    **mamba2_cache_fields(mamba))
+    model = describe(src, kinds=tuple(_KINDS[c] for c in pattern), heads=heads, weights=weights,
+                     **mamba2_cache_fields(mamba))
+    return with_mtp(model, _mtp_layers(mtp_pattern, blocks, hidden), tuple(_KINDS[c] for c in mtp_pattern),
+                    prefix="mtp.layers.{i}.")
+
+
+def _mtp_pattern(t: ConfigFields) -> str:
+    """The MTP step's layers ('' without MTP): attention (*) and MoE (E) only, as SGLang 0.5.23 builds them;
+    ['attention', 'moe'] when the config has MTP but does not list them (the config class's default)."""
+    if not t.int("num_nextn_predict_layers", default=0, low=0, high=1):
+        return ""
+    pattern = _listed_pattern(t, "mtp_layers_block_type", "mtp_hybrid_override_pattern", None) or "*E"
+    if set(pattern) - {"*", "E"}:
+        t.fail("mtp_hybrid_override_pattern", pattern, "only the letters * and E (attention and MoE MTP layers)")
+    return pattern
+
+
+def _mtp_layers(pattern: str, blocks: dict[str, Block], hidden: int) -> tuple[Layer, ...]:
+    norm = Norm(hidden)
+    first = (("enorm", norm), ("hnorm", norm), ("eh_proj", Linear(hidden, 2 * hidden, column_parallel=True)))
+    return tuple(Layer((*(first if j == 0 else ()), ("norm", norm), ("mixer", blocks[c]),
+                        *((("final_layernorm", norm),) if j == len(pattern) - 1 else ())))
+                 for j, c in enumerate(pattern))

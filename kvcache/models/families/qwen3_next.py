@@ -2,7 +2,8 @@
 Qwen3.5-style configs (`layer_types` naming linear_attention layers).
 
 Attention layers are gated (q doubled for the output gate) with q/k norms; linear layers
-keep a per-request conv window and a delta-rule state (see layer_specs).
+keep a per-request conv window and a delta-rule state (see layer_specs). The checkpoint's one MTP
+layer (`mtp.`: two norms and fc before a full-attention decoder layer, a final norm) is a NEXTN draft's.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from kvcache.models.decoder import (
     num_layers,
     read_heads,
     weight_layout,
+    with_mtp,
 )
 from kvcache.models.fields import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, ConfigFields
 from kvcache.models.generic import attention_block, text_model_type
-from kvcache.models.weight_blocks import GatedDeltaNet
+from kvcache.models.weight_blocks import Block, GatedDeltaNet, Layer, Linear, Norm
 
 _KINDS = frozenset({"full_attention", "linear_attention"})
 
@@ -48,6 +50,17 @@ def _layer_kinds(t: ConfigFields, n: int) -> tuple[LayerKind, ...]:
     return tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n))
 
 
+def mtp_layer(t: ConfigFields, attention: Block, ffn: Block, hidden: int) -> tuple[Layer, ...]:
+    """The MTP layer SGLang 0.5.23 drafts with (one, whatever mtp_num_hidden_layers says, unless it is 0):
+    named as the checkpoint names it under `mtp.`."""
+    if not t.int("mtp_num_hidden_layers", "num_nextn_predict_layers", default=1, low=0, high=MAX_LAYERS):
+        return ()
+    norm = Norm(hidden)
+    decoder = mixed_layers((("self_attn", attention),), (ffn,), hidden)[0]
+    return (Layer((("pre_fc_norm_embedding", norm), ("pre_fc_norm_hidden", norm), ("fc", Linear(hidden, 2 * hidden)),
+                   *((f"layers.0.{name}", block) for name, block in decoder.parts), ("norm", norm))),)
+
+
 def read_qwen3_next(src: ModelSource) -> ModelConfig:
     t = src.text
     heads, n = read_heads(t), num_layers(t)
@@ -58,4 +71,6 @@ def read_qwen3_next(src: ModelSource) -> ModelConfig:
     ffns = ffn_blocks(t, heads.hidden, n, model_type="qwen3_next")
     mixers = tuple(("self_attn", attention) if k == "full_attention" else ("linear_attn", gdn) for k in kinds)
     weights = weight_layout(src, mixed_layers(mixers, ffns, heads.hidden), heads.hidden)
-    return describe(src, kinds=kinds, heads=heads, weights=weights, **linear_state_fields(gdn))
+    model = describe(src, kinds=kinds, heads=heads, weights=weights, **linear_state_fields(gdn))
+    mtp = mtp_layer(t, attention, ffns[-1], heads.hidden)
+    return with_mtp(model, mtp, ("full_attention",) * len(mtp), prefix="mtp.")
