@@ -143,3 +143,10 @@ def test_a_qwen3_5_checkpoint_without_mtp_layers_has_no_nextn_draft() -> None:
                                                                 | {"mtp_num_hidden_layers": 0}})
     with pytest.raises(ConfigError, match="has no next-token-prediction layers"):
         model.nextn_draft()
+
+
+def test_nextn_for_mtp_layers_no_reader_models_says_so_not_that_there_are_none() -> None:
+    """Step-3.7-Flash declares three MTP layers; the message said it had none."""
+    with pytest.raises(ConfigError, match=r"declares MTP layers \(num_nextn_predict_layers 3\) that this engine does "
+                                          r"not model for Step3p7FlashForCausalLM; .*use EAGLE"):
+        ModelConfig.from_hf_config(corpus("Step-3.7-Flash")).nextn_draft()

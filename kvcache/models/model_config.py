@@ -102,10 +102,12 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         """The model's own next-token-prediction layers as a draft model (NEXTN / MTP)."""
         kinds = self.nextn_layer_kinds
         if not kinds:
+            declared = _declared_mtp_field(self.hf_config)
+            what = (f"declares MTP layers ({declared}) that this engine does not model for {self.architecture}"
+                    if declared else "has no next-token-prediction layers (MTP) in its config.json")
             raise ConfigError(
-                f"{self.name} has no next-token-prediction layers (MTP) in its config.json; NEXTN needs a model that "
-                "ships them (DeepSeek-V3/V3.2, GLM-5, Qwen3-Next, Qwen3.5, MiMo, Nemotron-3 Super/Ultra); "
-                "use EAGLE with --speculative-draft-model instead"
+                f"{self.name} {what}; NEXTN is modelled for the MTP layers of DeepSeek-V3/V3.2, GLM-5, Qwen3-Next, "
+                "Qwen3.5, MiMo and Nemotron-3 Super/Ultra; use EAGLE with --speculative-draft-model instead"
             )
         return msgspec.structs.replace(
             self, name=f"{self.name} (NEXTN)", num_hidden_layers=len(kinds), layer_kinds=kinds,
@@ -134,6 +136,17 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
                 "--allow-long-context if the model really extrapolates"
             )
         return requested
+
+
+def _declared_mtp_field(hf: Mapping[str, Any]) -> str | None:
+    """'name value' of a positive MTP layer count in config.json (or its text_config), else None."""
+    text = hf.get("text_config")
+    for section in (hf, text if isinstance(text, Mapping) else {}):
+        for name in ("num_nextn_predict_layers", "mtp_num_hidden_layers"):
+            value = section.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return f"{name} {value}"
+    return None
 
 
 def read_hf_config_file(path: str | Path) -> dict[str, Any]:
