@@ -1,4 +1,4 @@
-"""Allocator steps side by side in one run: ours vs SGLang 0.5.23's real allocators vs vLLM 0.34.0's BlockPool.
+"""Allocator steps side by side in one run: ours vs SGLang 0.5.23's real allocators vs vLLM 0.34.0's real code.
 
 Each step is what a busy server does per scheduler iteration, with half the pool held:
 
@@ -11,8 +11,13 @@ Each step is what a busy server does per scheduler iteration, with half the pool
            alloc_extend(...) with SGLang 0.5.23's arguments, then free_segments of the
            fresh pages (vLLM: get_new_blocks(k) + free_blocks).
 
-vLLM's numbers are host bookkeeping only (its block ids never touch the device here),
-so they are the floor for host work. On CUDA each step also counts host syncs
+Two vLLM columns (benchmarks/vllm_steps.py): "BlockPool only" is get_new_blocks(k) +
+free_blocks of the same number of blocks, block-id bookkeeping with no slot index, the
+floor for host work; "scheduler path" (CPU runs only) is what vLLM's scheduler and CPU
+model runner call to get one slot per new token for the same batch -- allocate_slots for
+every request, the block-table append, the slot mapping (its compiled op stood in for by
+numpy, whose share is shown) and free_blocks of what the step took -- time inside those
+calls only (compare with ours' allocator calls). On CUDA each step also counts host syncs
 (torch.cuda.set_sync_debug_mode("warn")) and checks that SGLang's Triton kernels ran
 and agree with ours. Two times per step, in microseconds of host wall time: the whole
 step, and the part spent inside the allocator's own calls (the decode step's harness
@@ -47,13 +52,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator  # noqa: E402
-from reference_allocators import load_sglang, load_vllm_block_pool  # noqa: E402
+from reference_allocators import load_sglang, load_vllm  # noqa: E402
+from vllm_steps import SchedulerPath, block_pool_step  # noqa: E402
 
 DECODE_BATCH = 256
 EXTEND_BATCH, EXTEND_TOKENS = 8, 256
 TIME_BOX_S = 0.25
 MAX_STEPS = 2000
-VLLM_MAX_BLOCKS = 2_000_000  # a Python object per block: larger pools take minutes to build
+VLLM_MAX_BLOCKS = 2_000_000  # a Python object per block: larger pools take minutes to build (both vLLM columns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,8 @@ class Row:
     sglang_alloc_us: float | None
     ours_syncs: float | None = None  # host syncs per step (CUDA only)
     sglang_syncs: float | None = None
+    vllm_path_us: float | None = None  # vLLM scheduler path, inside its calls (CPU only)
+    vllm_slots_us: float | None = None  # of which the slot-mapping stand-in
 
 
 def sync(device: torch.device) -> None:
@@ -191,14 +199,6 @@ def token_steps(a: Any, ps: int, batches: Batches | None, workload: str) -> Step
     return step
 
 
-def vllm_step(pool: Any, count: int) -> Step:
-    def step(i: int) -> float:
-        t0 = time.perf_counter()
-        pool.free_blocks(pool.get_new_blocks(count))
-        return time.perf_counter() - t0
-    return step
-
-
 def agree(ours: Any, theirs: Any, batches: Batches, ps: int) -> bool:
     """Fresh allocators of both kinds hand out the same indices for the same decode and extend batches."""
     seq, seq_cpu, last, _ = batches.decode[0]
@@ -208,7 +208,7 @@ def agree(ours: Any, theirs: Any, batches: Batches, ps: int) -> bool:
 
 def measure(sizes: list[int], page_sizes: list[int], trials: int, device: torch.device, root: Path) -> tuple[list[Row], dict[str, Any]]:
     sglang = load_sglang(root, use_triton=device.type == "cuda")
-    BlockPool = load_vllm_block_pool(root)
+    vllm = load_vllm(root)
     rows, checks = [], {}
     for ps in page_sizes:
         for workload in (["page 1"] if ps == 1 else ["decode", "extend"]):
@@ -223,18 +223,25 @@ def measure(sizes: list[int], page_sizes: list[int], trials: int, device: torch.
                     if name == "sglang" and batches is not None and device.type == "cuda" and workload == "decode":
                         checks[f"page {ps}, {size:,} tokens: SGLang (Triton) and ours agree"] = agree(
                             our_allocator(size, ps, device), sglang_allocator(sglang, size, ps, device), batches, ps)
+                path = None
                 if size // ps <= VLLM_MAX_BLOCKS:
-                    pool = BlockPool(num_gpu_blocks=size // ps + 1, enable_caching=False, hash_block_size=ps)
+                    pool = vllm.BlockPool(num_gpu_blocks=size // ps + 1, enable_caching=False, hash_block_size=ps)
                     pool.get_new_blocks(size // 2 // ps)
                     count = {"page 1": DECODE_BATCH, "decode": DECODE_BATCH // ps}.get(workload)
                     if count is None:
                         count = Batches(ps, torch.arange(1, EXTEND_BATCH + 1), torch.device("cpu")).extend_new_pages
-                    steps["vllm"] = (vllm_step(pool, count), torch.device("cpu"))
+                    steps["vllm"] = (block_pool_step(pool, count), torch.device("cpu"))
+                    path = SchedulerPath.for_workload(vllm, size, ps, workload) if device.type == "cpu" else None
+                    if path is not None:  # None: too small for 256 requests' own pages
+                        steps["vllm path"] = (path.step, torch.device("cpu"))
                 best = step_times(steps, trials)
                 syncs = {name: syncs_per_step(steps[name][0], device) for name in ("ours", "sglang")}
                 vllm_us = best["vllm"][0] * 1e6 if "vllm" in best else None
+                path_us = best["vllm path"][1] * 1e6 if "vllm path" in best else None
+                slots_us = path.slot_mapping_seconds() * 1e6 if path_us is not None else None
                 rows.append(Row(workload, ps, size, best["ours"][0] * 1e6, best["sglang"][0] * 1e6, vllm_us,
-                                best["ours"][1] * 1e6, best["sglang"][1] * 1e6, syncs["ours"], syncs["sglang"]))
+                                best["ours"][1] * 1e6, best["sglang"][1] * 1e6, syncs["ours"], syncs["sglang"],
+                                path_us, slots_us))
                 print(rows[-1], flush=True)
     if device.type == "cuda":
         ran = {name: bool(getattr(sglang.kernels, name).device_caches) if hasattr(getattr(sglang.kernels, name), "device_caches")
@@ -252,16 +259,19 @@ def describe(device: torch.device) -> str:
 def markdown(rows: list[Row], gpu: bool) -> str:
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     ratio = lambda a, b: "-" if a is None or b is None else f"{a / b:.1f}x"  # noqa: E731
-    head = ("| workload | page | pool tokens | ours | SGLang 0.5.23 | vLLM BlockPool (host only) | SGLang / ours "
-            "| ours, allocator calls | SGLang, allocator calls | SGLang / ours, allocator calls |")
-    rule = "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    head = ("| workload | page | pool tokens | ours | SGLang 0.5.23 | vLLM BlockPool only, no slot indices "
+            "| vLLM scheduler path: allocate_slots + slot mapping, calls | of which slot mapping (numpy stand-in) "
+            "| SGLang / ours | ours, allocator calls | SGLang, allocator calls | SGLang / ours, allocator calls "
+            "| vLLM path / ours, allocator calls |")
+    rule = "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     if gpu:
         head, rule = head + " syncs/step ours | syncs/step SGLang |", rule + "---:|---:|"
     lines = ["microseconds of host wall time per step (median of 50-step chunks, best of trials)", "", head, rule]
     for r in rows:
         line = (f"| {r.workload} | {r.page_size} | {r.pool_tokens:,} | {fmt(r.ours_us)} | {fmt(r.sglang_us)} "
-                f"| {fmt(r.vllm_us)} | {ratio(r.sglang_us, r.ours_us)} | {fmt(r.ours_alloc_us)} "
-                f"| {fmt(r.sglang_alloc_us)} | {ratio(r.sglang_alloc_us, r.ours_alloc_us)} |")
+                f"| {fmt(r.vllm_us)} | {fmt(r.vllm_path_us)} | {fmt(r.vllm_slots_us)} "
+                f"| {ratio(r.sglang_us, r.ours_us)} | {fmt(r.ours_alloc_us)} | {fmt(r.sglang_alloc_us)} "
+                f"| {ratio(r.sglang_alloc_us, r.ours_alloc_us)} | {ratio(r.vllm_path_us, r.ours_alloc_us)} |")
         if gpu:
             line += f" {fmt(r.ours_syncs)} | {fmt(r.sglang_syncs)} |"
         lines.append(line)
