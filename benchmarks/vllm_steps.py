@@ -5,21 +5,24 @@ BlockPool only: get_new_blocks(k) + free_blocks, the block-id bookkeeping, no sl
 Scheduler path (SchedulerPath): what vLLM's v1 scheduler and CPU model runner call on the
 host, per step, to turn "these requests need n more tokens" into one KV slot index per token,
 with prefix caching off and one full-attention KV cache group:
-  scheduler  kv_cache_manager.new_step_starts(); allocate_slots(request, n) for every running
-             request; get_block_ids(allow_none=True) of each result (the per-request data sent to
-             the worker); take_new_block_ids() (drained every step);
+  scheduler  kv_cache_manager.new_step_starts(); allocate_slots(request, n) for every scheduled
+             request, as schedule() calls it whether or not a block is needed; get_block_ids(
+             allow_none=True) of each result (the per-request data sent to the worker);
+             take_new_block_ids() (drained every step);
   worker     CPUBlockTables.append_block_ids(row, ids) for each request that got blocks, then
              compute_slot_mappings(idx_mapping, query_start_loc, positions): the slot per token;
   release    block_pool.free_blocks of as many blocks as were taken (what kv_cache_manager.free
              does when a request finishes), so occupancy stays steady.
-The time is those calls only. Not timed: the harness rolling requests back and advancing their
-token counts and positions (the scheduler's own request updates), and the block-table gather.
+The time is those calls only (CPU runs; vLLM's GPU runner does the table writes and slot mapping
+in Triton kernels instead). Not timed: the harness rolling requests back and advancing their token
+counts and positions (the scheduler's own request updates), and the block-table gather.
 vLLM's CPU slot mapping is a compiled op missing from the CUDA wheel: reference_allocators
 stands in for it with numpy, and slot_mapping_seconds() reports that part alone.
 
 Workloads (the same tokens as ours and SGLang's steps):
-  decode  256 running requests, 1 new token each. Request r starts at base*ps + (-r mod ps)
-          tokens, so 1/ps of them (rotating) reach a page boundary each step and take a block;
+  decode  256 running requests, 1 new token each. Request r starts at base + (-r mod ps) tokens
+          (base: 8 pages, fewer where the pool is too small for 256 requests, None when it cannot
+          hold one page each), so 1/ps of them (rotating) reach a page boundary each step and take a block;
           on its next crossing a request first gives back the block it took ps steps before
           (rewound by ps tokens), so every request cycles through one page. page 1 = this with
           block size 1 (every request takes and gives back one block per step).
@@ -97,6 +100,7 @@ class SchedulerPath:
         self.query_start_loc = torch.tensor(np.concatenate(([0], np.cumsum(new_tokens))), dtype=torch.int32)
         self.positions_np = np.concatenate([np.arange(c, c + n) for c, n in zip(computed, new_tokens)]).astype(np.int64)
         self.positions = torch.from_numpy(self.positions_np)
+        self.stepped = False
 
     @classmethod
     def for_workload(cls, vllm: SimpleNamespace, pool_tokens: int, ps: int, workload: str) -> SchedulerPath | None:
@@ -154,21 +158,22 @@ class SchedulerPath:
             t1 = clock()
             self.manager.block_pool.free_blocks(fresh)
             return spent + clock() - t1
-        freed = []
+        if self.stepped:  # the previous step's tokens are computed now (left until here so slots() repeats a step)
+            for request in self.requests:
+                request.num_computed_tokens += 1
+                request.num_tokens = request.num_computed_tokens + 1
+            self.positions_np += 1
+        self.stepped, freed = True, []
         for row, request in enumerate(self.requests):  # those about to cross again give back their last block
             if request.num_computed_tokens == self.base + ps:
                 freed += self._give_back(row, 1)
                 request.num_computed_tokens -= ps
+                request.num_tokens -= ps
                 self.positions_np[row] -= ps
         t0 = clock()
         self.manager.block_pool.free_blocks(freed)
         self.allocate()
-        spent = clock() - t0
-        for request in self.requests:
-            request.num_computed_tokens += 1
-            request.num_tokens = request.num_computed_tokens + 1
-        self.positions_np += 1
-        return spent
+        return clock() - t0
 
     def slot_mapping_seconds(self) -> float:
         """What the numpy stand-in for vLLM's compiled slot-mapping op costs per step on its own."""
