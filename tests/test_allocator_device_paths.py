@@ -12,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvcache.allocators.locations import SMALL_BATCH
 
 CPU = torch.device("cpu")
 
@@ -104,13 +105,21 @@ def test_paged_steps_launch_the_same_few_kernels_at_any_pool_size(size: int) -> 
     segment = kernels(lambda: a.free_segment(out[0][8:32], start_pos=16), a, out[0])
     page_ids = torch.tensor([2, 3])
     by_id = kernels(lambda: a.free_page_ids(page_ids), a, page_ids)
-    # on the host path, on the device: an add and an index_copy_ (decode); the partial pages and the
-    # fresh pages scattered into a source, a gather and an add (extend; off the CPU also the plan's one
-    # asynchronous copy); one append per free. (On CUDA one Triton launch replaces each alloc.)
+    big_prefix = torch.arange(SMALL_BATCH + 1) * ps + 3  # more requests than the small-batch path takes
+    big_new = big_prefix + 20  # each continues its page and takes a fresh one
+    big_last = big_prefix - 1 + ps * 100
+    big_extend = kernels(lambda: a.alloc_extend(big_prefix, big_prefix, big_new, big_new, big_last,
+                                                20 * (SMALL_BATCH + 1)), a, big_last)
+    # on the host path, on the device: an add and an index_copy_ (decode); for a small batch one row of
+    # candidates per request and per fresh page (two adds) whose runs are concatenated (extend); for a
+    # larger one the partial and fresh pages scattered into a source, a gather and an add (off the CPU
+    # also the plan's one asynchronous copy); one append per free. (On CUDA one Triton launch replaces
+    # each alloc.)
     assert decode == ["add", "index_copy_"]
-    assert extend == ["add", "index_copy_", "index_copy_", "index_select", "add_"]
+    assert extend == ["add", "add", "cat"]
+    assert big_extend == ["add", "index_copy_", "index_copy_", "index_select", "add_"]
     assert segment == ["copy_"] and by_id == ["mul"]
-    assert not SYNCING & {*decode, *extend, *segment, *by_id}
+    assert not SYNCING & {*decode, *extend, *big_extend, *segment, *by_id}
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -230,3 +232,22 @@ def test_a_step_that_fails_after_taking_pages_gives_them_back() -> None:
         a.alloc_extend(prefix, prefix, new, new, torch.tensor([-1, 7]), 52)
     assert a.available_size() == free
     assert a.alloc(free) is not None and a.available_size() == 0  # every page still handed out once
+
+
+@pytest.mark.parametrize("ps", [2, 16, 64])
+def test_small_batch_runs_equal_the_per_token_plan(mocker, ps: int) -> None:
+    """The two host paths of alloc_extend (runs for small batches, the per-token plan for larger) agree index for index."""
+    rng = random.Random(ps)
+    for _ in range(30):
+        n = rng.randint(1, 12)
+        prefix = torch.tensor([rng.choice([0, rng.randint(0, 3 * ps)]) for _ in range(n)])
+        new = prefix + torch.tensor([rng.choice([0, 1, ps - 1, ps, rng.randint(0, 4 * ps)]) for _ in range(n)])
+        results = []
+        for small in (64, -1):
+            mocker.patch("kvcache.allocators.paged.SMALL_BATCH", small)
+            a = PagedTokenToKVPoolAllocator(size=256 * ps, page_size=ps, device="cpu", check_frees=True)
+            held = a.alloc(64 * ps)  # the requests' earlier pages: request i's partial page is page i + 1
+            assert held is not None
+            last = torch.where(prefix > 0, held[::ps][: n] + (prefix - 1) % ps, torch.full_like(prefix, -1))
+            results.append(extend(a, prefix, new, last, int((new - prefix).sum())).tolist())  # type: ignore[union-attr]
+        assert results[0] == results[1]

@@ -99,6 +99,38 @@ def count_extend_pages(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, page_s
     return sum(new_pages_for_extend(a, b, page_size) for a, b in zip(prefix, seq))
 
 
+@dataclass(frozen=True, slots=True)
+class ExtendSplit:
+    """A small batch's new tokens as runs, from host ints: request r first continues its partial page
+    (k_r tokens after last_loc[r]), then fills its fresh pages in order (ft_r tokens). The device makes
+    one row of page_size candidates per request (last_loc + 1 + i) and per fresh page (start + i); split
+    by these sizes, the even pieces interleaved are the output, so nothing is planned per token."""
+
+    num_new_pages: int
+    num_tokens: int
+    continues_a_page: bool
+    partial_sizes: list[int]  # [k_0, P - k_0, k_1, P - k_1, ...] over the batch's continuation rows
+    fresh_sizes: list[int]  # [ft_0, f_0 * P - ft_0, ...] over the fresh pages' rows
+
+
+def split_extend(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, page_size: int, extend_num_tokens: int) -> ExtendSplit:
+    """The runs of a valid batch of CPU int64 lengths (ValueError on an inconsistent one); for SMALL_BATCH requests."""
+    if prefix_lens.numel() != seq_lens.numel():
+        raise ValueError(f"prefix_lens has {prefix_lens.numel()} requests but seq_lens has {seq_lens.numel()}")
+    prefix, seq = prefix_lens.tolist(), seq_lens.tolist()
+    lengths = [b - a for a, b in zip(prefix, seq)]
+    check_extend_totals(sum(lengths), min(prefix, default=0), min(lengths, default=0), extend_num_tokens)
+    partial, fresh, pages = [], [], 0
+    for a, b, length in zip(prefix, seq, lengths):
+        room = -a % page_size  # free rows left on the page position a - 1 is on
+        k = min(length, room)
+        f = new_pages_for_extend(a, b, page_size)
+        partial += (k, page_size - k)
+        fresh += (length - k, f * page_size - length + k)
+        pages += f
+    return ExtendSplit(pages, extend_num_tokens, any(partial[::2]), partial, fresh)
+
+
 def count_decode_pages(seq_lens: torch.Tensor, page_size: int) -> int:
     """Fresh pages a decode batch takes: the requests whose new token starts a page (CPU lengths)."""
     return int(torch.count_nonzero(decode_starts_page(seq_lens, page_size)))

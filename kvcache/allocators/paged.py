@@ -8,9 +8,10 @@ page_size-th index of it, with no division and no torch.unique.
 No host sync in steady state (SGLang 0.5.23's argument lists). The host counts the fresh
 pages a batch takes from the CPU copies of the lengths the scheduler passes and takes them
 from the free log; then, on CUDA, one Triton launch writes every new index
-(kvcache.allocators.paged_kernels). Elsewhere (or without Triton) the host plans every
-token (kvcache.allocators.locations) and the device finishes with a gather and an add
-(decode: an add and an index_copy). free_segment / free_page_ids append (one kernel).
+(kvcache.allocators.paged_kernels). Elsewhere (or without Triton) an extend of up to
+SMALL_BATCH requests is split into runs on the host (two broadcast adds and one cat on the
+device); a larger one is planned per token on the host and finished with a gather and an add
+(kvcache.allocators.locations); decode is an add and an index_copy. free_segment / free_page_ids append (one kernel).
 Only free() of an arbitrary token set, whose page count is data-dependent, runs
 torch.unique and so syncs, as SGLang's does.
 """
@@ -26,13 +27,16 @@ import torch
 from kvcache.allocators import paged_kernels
 from kvcache.allocators.base import INDEX_DTYPES, FreeListAllocator, as_indices, check_need_size, reject_meta
 from kvcache.allocators.locations import (
+    SMALL_BATCH,
     ExtendPlan,
+    ExtendSplit,
     check_extend_lengths,
     count_decode_pages,
     count_extend_pages,
     decode_starts_page,
     host_lengths,
     plan_extend,
+    split_extend,
 )
 from kvcache.allocators.paged_kernels import PagedKernels
 
@@ -61,7 +65,8 @@ class ExtendBatch:
     num_tokens: int
     prefix_lens: torch.Tensor  # as passed (the device kernel reads them)
     seq_lens: torch.Tensor
-    plan: ExtendPlan | None  # host path only
+    plan: ExtendPlan | None  # host path, larger batches
+    split: ExtendSplit | None = None  # host path, up to SMALL_BATCH requests
 
 
 class PagedTokenToKVPoolAllocator(FreeListAllocator):
@@ -84,6 +89,7 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
         if kernels == "auto":
             kernels = paged_kernels.load() if self._device.type == "cuda" else None
         self._kernels: PagedKernels | None = kernels
+        self._offsets = torch.arange(page_size + 1, dtype=torch.int64, device=self._device)  # 0..P, row offsets
 
     @property
     def num_pages(self) -> int:
@@ -131,6 +137,9 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
         last = as_indices(last_loc, self._device, "last_loc")
         if last.numel() != prefix.numel():
             raise ValueError(f"last_loc has {last.numel()} entries for {prefix.numel()} requests")
+        if self._kernels is None and prefix.numel() <= SMALL_BATCH:
+            split = split_extend(prefix, seq, self._page_size, extend_num_tokens)
+            return ExtendBatch(split.num_new_pages, extend_num_tokens, prefix_lens, seq_lens, None, split), last
         if self._kernels is None:
             tokens = check_extend_lengths(prefix, seq, extend_num_tokens)
             plan = plan_extend(prefix, seq, self._page_size, tokens)
@@ -154,6 +163,9 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
 
     def _extend_with(self, batch: ExtendBatch, last: torch.Tensor) -> torch.Tensor | None:
         n = batch.num_new_pages
+        if batch.split is not None:
+            split = batch.split
+            return self._on_new_pages(n, lambda head: self._runs(split, self._log.buffer[head:head + n], last))
         if self._kernels is None:
             assert batch.plan is not None
             plan = batch.plan
@@ -180,6 +192,18 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
         except BaseException:
             self._log.untake(head, count)
             raise
+
+    def _runs(self, split: ExtendSplit, starts: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """A small batch on the device (kvcache.allocators.locations.ExtendSplit): two broadcast adds, views, one cat."""
+        if not split.num_tokens:
+            return torch.empty(0, dtype=torch.int64, device=self._device)
+        runs: list[tuple[torch.Tensor, ...]] = []
+        if split.continues_a_page:
+            runs.append(torch.add(last[:, None], self._offsets[1:]).reshape(-1).split(split.partial_sizes)[::2])
+        if split.num_new_pages:
+            runs.append(torch.add(starts[:, None], self._offsets[:-1]).reshape(-1).split(split.fresh_sizes)[::2])
+        # request by request, its continuation then its fresh tokens; empty runs left out (they slow cat down)
+        return torch.cat([run for pair in zip(*runs) for run in pair if run.shape[0]])
 
     def _locations(self, plan: ExtendPlan, starts: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """Scatter the source, then out = source[gather] + offset on the device (kvcache.allocators.locations)."""
