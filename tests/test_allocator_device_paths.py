@@ -4,6 +4,8 @@ synchronize the host (torch.cuda.set_sync_debug_mode("error") raises on any sync
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -206,3 +208,38 @@ def test_a_paged_swa_set_free_syncs_twice_find_pages_and_pick_held_ones(page_siz
     touched = 6 if page_size == 1 else 3
     assert swa.full_available_size() == 1024 - 64 + touched * page_size
     assert swa.swa_available_size() == 512 - 64 + touched * page_size
+
+
+class _Kept(TorchDispatchMode):
+    """Every tensor created while active, by weak reference: the storages still alive afterwards are what was kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[Any] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (list, tuple)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.made.append(weakref.ref(t))
+        return out
+
+    def kept_bytes(self) -> int:
+        gc.collect()
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for ref in self.made
+                    if (t := ref()) is not None}
+        return sum(storages.values())
+
+
+@pytest.mark.parametrize("make", [
+    lambda: TokenToKVPoolAllocator(size=4096, device=CPU),
+    lambda: PagedTokenToKVPoolAllocator(size=4096, page_size=16, device=CPU),
+    lambda: PagedTokenToKVPoolAllocator(size=4096, page_size=64, device=CPU, kernels=None),
+    lambda: SWATokenToKVPoolAllocator(full_size=4096, swa_size=1024, page_size=16, device=CPU),
+])
+def test_an_allocator_keeps_no_memory_beyond_the_bytes_the_plan_counts(make: Callable[[], Any]) -> None:
+    """What an allocator holds after construction is its planned index buffers, nothing more (a stray
+    device tensor showed up on the H200 as memory_allocated exceeding the plan by 1,024 B)."""
+    with _Kept() as kept:
+        a = make()
+    assert kept.kept_bytes() == a.nbytes

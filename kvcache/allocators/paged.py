@@ -18,6 +18,7 @@ torch.unique and so syncs, as SGLang's does.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -89,7 +90,12 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
         if kernels == "auto":
             kernels = paged_kernels.load() if self._device.type == "cuda" else None
         self._kernels: PagedKernels | None = kernels
-        self._offsets = torch.arange(page_size + 1, dtype=torch.int64, device=self._device)  # 0..P, row offsets
+
+    @functools.cached_property
+    def _offsets(self) -> torch.Tensor:
+        """0..page_size, the row offsets of the host path's runs: made on first use, so an allocator whose steps
+        run as kernels holds no memory outside the plan's buffers."""
+        return torch.arange(self._page_size + 1, dtype=torch.int64, device=self._device)
 
     @property
     def num_pages(self) -> int:
