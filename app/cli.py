@@ -17,6 +17,7 @@ from typing import Any, NoReturn, Sequence
 
 
 from app.failures import UsageError, failure_of
+from app.flag_hints import unknown_command, unrecognized
 from app.server_args_flags import add_server_args_flags, server_args_values, sizes_read
 from containers import EngineContainer
 from kvcache.inputs.byte_units import SIZE_UNITS_HELP
@@ -30,7 +31,8 @@ COMMANDS = frozenset({"bootstrap", "plan", "presets", "-h", "--help"})
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_PRESET, help=f"a preset name, a model directory or a config.json (default {DEFAULT_PRESET})")
+    p.add_argument("--model", "--model-path", default=DEFAULT_PRESET,
+                   help=f"a preset name, a model directory or a config.json (default {DEFAULT_PRESET})")
     p.add_argument("--config", help="ServerArgs from a TOML or JSON file; flags override it")
     p.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
     add_server_args_flags(p)
@@ -56,6 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     card.add_argument("--gpu", help=f"a named card: {', '.join(KNOWN_CARDS)}")
     sub.add_parser("presets", help="list the shipped model configs")
     return parser
+
+
+def parse_command_line(parser: argparse.ArgumentParser, args: list[str]) -> argparse.Namespace:
+    """The parsed command line; anything argparse cannot place is refused with a hint for each flag."""
+    ns, extras = parser.parse_known_args(args)
+    if extras:
+        command = ns.command or "bootstrap"
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+        raise UsageError(f"{unrecognized(extras, command, list(sub._option_string_actions))} (see {sub.prog} --help)")
+    return ns
 
 
 def server_args_from(ns: argparse.Namespace, *, device: str | None = None) -> ServerArgs:
@@ -98,13 +110,19 @@ def run(ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _with_command(args: list[str]) -> list[str]:
+    """`bootstrap` when no command is named; a first word that is no command (`plna`) is refused, not taken
+    for bootstrap's stray argument."""
+    if args and not args[0].startswith("-") and args[0] not in COMMANDS:
+        raise UsageError(unknown_command(args[0]))
+    return args if args and args[0] in COMMANDS else ["bootstrap", *args]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure is one line on stderr (and a JSON error object with --json)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in COMMANDS:  # no subcommand: bootstrap
-        args.insert(0, "bootstrap")
     try:
-        return run(build_parser().parse_args(args))
+        return run(parse_command_line(build_parser(), _with_command(args)))
     except SystemExit as done:  # --help
         return done.code if isinstance(done.code, int) else EXIT_OK
     except BrokenPipeError:  # the reader went away (`| head`): nothing left to report to

@@ -29,24 +29,26 @@ class FieldFlag:
     description: str
     is_bytes: bool
     default: Any
+    aliases: tuple[str, ...] = ()  # SGLang's other spellings of the flag
 
     @property
     def flag(self) -> str:
         return "--" + self.field.replace("_", "-")
 
 
-def _unwrap(t: mi.Type) -> tuple[mi.Type, str, bool]:
-    """(the type inside Optional/Metadata, its description, whether it counts bytes)."""
+def _unwrap(t: mi.Type) -> tuple[mi.Type, str, bool, tuple[str, ...]]:
+    """(the type inside Optional/Metadata, its description, whether it counts bytes, its flag's aliases)."""
     if isinstance(t, mi.UnionType):
         inner = [u for u in t.types if not isinstance(u, mi.NoneType)]
         assert len(inner) == 1, f"ServerArgs flags support `X | None` unions only, got {t}"
         t = inner[0]
-    description, is_bytes = "", False
+    description, is_bytes, aliases = "", False, ()
     while isinstance(t, mi.Metadata):
         description = (t.extra_json_schema or {}).get("description", description)
         is_bytes = is_bytes or (t.extra or {}).get("unit") == "bytes"
+        aliases = tuple((t.extra or {}).get("aliases", aliases))
         t = t.type
-    return t, description, is_bytes
+    return t, description, is_bytes, aliases
 
 
 def server_args_fields() -> tuple[FieldFlag, ...]:
@@ -55,9 +57,9 @@ def server_args_fields() -> tuple[FieldFlag, ...]:
     assert isinstance(info, mi.StructType)
     out = []
     for f in info.fields:
-        kind, description, is_bytes = _unwrap(f.type)
+        kind, description, is_bytes, aliases = _unwrap(f.type)
         out.append(FieldFlag(field=f.name, kind=kind, description=description, is_bytes=is_bytes,
-                             default=None if f.default is mi.NODEFAULT else f.default))
+                             default=None if f.default is mi.NODEFAULT else f.default, aliases=aliases))
     return tuple(out)
 
 
@@ -115,7 +117,7 @@ def add_server_args_flags(parser: argparse.ArgumentParser) -> None:
             kwargs.update(type=str, metavar="TEXT")
         else:
             raise TypeError(f"no flag for ServerArgs.{f.field} of type {f.kind}")
-        group.add_argument(f.flag, **kwargs)
+        group.add_argument(f.flag, *f.aliases, **kwargs)
 
 
 def server_args_values(ns: argparse.Namespace) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from kvcache.memory.device_buffers import Arena
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES, KVCacheDtype
 from kvcache.errors import ConfigError, DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
 from kvcache.memory.memory_budget import MemoryBudget, compute_budget, derive_mem_fraction_static
+from kvcache.memory.host_memory import host_memory_bytes
 from kvcache.memory.memory_probe import MemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
@@ -221,7 +222,7 @@ class KVCacheConfigurator:
                                  kv_cache_memory_bytes=free_after)
             raise exc.with_suggestions(suggest_kv_cache_memory(
                 self.plan_request(layout, limit), free_after, kv_cache_memory=a.kv_cache_memory,
-                host_total_bytes=total if self.device.type == "cpu" else None)) from None
+                host_total_bytes=total if self.device.type == "cpu" else None, host_memory=host_memory_bytes())) from None
         except WeightsLeaveNoRoomError as exc:
             empty = MemoryBudget(budget_bytes=0, total_bytes=total, free_before_load_bytes=free_before,
                                  free_after_load_bytes=free_after, mem_fraction_static=fraction, kv_cache_memory_bytes=None)
@@ -245,7 +246,8 @@ class KVCacheConfigurator:
                 fp8 = None
         limit = request.budget.free_after_load_bytes if self.settings.kv_cache_memory is not None else None
         return suggest_fixes(request, budget_for_fraction=budget_for, kv_cache_memory_limit=limit, fp8_request=fp8,
-                             fraction_for_limit=self.mem_fraction_static if self.device.type == "cpu" else None)
+                             fraction_for_limit=self.mem_fraction_static if self.device.type == "cpu" else None,
+                             host_memory=host_memory_bytes() if self.device.type == "cpu" else None)
 
     def _configure_from_shared(self, layout: CacheLayout, shared: SharedTargetCache) -> KVCacheConfigResult:
         plan = shared.memory_pool_config

@@ -278,7 +278,7 @@ def test_load_from_a_directory_and_a_file(tmp_path: Path) -> None:
 
 
 def test_an_unknown_model_lists_the_presets(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="unknown model .*not a preset and not a path. Presets: DeepSeek-V2-Lite, "):
+    with pytest.raises(ConfigError, match="unknown model .*no such file or directory. Presets: DeepSeek-V2-Lite, "):
         load_model_config(str(tmp_path / "nothing-here"))
 
 

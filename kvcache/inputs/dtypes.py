@@ -84,6 +84,8 @@ KV_CACHE_DTYPES: dict[str, KVCacheDtype] = {
     "fp4_e2m1": KVCacheDtype("fp4_e2m1", torch.uint8, torch.uint8, 4, scale_group=16),
 }
 
+KV_CACHE_DTYPE_ALIASES = {"bf16": "bfloat16"}  # SGLang 0.5.23 accepts both spellings
+
 _TORCH_TO_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
@@ -109,7 +111,7 @@ def resolve_model_dtype(requested: str, checkpoint_dtype: str | None) -> torch.d
 
 
 def resolve_kv_cache_dtype(requested: str, model_dtype: torch.dtype) -> KVCacheDtype:
-    """`kv_cache_dtype="auto"` means the model dtype."""
+    """`kv_cache_dtype="auto"` means the model dtype; "bf16" is SGLang's other name for bfloat16."""
     if requested == "auto":
         return KV_CACHE_DTYPES[model_dtype_name(model_dtype)]
-    return KV_CACHE_DTYPES[requested]
+    return KV_CACHE_DTYPES[KV_CACHE_DTYPE_ALIASES.get(requested, requested)]

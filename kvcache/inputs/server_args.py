@@ -8,6 +8,7 @@ No environment variable changes any of this.
 
 from __future__ import annotations
 
+import difflib
 import json
 import tomllib
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Annotated, Any, Literal, Mapping
 import msgspec
 
 from kvcache.errors import ConfigError
+from kvcache.inputs.vllm_names import vllm_equivalent
 from kvcache.sizing.planning import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
 from kvcache.runtime.rank_agreement import SGLANG_MIN_RANK_MEMORY_RATIO
 
@@ -25,7 +27,7 @@ Fraction01 = Annotated[float, msgspec.Meta(gt=0, lt=1)]
 # A count of bytes; the CLI reads it as a size ("80GiB") because of the "unit" mark.
 ByteCount = Annotated[int, msgspec.Meta(ge=1, extra={"unit": "bytes"})]
 
-KVCacheDtypeName = Literal["auto", "bfloat16", "float16", "float32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"]
+KVCacheDtypeName = Literal["auto", "bfloat16", "bf16", "float16", "float32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"]
 ModelDtypeName = Literal["auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32"]
 SpeculativeAlgorithm = Literal["none", "EAGLE", "EAGLE3", "STANDALONE", "NEXTN"]
 
@@ -34,6 +36,11 @@ DRAFT_MODEL_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
 
 def _doc(text: str) -> msgspec.Meta:
     return msgspec.Meta(description=text)
+
+
+def _also(*flags: str) -> msgspec.Meta:
+    """SGLang 0.5.23's other spellings of a field's flag (`--tensor-parallel-size` for `--tp-size`)."""
+    return msgspec.Meta(extra={"aliases": flags})
 
 
 class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -59,7 +66,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         "kvcache.models.model_page_size)")] | None = None
     # formats
     dtype: Annotated[ModelDtypeName, _doc("model dtype; auto takes the checkpoint's torch_dtype")] = "auto"
-    kv_cache_dtype: Annotated[KVCacheDtypeName, _doc("KV cache dtype; auto is the model dtype")] = "auto"
+    kv_cache_dtype: Annotated[KVCacheDtypeName, _doc("KV cache dtype; auto is the model dtype, bf16 is bfloat16")] = "auto"
     # runtime reserve inputs (they set the derived mem_fraction_static)
     chunked_prefill_size: Annotated[PositiveInt, _doc(
         "prefill chunk in tokens (sets the activation reserve); default by card size")] | None = None
@@ -74,9 +81,10 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # placement
     device: Annotated[Literal["auto", "cuda", "cpu", "meta"], _doc(
         "where the engine runs; auto is CUDA when present (plan always uses meta)")] = "auto"
-    tp_size: Annotated[PositiveInt, _doc("tensor-parallel size")] = 1
-    pp_size: Annotated[PositiveInt, _doc("pipeline-parallel size")] = 1
-    dp_size: Annotated[PositiveInt, _doc("data-parallel size (attention DP with --enable-dp-attention)")] = 1
+    tp_size: Annotated[PositiveInt, _doc("tensor-parallel size"), _also("--tensor-parallel-size")] = 1
+    pp_size: Annotated[PositiveInt, _doc("pipeline-parallel size"), _also("--pipeline-parallel-size")] = 1
+    dp_size: Annotated[PositiveInt, _doc("data-parallel size (attention DP with --enable-dp-attention)"),
+                       _also("--data-parallel-size")] = 1
     enable_dp_attention: Annotated[bool, _doc("data-parallel attention over --dp-size groups")] = False
     load_format: Annotated[Literal["dummy"], _doc("weights are random tensors of the real size")] = "dummy"
     disable_radix_cache: Annotated[bool, _doc(
@@ -95,7 +103,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_mamba_cache_size: Annotated[PositiveInt, _doc("state slots to keep (instead of the ratio)")] | None = None
     # speculative decoding
     speculative_algorithm: Annotated[SpeculativeAlgorithm, _doc("speculative decoding")] = "none"
-    speculative_draft_model: Annotated[str, _doc("draft model: a preset name, a model directory or a config.json")] | None = None
+    speculative_draft_model: Annotated[str, _doc("draft model: a preset name, a model directory or a config.json"),
+                                       _also("--speculative-draft-model-path")] | None = None
     speculative_num_steps: Annotated[PositiveInt, _doc("draft steps per verify")] | None = None
     speculative_eagle_topk: Annotated[PositiveInt, _doc("draft branches per step")] | None = None
     speculative_num_draft_tokens: Annotated[PositiveInt, _doc("tokens verified per step")] | None = None
@@ -166,7 +175,34 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {p} is not valid {'TOML' if p.suffix == '.toml' else 'JSON'}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must hold a table/object of server args, not {type(data).__name__}")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    settings = {str(k).replace("-", "_"): v for k, v in data.items()}
+    _refuse_unknown_settings(p, settings)
+    return settings
+
+
+COMMAND_LINE_ONLY = frozenset({"model", "model_path", "gpu", "gpu_memory", "json", "config"})
+MODEL_CONFIG_KEYS = ("architectures", "model_type", "hidden_size", "num_hidden_layers")
+
+
+def _refuse_unknown_settings(path: Path, settings: Mapping[str, Any]) -> None:
+    """A settings file holds ServerArgs fields only: a model's config.json passed to --config, or a misspelt
+    key, is refused naming what to do instead (msgspec's 'unknown field' names neither the file nor a fix)."""
+    known = ServerArgs.__struct_fields__
+    unknown = [k for k in settings if k not in known]
+    if not unknown:
+        return
+    model_keys = [k for k in MODEL_CONFIG_KEYS if k in settings]
+    if model_keys:
+        raise ConfigError(
+            f"config file {path} is a model's config.json (it has {model_keys[0]!r}), not server args: "
+            f"pass it with --model {path}; --config takes settings such as page_size or kv_cache_dtype"
+        )
+    hints = [f"{k!r}" + (" (a command-line flag only)" if k in COMMAND_LINE_ONLY else
+                         f" (vLLM's name; here {instead})" if (instead := vllm_equivalent(k)) else
+                         f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(k, known, n=1)) else "")
+             for k in unknown]
+    raise ConfigError(f"config file {path}: unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
+                      "settings are the server-args flags' names (see --help), with - or _")
 
 
 def _cross_field_problems(a: ServerArgs) -> list[str]:

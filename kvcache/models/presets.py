@@ -23,6 +23,21 @@ def load_model_config(model: str) -> ModelConfig:
     path = Path(model)
     if path.is_dir() or path.is_file():
         return ModelConfig.from_hf_config(path)
-    raise ConfigError(
-        f"unknown model {model!r}: not a preset and not a path. Presets: {', '.join(preset_names())}"
-    )
+    raise ConfigError(f"unknown model {model!r}: {_what_to_pass_instead(model)}")
+
+
+def _what_to_pass_instead(model: str) -> str:
+    """The rest of the unknown-model line: for a Hugging Face repo id ('org/NAME') or another spelling of a
+    preset's name, that preset (same name, any case); else every preset. Nothing is ever downloaded."""
+    names = preset_names()
+    guess = {n.lower(): n for n in names}.get(model.rstrip("/").rsplit("/", 1)[-1].lower())
+    if "/" in model and not model.startswith(("/", ".", "~")) and not Path(model).parent.exists():
+        where = ("it looks like a Hugging Face repo id, and nothing is downloaded here: "
+                 "pass a downloaded config.json or its directory")
+    elif "/" in model or model.endswith(".json"):
+        where = "no such file or directory"
+    else:
+        where = "not a preset and not a path"
+    if guess is not None:
+        return f"{where}; the shipped preset {guess!r} has that name: --model {guess}"
+    return f"{where}. Presets: {', '.join(names)}"

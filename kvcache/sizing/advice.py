@@ -121,30 +121,45 @@ def smallest_fitting_mamba_ratio(req: PlanRequest) -> float | None:
     return milli / 1000
 
 
+def mib_at_least(nbytes: int, limit: int) -> int:
+    """`nbytes` rounded up to whole MiB (a value a person can type back), unless that passes `limit`."""
+    rounded = -(-nbytes // MiB) * MiB
+    return rounded if rounded <= limit else nbytes
+
+
+def size_flag_value(nbytes: int) -> str:
+    """A byte count as a size flag's value: '114138MiB' when it is whole MiB, else the bytes."""
+    return f"{nbytes // MiB}MiB" if nbytes % MiB == 0 else str(nbytes)
+
+
 def smallest_fitting_budget(req: PlanRequest, limit: int) -> int | None:
     """The fewest budget bytes (<= limit) that plan, or None."""
     return smallest_passing(1, limit, lambda b: fits(_with_budget(req, b)))
 
 
 def suggest_kv_cache_memory(req: PlanRequest, free_after_load: int, *, kv_cache_memory: int | None = None,
-                            host_total_bytes: int | None = None) -> tuple[str, ...]:
+                            host_total_bytes: int | None = None, host_memory: int | None = None) -> tuple[str, ...]:
     """Fixes for a --kv-cache-memory above what is free: values of it that plan (or what else must change).
 
-    On the CPU (`host_total_bytes` given) a --memory-limit that leaves the asked bytes free comes first:
-    what is free after loading grows byte for byte with the limit.
+    On the CPU (`host_total_bytes`, today's --memory-limit, given) a --memory-limit that leaves the asked bytes
+    free comes first: what is free after loading grows byte for byte with the limit. Not one above
+    `host_memory`, what the host has (when known): such a limit is refused.
     """
     on_host = host_total_bytes is not None
     out: list[str] = []
     if on_host and kv_cache_memory is not None and fits(_with_budget(req, kv_cache_memory)):
         limit = host_limit_rounded(host_total_bytes + kv_cache_memory - free_after_load)
-        out.append(f"--memory-limit {limit // MiB}MiB (keeps --kv-cache-memory, if the host has it)")
+        if host_memory is None or limit <= host_memory:
+            out.append(f"--memory-limit {limit // MiB}MiB (keeps --kv-cache-memory, if the host has it)")
     at_most = _with_budget(req, free_after_load)
     least = smallest_fitting_budget(req, free_after_load)
     if least is not None:
-        return (*out, f"--kv-cache-memory {free_after_load * 9 // 10} (90% of what is free)"
-                if fits(_with_budget(req, free_after_load * 9 // 10)) else
-                f"--kv-cache-memory {free_after_load} (all that is free)",
-                f"--kv-cache-memory {least} (the least that holds one full-length request)")
+        ninety = free_after_load * 9 // 10 // MiB * MiB
+        return (*out, f"--kv-cache-memory {size_flag_value(ninety)} (90% of what is free)"
+                if fits(_with_budget(req, ninety)) else
+                f"--kv-cache-memory {size_flag_value(free_after_load)} (all that is free)",
+                f"--kv-cache-memory {size_flag_value(mib_at_least(least, free_after_load))} "
+                "(the least that holds one full-length request)")
     others = suggest_fixes(at_most, budget_for_fraction=None, kv_cache_memory_limit=None, fp8_request=None,
                            on_host=on_host)
     return (*out, *(f"--kv-cache-memory {free_after_load} with {fix}" for fix in others))
@@ -170,8 +185,10 @@ def budget_at_memory_limit(budget: MemoryBudget, limit: int, fraction: float) ->
         return 0
 
 
-def smallest_fitting_memory_limit(req: PlanRequest, fraction_for_limit: Callable[[int], float]) -> int | None:
-    """On the CPU: the smallest --memory-limit (whole MiB, up to 64x today's) whose budget plans, or None.
+def smallest_fitting_memory_limit(req: PlanRequest, fraction_for_limit: Callable[[int], float],
+                                  host_memory: int | None = None) -> int | None:
+    """On the CPU: the smallest --memory-limit (whole MiB, up to 64x today's and at most `host_memory`, what the
+    host has, when known) whose budget plans, or None.
 
     `fraction_for_limit` gives mem_fraction_static for a host budget of that size (the user's value,
     or SGLang's rule for that size). Not with --kv-cache-memory: a larger limit does not change it.
@@ -184,11 +201,12 @@ def smallest_fitting_memory_limit(req: PlanRequest, fraction_for_limit: Callable
         budget = budget_at_memory_limit(b, mib * MiB, fraction_for_limit(mib * MiB))
         return budget > 0 and fits(_with_budget(req, budget))
 
-    mib = smallest_passing(b.total_bytes // MiB + 1, 64 * b.total_bytes // MiB, ok)
+    top = 64 * b.total_bytes // MiB if host_memory is None else min(64 * b.total_bytes, host_memory) // MiB
+    mib = smallest_passing(b.total_bytes // MiB + 1, top, ok)
     if mib is None:
         return None
     rounded = host_limit_rounded(mib * MiB)  # unless rounding crosses a card-size threshold that costs more
-    return rounded if ok(rounded // MiB) else mib * MiB
+    return rounded if rounded // MiB <= top and ok(rounded // MiB) else mib * MiB
 
 
 def suggest_fixes(
@@ -199,12 +217,13 @@ def suggest_fixes(
     fp8_request: PlanRequest | None,
     fraction_for_limit: Callable[[int], float] | None = None,
     on_host: bool = False,
+    host_memory: int | None = None,
 ) -> tuple[str, ...]:
     """Checked alternatives, most direct first. On the CPU (`fraction_for_limit` given, or `on_host`)
-    a larger --memory-limit is suggested, never more devices."""
+    a larger --memory-limit is suggested (at most `host_memory`, what the host has), never more devices."""
     out: list[str] = []
     if fraction_for_limit is not None:
-        limit = smallest_fitting_memory_limit(req, fraction_for_limit)
+        limit = smallest_fitting_memory_limit(req, fraction_for_limit, host_memory)
         if limit is not None:
             out.append(f"--memory-limit {limit // MiB}MiB (the least that fits, if the host has it)")
     slots = largest_fitting_state_slots(req)
@@ -223,7 +242,8 @@ def suggest_fixes(
     if kv_cache_memory_limit is not None:
         need = smallest_fitting_budget(req, kv_cache_memory_limit)
         if need is not None:
-            out.append(f"--kv-cache-memory {need} (the least that holds one full-length request)")
+            out.append(f"--kv-cache-memory {size_flag_value(mib_at_least(need, kv_cache_memory_limit))} "
+                       "(the least that holds one full-length request)")
     if fp8_request is not None and fits(fp8_request):
         tokens = plan_pool_sizes(fp8_request).max_total_num_tokens
         out.append(f"--kv-cache-dtype fp8_e4m3 ({tokens} tokens fit)")

@@ -1,0 +1,48 @@
+"""What to say about a command line argparse could not place: the flag meant, not just "unrecognized".
+
+An operator pastes flags from a vLLM launch, from the other subcommand (`--gpu` belongs to `plan`), or
+mistypes one. Each unplaced flag gets one hint: this tool's name for vLLM's flag, the subcommand that has
+it, or the closest flag here; the whole stays one line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Iterable, Sequence
+
+from kvcache.inputs.vllm_names import vllm_equivalent
+
+_UNIT = re.compile(r"[kmgtp]?i?b|[kmgtp]", re.IGNORECASE)  # a unit typed apart from its number
+
+PLAN_ONLY_FLAGS = ("--gpu", "--gpu-memory")
+
+COMMANDS = ("bootstrap", "plan", "presets")
+
+
+def unknown_command(word: str) -> str:
+    """The line for a first word that is neither a command nor a flag (a typo of `plan`, a bare model name)."""
+    close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
+    fix = f"did you mean `{close[0]}`?" if close else "pass the model with --model NAME"
+    return f"unknown command {word!r}: the commands are bootstrap (the default), plan and presets; {fix}"
+
+
+def _hint(flag: str, command: str, known: Sequence[str]) -> str:
+    if flag in PLAN_ONLY_FLAGS and command != "plan":
+        return f"{flag} belongs to `plan`, the dry run for a card (python -m app plan {flag} ...)"
+    if (instead := vllm_equivalent(flag)) is not None:
+        return f"{flag} is vLLM's flag; here use {instead}"
+    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+    return f"{flag}: did you mean {close[0]}?" if close else f"{flag} is not a flag of `{command}`"
+
+
+def unrecognized(extras: Iterable[str], command: str, known: Sequence[str]) -> str:
+    """One line for the arguments argparse left over: each flag's hint, and any stray values."""
+    extras = list(extras)
+    flags = [e.split("=", 1)[0] for e in extras if e.startswith("-")]
+    values = [e for e in extras if not e.startswith("-")]
+    parts = [_hint(f, command, known) for f in flags]
+    if values and not flags:
+        units = [v for v in values if _UNIT.fullmatch(v)]
+        parts.append(f"{' '.join(values)} follows no flag" + (" (a size is one word: 80GiB, not 80 GiB)" if units else ""))
+    return f"unrecognized arguments: {' '.join(extras)}; " + "; ".join(parts)

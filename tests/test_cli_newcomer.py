@@ -1,0 +1,124 @@
+"""What an operator new to this tool types, from SGLang or vLLM habits, and the one line each gets back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import kvcache.configurator as configurator
+from app.cli import main
+from containers import EngineContainer
+from kvcache.errors import DoesNotFitError
+from kvcache.inputs.byte_units import MiB, parse_bytes
+from kvcache.inputs.server_args import ServerArgs
+from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.models.presets import PRESET_DIR
+from kvcache.testing import tiny_model_config
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str], code: int = 2) -> str:
+    """Run the CLI, expect `code` and one stderr line; return that line."""
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_a_mistyped_command_is_named_with_the_one_meant(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(["plna", "--model", "Qwen3-8B", "--gpu", "H200"], capsys)
+    assert "unknown command 'plna'" in err and "did you mean `plan`?" in err  # was: "unrecognized arguments: plna --gpu H200"
+
+
+def test_plan_flags_without_plan_say_they_belong_to_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(["--model", "Qwen3-8B", "--gpu", "H200"], capsys)
+    assert "--gpu belongs to `plan`" in err and "python -m app plan --gpu" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "hint"),
+    [
+        (["--max-model-len", "4096"], "--max-model-len is vLLM's flag; here use --context-length"),
+        (["--gpu-memory-utilization", "0.9"], "here use --mem-fraction-static"),
+        (["--modle", "Qwen3-8B"], "--modle: did you mean --model?"),
+        (["--jsn"], "--jsn: did you mean --json?"),
+    ],
+)
+def test_an_unknown_flag_gets_the_flag_meant(extra: list[str], hint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert hint in refused(["plan", "--gpu", "H200", *extra], capsys)
+
+
+def test_a_unit_typed_apart_from_its_number_is_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "a size is one word: 80GiB, not 80 GiB" in refused(["plan", "--gpu-memory", "80", "GB"], capsys)
+
+
+def plan_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    assert main(["plan", "--gpu", "H200", "--json", *argv]) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+def test_sglang_spellings_of_flags_and_values_plan_the_same(capsys: pytest.CaptureFixture[str]) -> None:
+    ours = plan_json(["--model", "Llama-3.1-8B-Instruct", "--tp-size", "2", "--kv-cache-dtype", "bfloat16",
+                      "--speculative-algorithm", "EAGLE3", "--speculative-draft-model", "EAGLE3-LLaMA3.1-Instruct-8B"],
+                     capsys)
+    sglangs = plan_json(["--model-path", "Llama-3.1-8B-Instruct", "--tensor-parallel-size", "2", "--kv-cache-dtype", "bf16",
+                         "--speculative-algorithm", "EAGLE3",
+                         "--speculative-draft-model-path", "EAGLE3-LLaMA3.1-Instruct-8B"], capsys)
+    assert sglangs["kv_cache_dtype"] == "bfloat16"
+    assert sglangs["plan"] == ours["plan"] and sglangs["max_total_num_tokens"] == ours["max_total_num_tokens"]
+
+
+def test_a_models_config_json_given_to_config_says_to_pass_it_as_the_model(capsys: pytest.CaptureFixture[str]) -> None:
+    config = PRESET_DIR / "Qwen3-8B.json"
+    err = refused(["plan", "--gpu", "H200", "--config", str(config)], capsys)
+    assert "is a model's config.json (it has 'architectures')" in err and f"pass it with --model {config}" in err
+
+
+def test_a_misspelt_setting_in_a_config_file_names_the_setting_meant(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    settings = tmp_path / "server.toml"
+    settings.write_text("page-sise = 16\nmodel = 'Qwen3-8B'\n")
+    err = refused(["plan", "--gpu", "H200", "--config", str(settings)], capsys)
+    assert "unknown settings 'page_sise' (did you mean 'page_size'?), 'model' (a command-line flag only)" in err
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        ("meta-llama/Llama-3.1-8B-Instruct", "looks like a Hugging Face repo id, and nothing is downloaded here"),
+        ("Qwen3-8b", "not a preset and not a path"),
+    ],
+)
+def test_a_repo_id_or_another_case_of_a_preset_names_that_preset(model: str, says: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(["plan", "--gpu", "H200", "--model", model], capsys)
+    preset = model.rsplit("/", 1)[-1].replace("8b", "8B")
+    assert says in err and f"the shipped preset '{preset}' has that name: --model {preset}" in err
+
+
+def test_kv_cache_memory_suggestions_are_sizes_a_person_types_and_they_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "H100-80GB", "--json"]
+    assert main([*base, "--kv-cache-memory", "1.5GiB"]) == 3
+    suggestions = json.loads(capsys.readouterr().out)["error"]["suggestions"]
+    (least,) = [s.split()[1] for s in suggestions if s.startswith("--kv-cache-memory")]
+    assert least.endswith("MiB")  # was 18259902464: the bytes, to be copied digit by digit
+    assert main([*base, "--kv-cache-memory", least]) == 0
+    assert main([*base, "--kv-cache-memory", f"{parse_bytes(least) // MiB - 1}MiB"]) == 3  # the least whole MiB
+    capsys.readouterr()
+
+
+def test_no_memory_limit_above_what_the_host_has_is_suggested(monkeypatch: pytest.MonkeyPatch) -> None:
+    def memory_limits(host: int | None) -> list[int]:
+        monkeypatch.setattr(configurator, "host_memory_bytes", lambda: host)
+        engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cpu", "kv_cache_memory": 48 * MiB}),
+                                 model_config=tiny_model_config())
+        engine.memory_probe.override(FixedMemoryProbe(total_bytes=32 * MiB))
+        with pytest.raises(DoesNotFitError) as info:
+            engine.engine().bootstrap()
+        engine.shutdown_resources()
+        return [parse_bytes(s.split()[1]) for s in info.value.suggestions if s.startswith("--memory-limit")]
+
+    (needed,) = memory_limits(None)  # a host of unknown size: the limit that keeps --kv-cache-memory
+    assert memory_limits(needed) == [needed]
+    assert memory_limits(needed - MiB) == []  # it would be refused: "more than this host has"
