@@ -17,7 +17,7 @@ import msgspec
 import pytest
 import torch
 
-from kvcache.inputs.byte_units import GiB, MiB
+from kvcache.inputs.byte_units import GiB, MiB, parse_bytes
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.errors import (
@@ -352,6 +352,8 @@ def _apply_one(args: dict[str, Any], flag: str, value: str) -> dict[str, Any]:
         out[key] = float(value)
     elif key == "kv_cache_dtype":
         out[key] = value
+    elif key == "kv_cache_memory":
+        out[key] = parse_bytes(value)  # a size as typed: "6530MiB"
     else:
         out[key] = int(value)
     return out
@@ -418,15 +420,16 @@ def test_the_suggested_context_length_is_the_longest_that_works() -> None:
         configure(model, **card, **{**args, "context_length": context + 1})
 
 
-def test_the_suggested_kv_cache_memory_is_the_least_that_works() -> None:
+def test_the_suggested_kv_cache_memory_is_the_least_whole_mib_that_works() -> None:
     model, card, args, error, _ = SCENARIOS["kv-cache-memory"]
     with pytest.raises(error) as info:
         configure(model, **card, **args)
     (suggestion,) = [s for s in info.value.suggestions if s.startswith("--kv-cache-memory")]
-    need = int(suggestion.split()[1])
+    need = parse_bytes(suggestion.split()[1])
+    assert need % MiB == 0  # a size a person types back
     configure(model, **card, **{**args, "kv_cache_memory": need})
     with pytest.raises(BudgetBelowOneRequestError):
-        configure(model, **card, **{**args, "kv_cache_memory": need - 1})
+        configure(model, **card, **{**args, "kv_cache_memory": need - MiB})
 
 
 def test_the_error_message_lists_the_suggestions() -> None:
