@@ -136,6 +136,23 @@ def test_state_pool_bytes_and_slots() -> None:
     assert slots is not None and 0 not in slots and pool.alloc(1) is None
 
 
+def test_state_pool_refuses_a_double_free_so_no_two_requests_share_a_state() -> None:
+    spec = RecurrentStateSpec(kind="mamba2", conv_shape=(8, 3), ssm_shape=(2, 4, 4),
+                              conv_dtype=torch.bfloat16, ssm_dtype=torch.float32)
+    pool = RecurrentStatePool(num_slots=5, spec=spec, layer_ids=[0], device=CPU)  # slots 1..4
+    assert pool.alloc(2) == [1, 2]
+    pool.free([1])
+    with pytest.raises(ValueError, match="double free: state slot 1 is already free"):
+        pool.free([1])  # it was taken back silently: slot 1 went to the next two requests
+    with pytest.raises(ValueError, match=r"freed twice in one call: \[2, 2\]"):
+        pool.free([2, 2])
+    with pytest.raises(ValueError, match="negative"):
+        pool.alloc(-1)
+    assert pool.available_size() == 3
+    slots = pool.alloc(3)
+    assert slots is not None and sorted(slots) == [1, 3, 4] and pool.alloc(1) is None  # every free slot once
+
+
 def test_a_pool_that_fails_part_way_keeps_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[weakref.ref[torch.Tensor]] = []
     real = buffers.allocate_zeros

@@ -30,6 +30,7 @@ class RecurrentStatePool:
         self.ssm: list[torch.Tensor] = parts[0::2]
         self.conv: list[torch.Tensor] = parts[1::2]
         self._free: list[int] = list(range(num_slots - 1, 0, -1))
+        self._held = bytearray(num_slots)
 
     def get_state(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(conv, ssm) buffers of one layer, indexed by slot."""
@@ -37,16 +38,29 @@ class RecurrentStatePool:
         return self.conv[i], self.ssm[i]
 
     def alloc(self, need: int = 1) -> list[int] | None:
+        """`need` free slots, or None (taking nothing) when fewer are free."""
+        if need < 0:
+            raise ValueError(f"cannot allocate a negative number of state slots ({need})")
         if need > len(self._free):
             return None
         taken = [self._free.pop() for _ in range(need)]
+        for slot in taken:
+            self._held[slot] = 1
         return taken
 
     def free(self, slots: list[int]) -> None:
+        """Give back slots; refuses padding slot 0, slots out of range and slots already free (nothing changes):
+        a slot freed twice would be handed to two requests, which would then share one recurrent state."""
         for slot in slots:
             if not 1 <= slot < self.num_slots:
                 raise ValueError(f"state slot {slot} is not in 1..{self.num_slots - 1}")
-            self._free.append(slot)
+            if not self._held[slot]:
+                raise ValueError(f"double free: state slot {slot} is already free")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a state slot is freed twice in one call: {sorted(slots)}")
+        for slot in slots:
+            self._held[slot] = 0
+        self._free.extend(slots)
 
     def available_size(self) -> int:
         return len(self._free)
