@@ -17,7 +17,7 @@ from typing import Any, NoReturn, Sequence
 
 
 from app.failures import UsageError, failure_of
-from app.flag_hints import unknown_command, unrecognized
+from app.flag_hints import unknown_command, unrecognized, value_read_as_flag
 from app.server_args_flags import add_server_args_flags, server_args_values, sizes_read
 from containers import EngineContainer
 from kvcache.inputs.byte_units import SIZE_UNITS_HELP
@@ -62,7 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_command_line(parser: argparse.ArgumentParser, args: list[str]) -> argparse.Namespace:
     """The parsed command line; anything argparse cannot place is refused with a hint for each flag."""
-    ns, extras = parser.parse_known_args(args)
+    try:
+        ns, extras = parser.parse_known_args(args)
+    except UsageError as exc:
+        hint = value_read_as_flag(str(exc), args)
+        if hint is None:
+            raise
+        raise UsageError(str(exc).replace(" (see ", f"; {hint} (see ", 1)) from None
     if extras:
         command = ns.command or "bootstrap"
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
@@ -83,6 +89,20 @@ def _card(ns: argparse.Namespace) -> SimulatedCard:
     return card_named(ns.gpu) if ns.gpu is not None else card_of_size(ns.gpu_memory)
 
 
+def _refuse_flags_for_the_other_command(command: str, ns: argparse.Namespace) -> None:
+    """`plan` sizes a named card on the meta device and `bootstrap` this machine: a flag that only means
+    something to the other one is refused rather than silently ignored."""
+    if command == "plan":
+        given = [flag for flag, value in (("--memory-limit", ns.memory_limit), ("--device", ns.device))
+                 if value not in (None, "meta")]
+        if given:
+            raise UsageError(f"{given[0]} is for bootstrap (this machine); plan sizes the card --gpu or --gpu-memory "
+                             f"names, on the meta device: drop {given[0]}")
+    elif ns.device == "meta":
+        raise UsageError("--device meta is a dry run: use plan --gpu NAME or plan --gpu-memory SIZE "
+                         "(bootstrap runs on this machine)")
+
+
 def run(ns: argparse.Namespace) -> int:
     from app.rank_report import render_for_this_rank
     from app.report import build_report
@@ -93,6 +113,7 @@ def run(ns: argparse.Namespace) -> int:
             m = load_model_config(name)
             print(f"{name:<30} {m.architecture:<26} {m.num_hidden_layers:>3} layers  ctx {m.max_position_embeddings}")
         return EXIT_OK
+    _refuse_flags_for_the_other_command(command, ns)
     card = _card(ns) if command == "plan" else None
     server_args = server_args_from(ns, device="meta" if command == "plan" else None)
     model = load_model_config(ns.model)

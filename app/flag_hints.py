@@ -46,3 +46,19 @@ def unrecognized(extras: Iterable[str], command: str, known: Sequence[str]) -> s
         units = [v for v in values if _UNIT.fullmatch(v)]
         parts.append(f"{' '.join(values)} follows no flag" + (" (a size is one word: 80GiB, not 80 GiB)" if units else ""))
     return f"unrecognized arguments: {' '.join(extras)}; " + "; ".join(parts)
+
+
+_NO_VALUE = re.compile(r"argument (\S+): expected one argument")
+
+
+def value_read_as_flag(message: str, args: Sequence[str]) -> str | None:
+    """For argparse's "argument --x: expected one argument" where a value was given but starts with '-'
+    ('--kv-cache-memory -1GB'): say that it was read as a flag, as no value here is negative."""
+    match = _NO_VALUE.search(message)
+    if match is None:
+        return None
+    names = match.group(1).split("/")
+    for i, arg in enumerate(args[:-1]):
+        if arg in names and args[i + 1].startswith("-") and not args[i + 1].startswith("--"):
+            return f"{args[i + 1]!r} after {arg} is read as a flag; no value here is negative"
+    return None

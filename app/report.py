@@ -122,7 +122,8 @@ def render_text(report: BootstrapReport) -> str:
     lines.append(f"  {'total planned':<{width}}  {format_bytes(r.planned_bytes)}")
     lines.append(f"  {'total allocated':<{width}}  {format_bytes(r.allocated_bytes)}")
     for pool in r.plan["kv_pools"]:
-        lines.append(f"pool {pool['name']:<14} {pool['kind']:>4}: {pool['num_layers']} layers x "
+        layers = pool["num_layers"]
+        lines.append(f"pool {pool['name']:<14} {pool['kind']:>4}: {layers} layer{'' if layers == 1 else 's'} x "
                      f"{pool['bytes_per_token'] // max(pool['num_layers'], 1):,} B/token, {pool['num_tokens']:,} tokens")
     if r.plan.get("state_pool"):
         s = r.plan["state_pool"]

@@ -122,3 +122,25 @@ def test_no_memory_limit_above_what_the_host_has_is_suggested(monkeypatch: pytes
     (needed,) = memory_limits(None)  # a host of unknown size: the limit that keeps --kv-cache-memory
     assert memory_limits(needed) == [needed]
     assert memory_limits(needed - MiB) == []  # it would be refused: "more than this host has"
+
+
+def test_a_negative_size_is_not_taken_for_a_missing_value(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(["plan", "--gpu", "H200", "--kv-cache-memory", "-1GB"], capsys)
+    assert "'-1GB' after --kv-cache-memory is read as a flag; no value here is negative" in err
+
+
+@pytest.mark.parametrize(("extra", "flag"), [(["--memory-limit", "64GB"], "--memory-limit"), (["--device", "cuda"], "--device")])
+def test_plan_refuses_what_only_bootstrap_uses(extra: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(["plan", "--gpu", "H200", *extra], capsys)  # was exit 0, the flag silently ignored
+    assert f"{flag} is for bootstrap (this machine)" in err and f"drop {flag}" in err
+
+
+def test_bootstrap_on_meta_points_to_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "use plan --gpu NAME or plan --gpu-memory SIZE" in refused(["--device", "meta"], capsys)
+
+
+def test_a_one_layer_pool_reads_as_one_layer(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "H200", "--speculative-algorithm", "EAGLE3",
+                 "--speculative-draft-model", "EAGLE3-LLaMA3.1-Instruct-8B"]) == 0
+    pools = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pool ")]
+    assert "full: 32 layers x 4,096 B/token" in pools[0] and "full: 1 layer x 4,096 B/token" in pools[1]
