@@ -29,6 +29,7 @@ from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.errors import KVCacheError, WeightsDoNotFitError
 from kvcache.sizing.layer_specs import tensor_parallel_sizes
 from kvcache.memory.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
+from kvcache.memory.host_memory import host_memory_bytes
 from kvcache.memory.memory_probe import MemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
@@ -284,9 +285,16 @@ class ModelRunner:
                         f"{'' if plans else ', for the weights alone: the KV cache then needs more'})",)
         return WeightsDoNotFitError(
             f"{self.model_config.name}'s {self.role} weights ({format_bytes(needed)} on this rank) do not fit "
-            f"in the {format_bytes(free)} free on {self.device}",
+            f"in the {format_bytes(free)} free on {'the card' if self.device.type == 'meta' else self.device}",
             needed_bytes=needed, available_bytes=free,
-            suggestions=(*per_rank, "a card with more memory") if self.device.type != "cpu" else (
-                f"--memory-limit {-(-(self.memory_probe.total_bytes() + needed - free) // MiB)}MiB or more "
-                "(the weights alone need that much; the KV cache needs more)",),
+            suggestions=(*per_rank, "a card with more memory") if self.device.type != "cpu" else
+            self._memory_limit_for_weights(needed, free),
         )
+
+    def _memory_limit_for_weights(self, needed: int, free: int) -> tuple[str, ...]:
+        """On the CPU: the --memory-limit the weights alone need, unless the host has less (it would be refused)."""
+        limit_mib = -(-(self.memory_probe.total_bytes() + needed - free) // MiB)
+        host = host_memory_bytes()
+        if host is not None and limit_mib * MiB > host:
+            return (f"a host with more memory (the weights alone need --memory-limit {limit_mib}MiB; it has {host // MiB}MiB)",)
+        return (f"--memory-limit {limit_mib}MiB or more (the weights alone need that much; the KV cache needs more)",)

@@ -144,3 +144,18 @@ def test_a_one_layer_pool_reads_as_one_layer(capsys: pytest.CaptureFixture[str])
                  "--speculative-draft-model", "EAGLE3-LLaMA3.1-Instruct-8B"]) == 0
     pools = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pool ")]
     assert "full: 32 layers x 4,096 B/token" in pools[0] and "full: 1 layer x 4,096 B/token" in pools[1]
+
+
+def test_weights_larger_than_the_host_ask_for_a_bigger_host_not_a_refused_limit(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("app.model_runner.host_memory_bytes", lambda: 16 << 30)
+    assert main(["--model", "Qwen3-Next-80B-A3B-Thinking", "--device", "cpu", "--json"]) == 3
+    (suggestion,) = json.loads(capsys.readouterr().out)["error"]["suggestions"]
+    # was "--memory-limit 151968MiB or more", which this host refuses ("more than this host has")
+    assert suggestion.startswith("a host with more memory (the weights alone need --memory-limit 1519")  # 148.4 GiB
+    assert suggestion.endswith("MiB; it has 16384MiB)")
+
+
+def test_weights_that_do_not_fit_a_plan_name_the_card_not_the_meta_device(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(["plan", "--model", "DeepSeek-V3", "--gpu", "L4"], capsys, code=3)
+    assert "do not fit in the 21.89 GiB (23,501,930,496 B) free on the card" in err
