@@ -159,3 +159,10 @@ def test_weights_larger_than_the_host_ask_for_a_bigger_host_not_a_refused_limit(
 def test_weights_that_do_not_fit_a_plan_name_the_card_not_the_meta_device(capsys: pytest.CaptureFixture[str]) -> None:
     err = refused(["plan", "--model", "DeepSeek-V3", "--gpu", "L4"], capsys, code=3)
     assert "do not fit in the 21.89 GiB (23,501,930,496 B) free on the card" in err
+
+
+def test_a_bad_choice_in_a_config_file_lists_the_choices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = tmp_path / "server.toml"
+    settings.write_text('kv-cache-dtype = "fp8"\n')  # vLLM's spelling
+    err = refused(["plan", "--gpu", "H200", "--config", str(settings)], capsys)
+    assert "Invalid enum value 'fp8' - at `$.kv_cache_dtype` (--kv-cache-dtype: one of auto, bfloat16, bf16," in err

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import tomllib
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
@@ -120,7 +122,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         try:
             return msgspec.convert(dict(data), cls)
         except msgspec.ValidationError as exc:
-            raise ConfigError(f"invalid server args: {exc}") from None
+            raise ConfigError(f"invalid server args: {exc}{_choices_of_failed_field(str(exc))}") from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> "ServerArgs":
@@ -203,6 +205,20 @@ def _refuse_unknown_settings(path: Path, settings: Mapping[str, Any]) -> None:
              for k in unknown]
     raise ConfigError(f"config file {path}: unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
                       "settings are the server-args flags' names (see --help), with - or _")
+
+
+def _choices_of_failed_field(message: str) -> str:
+    """'; one of auto, bfloat16, ...' when msgspec refused a value of a field with fixed choices (its own
+    message, "Invalid enum value 'fp8' - at `$.kv_cache_dtype`", names neither the choices nor the flag)."""
+    match = re.search(r"at `\$\.(\w+)`", message)
+    if match is None or match.group(1) not in ServerArgs.__struct_fields__:
+        return ""
+    hint: Any = typing.get_type_hints(ServerArgs, include_extras=True)[match.group(1)]
+    while typing.get_origin(hint) is not Literal and typing.get_args(hint):
+        hint = typing.get_args(hint)[0]  # Annotated[...] and X | None hold the Literal first
+    if typing.get_origin(hint) is not Literal:
+        return ""
+    return f" (--{match.group(1).replace('_', '-')}: one of {', '.join(map(str, typing.get_args(hint)))})"
 
 
 def _cross_field_problems(a: ServerArgs) -> list[str]:
