@@ -28,14 +28,15 @@ from kvcache.inputs.server_args import ServerArgs, read_settings_file
 EXIT_OK = 0
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose pipe closed
 COMMANDS = frozenset({"bootstrap", "plan", "presets", "-h", "--help"})
+BOOTSTRAP_ONLY_FIELDS = frozenset({"memory_limit", "device"})  # plan sizes a named card on the meta device
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _add_common(p: argparse.ArgumentParser, *, leave_out: frozenset[str] = frozenset()) -> None:
     p.add_argument("--model", "--model-path", default=DEFAULT_PRESET,
                    help=f"a preset name, a model directory or a config.json (default {DEFAULT_PRESET})")
     p.add_argument("--config", help="ServerArgs from a TOML or JSON file; flags override it")
     p.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
-    add_server_args_flags(p)
+    add_server_args_flags(p, leave_out=leave_out)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                                epilog=SIZE_UNITS_HELP + "."))
     plan = sub.add_parser("plan", help="a dry run for a card you do not have (meta device, allocates nothing)",
                           epilog=SIZE_UNITS_HELP + ".")
-    _add_common(plan)
+    _add_common(plan, leave_out=BOOTSTRAP_ONLY_FIELDS)
     card = plan.add_mutually_exclusive_group(required=True)
     card.add_argument("--gpu-memory", metavar="SIZE", help="the card's capacity, e.g. 80GB (= 80GiB)")
     card.add_argument("--gpu", help=f"a named card: {', '.join(KNOWN_CARDS)}")
@@ -89,20 +90,6 @@ def _card(ns: argparse.Namespace) -> SimulatedCard:
     return card_named(ns.gpu) if ns.gpu is not None else card_of_size(ns.gpu_memory)
 
 
-def _refuse_flags_for_the_other_command(command: str, ns: argparse.Namespace) -> None:
-    """`plan` sizes a named card on the meta device and `bootstrap` this machine: a flag that only means
-    something to the other one is refused rather than silently ignored."""
-    if command == "plan":
-        given = [flag for flag, value in (("--memory-limit", ns.memory_limit), ("--device", ns.device))
-                 if value not in (None, "meta")]
-        if given:
-            raise UsageError(f"{given[0]} is for bootstrap (this machine); plan sizes the card --gpu or --gpu-memory "
-                             f"names, on the meta device: drop {given[0]}")
-    elif ns.device == "meta":
-        raise UsageError("--device meta is a dry run: use plan --gpu NAME or plan --gpu-memory SIZE "
-                         "(bootstrap runs on this machine)")
-
-
 def run(ns: argparse.Namespace) -> int:
     from app.rank_report import render_for_this_rank
     from app.report import build_report
@@ -113,7 +100,9 @@ def run(ns: argparse.Namespace) -> int:
             m = load_model_config(name)
             print(f"{name:<30} {m.architecture:<26} {m.num_hidden_layers:>3} layers  ctx {m.max_position_embeddings}")
         return EXIT_OK
-    _refuse_flags_for_the_other_command(command, ns)
+    if command == "bootstrap" and ns.device == "meta":
+        raise UsageError("--device meta is a dry run: use plan --gpu NAME or plan --gpu-memory SIZE "
+                         "(bootstrap runs on this machine)")
     card = _card(ns) if command == "plan" else None
     server_args = server_args_from(ns, device="meta" if command == "plan" else None)
     model = load_model_config(ns.model)

@@ -16,6 +16,7 @@ from kvcache.inputs.vllm_names import vllm_equivalent
 _UNIT = re.compile(r"[kmgtp]?i?b|[kmgtp]", re.IGNORECASE)  # a unit typed apart from its number
 
 PLAN_ONLY_FLAGS = ("--gpu", "--gpu-memory")
+BOOTSTRAP_ONLY_FLAGS = ("--memory-limit", "--device")
 
 COMMANDS = ("bootstrap", "plan", "presets")
 
@@ -30,6 +31,8 @@ def unknown_command(word: str) -> str:
 def _hint(flag: str, command: str, known: Sequence[str]) -> str:
     if flag in PLAN_ONLY_FLAGS and command != "plan":
         return f"{flag} belongs to `plan`, the dry run for a card (python -m app plan {flag} ...)"
+    if flag in BOOTSTRAP_ONLY_FLAGS and command == "plan":
+        return f"{flag} is for bootstrap (this machine); plan sizes the card --gpu or --gpu-memory names: drop {flag}"
     if (instead := vllm_equivalent(flag)) is not None:
         return f"{flag} is vLLM's flag; here use {instead}"
     close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)

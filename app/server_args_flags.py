@@ -101,10 +101,13 @@ def _help(f: FieldFlag) -> str:
     return text
 
 
-def add_server_args_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per ServerArgs field, in a group of its own."""
+def add_server_args_flags(parser: argparse.ArgumentParser, *, leave_out: frozenset[str] = frozenset()) -> None:
+    """One flag per ServerArgs field, in a group of its own; not the fields in `leave_out`, which mean
+    nothing to this command (`plan` has no host --memory-limit and no --device)."""
     group = parser.add_argument_group("server args (ServerArgs fields, named as SGLang names them)")
     for f in server_args_fields():
+        if f.field in leave_out:
+            continue
         kwargs: dict[str, Any] = {"dest": f.field, "default": None, "help": _help(f)}
         if isinstance(f.kind, mi.BoolType):
             kwargs["action"] = argparse.BooleanOptionalAction if f.default else "store_true"

@@ -27,15 +27,18 @@ def test_every_server_args_field_has_its_flag_and_help(capsys: pytest.CaptureFix
     fields = {f.name for f in msgspec.structs.fields(ServerArgs)}
     assert {f.field for f in server_args_fields()} == fields
     assert all(f.description for f in server_args_fields()), "each ServerArgs field needs msgspec.Meta(description=...)"
-    assert main(["plan", "--help"]) == 0
+    assert main(["bootstrap", "--help"]) == 0
     help_text = capsys.readouterr().out
     for name in fields:
         assert "--" + name.replace("_", "-") in help_text
     assert "cap on KV tokens" in help_text and "80 * 2^30 bytes" in help_text
+    assert main(["plan", "--help"]) == 0  # plan sizes a named card: no host --memory-limit, no --device
+    plan_help = capsys.readouterr().out
+    assert all(("--" + name.replace("_", "-") in plan_help) == (name not in cli.BOOTSTRAP_ONLY_FIELDS) for name in fields)
 
 
 def test_flags_decode_to_the_server_args_a_config_file_would_give(tmp_path: Path) -> None:
-    argv = ["plan", "--gpu", "H200", "--page-size", "16", "--kv-cache-memory", "20GB", "--memory-limit", "512MiB",
+    argv = ["bootstrap", "--page-size", "16", "--kv-cache-memory", "20GB", "--memory-limit", "512MiB",
             "--swa-full-tokens-ratio", "0.5", "--kv-cache-dtype", "fp8_e4m3", "--disable-radix-cache",
             "--speculative-algorithm", "EAGLE3", "--speculative-draft-model", "x", "--tp-size", "2"]
     from_flags = cli.server_args_from(build_parser().parse_args(argv))
@@ -95,7 +98,7 @@ def test_gpu_memory_refuses_anything_else_with_exit_2(card: str, capsys: pytest.
 )
 def test_bounds_and_choices_come_from_server_args(flag: str, value: str, message: str,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--gpu-memory", "80GB", flag, value]) == 2
+    assert main(["bootstrap", flag, value]) == 2  # refused while parsing: nothing runs
     err = capsys.readouterr().err
     assert f"argument {flag}: {message}" in err and err.count("\n") == 1
 

@@ -132,7 +132,7 @@ def test_a_negative_size_is_not_taken_for_a_missing_value(capsys: pytest.Capture
 @pytest.mark.parametrize(("extra", "flag"), [(["--memory-limit", "64GB"], "--memory-limit"), (["--device", "cuda"], "--device")])
 def test_plan_refuses_what_only_bootstrap_uses(extra: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     err = refused(["plan", "--gpu", "H200", *extra], capsys)  # was exit 0, the flag silently ignored
-    assert f"{flag} is for bootstrap (this machine)" in err and f"drop {flag}" in err
+    assert f"{flag} is for bootstrap (this machine); plan sizes the card --gpu or --gpu-memory names: drop {flag}" in err
 
 
 def test_bootstrap_on_meta_points_to_plan(capsys: pytest.CaptureFixture[str]) -> None:
