@@ -18,6 +18,7 @@ import torch
 from kvcache.allocators.eviction import evict_shortfall
 from kvcache.allocators.free_group import FreeGroup, FreeGroupState
 from kvcache.allocators.free_log import FreeLog, FreeLogState
+from kvcache.allocators.scheduler_hooks import SchedulerCapacityHooks
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +71,10 @@ def page_disjoint(segments: Iterable[tuple[torch.Tensor, int]], page_size: int) 
         yield free_index, start_pos
 
 
-class SharedAllocatorAPI:
+class SharedAllocatorAPI(SchedulerCapacityHooks):
     """What the token, paged and SWA allocators share of SGLang 0.5.23's base: free_segments /
-    free_full_segments over free_segment / free_full_segment, and get_extend_allocation_demand."""
+    free_full_segments over free_segment / free_full_segment, get_extend_allocation_demand, and the
+    scheduler's capacity hooks (kvcache.allocators.scheduler_hooks)."""
 
     page_size: int
 
@@ -248,6 +250,17 @@ class FreeListAllocator(SharedAllocatorAPI):
         """Everything free again and any free group closed; earlier backups and handed-out indices become void."""
         self._group.close()
         self._log.reset()
+
+    def resize(self, config: Any) -> None:
+        """SGLang 0.5.23's post-capture resize: config.max_total_num_tokens usable tokens (at most as built), all
+        free again, like clear()."""
+        self.resize_tokens(int(config.max_total_num_tokens))
+
+    def resize_tokens(self, tokens: int) -> None:
+        if tokens % self._page_size:
+            raise ValueError(f"resize to {tokens} tokens: not a multiple of page_size {self._page_size}")
+        self._group.close()
+        self._log.shrink(tokens // self._page_size)
 
     def backup_allocator_state(self) -> AllocatorState:
         """O(1). Only the latest backup can be restored. (SGLang 0.5 dropped backup_state; ours keeps it under this name.)"""

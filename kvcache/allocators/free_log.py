@@ -243,6 +243,14 @@ class FreeLog:
         self._reset_flags()
         self._generation += 1
 
+    def shrink(self, capacity: int) -> None:
+        """Ids 1..capacity from now on, all free (a post-capture resize); the buffers stay as built."""
+        built = self._length // LOG_LENGTH_FACTOR
+        if not 1 <= capacity <= built:
+            raise ValueError(f"a free list built for {built} {self._unit}s cannot be resized to {capacity}")
+        self._capacity = capacity
+        self.reset()
+
     def backup(self) -> FreeLogState:
         """O(1); voids any earlier backup."""
         self._generation += 1

@@ -28,6 +28,7 @@ from kvcache.allocators.free_group import FreeGroup, FreeGroupState
 from kvcache.allocators.index_map import FullToSWAMap, IndexMapState, page_rows, page_starts_of
 from kvcache.allocators.locations import decode_starts_page, host_lengths
 from kvcache.allocators.paged import PagedTokenToKVPoolAllocator
+from kvcache.allocators.scheduler_hooks import SWACapacityHooks
 from kvcache.allocators.token import TokenToKVPoolAllocator
 
 _serials = itertools.count(1)
@@ -55,7 +56,7 @@ def _side(name: str, size: int, page_size: int, device: torch.device, check: boo
     return PagedTokenToKVPoolAllocator(size=size, page_size=page_size, device=device, check_frees=check, kvcache=kvcache)
 
 
-class SWATokenToKVPoolAllocator(SharedAllocatorAPI):
+class SWATokenToKVPoolAllocator(SWACapacityHooks, SharedAllocatorAPI):
     """Full and SWA allocators behind SGLang 0.5.23's allocator API; hands out full-pool indices."""
 
     def __init__(
@@ -306,6 +307,13 @@ class SWATokenToKVPoolAllocator(SharedAllocatorAPI):
         self.swa_attn_allocator.clear()
         self._map.reset()
         self._generation += 1
+
+    def resize(self, config: Any) -> None:
+        """SGLang 0.5.23's post-capture resize: config.full_max_total_num_tokens / swa_max_total_num_tokens
+        (each at most as built), everything free again, like clear()."""
+        self.full_attn_allocator.resize_tokens(int(config.full_max_total_num_tokens))
+        self.swa_attn_allocator.resize_tokens(int(config.swa_max_total_num_tokens))
+        self.clear()
 
     def backup_allocator_state(self) -> SWAAllocatorState:
         """O(1). Only the latest backup can be restored (SGLang 0.5 has no backup; the name is ours)."""

@@ -9,7 +9,7 @@ Ours also refuses a double free and a row out of range, on the host at no device
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -30,6 +30,9 @@ def holds_row(req: Any) -> bool:
 class ReqToTokenPool:
     """`size` request rows (plus the padding row) of `max_context_len` token indices."""
 
+    pre_alloc_size = 0  # SGLang 0.5.23: extra rows only its disaggregated-decode pool has
+    enable_mamba_extra_buffer_lazy = False
+
     def __init__(self, *, size: int, max_context_len: int, device: torch.device, with_state_slots: bool = False) -> None:
         self.size = size
         self.max_context_len = max_context_len
@@ -38,6 +41,8 @@ class ReqToTokenPool:
         parts = device_buffers.carve(segments, device)
         self.req_to_token = parts[0]
         self.req_to_state_slot = parts[1] if with_state_slots else None
+        self.req_generation = torch.zeros(size + 1, dtype=torch.int64)  # host; +1 per reuse, never reset
+        self._on_alloc_rows: Callable[[list[int]], None] | None = None
         self.clear()
 
     def alloc(self, reqs: Sequence[Any] | int) -> list[int] | None:
@@ -65,6 +70,9 @@ class ReqToTokenPool:
         del self._free_slots[-need_size:]
         for row in rows:
             self._held[row] = 1
+        self.req_generation[rows] += 1
+        if self._on_alloc_rows is not None:
+            self._on_alloc_rows(rows)
         return rows
 
     def free(self, req: Any) -> None:
@@ -108,6 +116,28 @@ class ReqToTokenPool:
         if isinstance(values, torch.Tensor) and values.dtype != torch.int32:
             values = values.to(torch.int32)
         self.req_to_token[indices] = values
+
+    # SGLang 0.5.23's scheduler calls these on any request table; an auxiliary per-request cache (MiniCPM
+    # sparse attention, DeepSeek-V4's compressed KV) is not modelled, so none is ever attached.
+
+    def register_on_alloc_rows(self, hook: Callable[[list[int]], None]) -> None:
+        """Call hook(rows) whenever rows are handed out (one hook, as SGLang allows)."""
+        if self._on_alloc_rows is not None:
+            raise ValueError("an on_alloc_rows hook is already registered")
+        self._on_alloc_rows = hook
+
+    def attach_aux_cache(self, aux_cache: Any) -> None:
+        raise ValueError(f"auxiliary per-request caches ({type(aux_cache).__name__}) are not modelled by this pool")
+
+    def schedulable_token_capacity(self, physical_capacity: int) -> int:
+        """Tokens the scheduler may plan for: the KV pool's own (no auxiliary cache caps it)."""
+        return physical_capacity
+
+    def alloc_aux_to_lengths(self, *, req_pool_indices_cpu: torch.Tensor, target_seq_lens_cpu: torch.Tensor) -> None:
+        """Grow auxiliary caches to the new lengths: there are none."""
+
+    def reset_aux_cache_allocator(self) -> None:
+        """After a post-capture resize: no auxiliary cache to reset."""
 
     @property
     def nbytes(self) -> int:

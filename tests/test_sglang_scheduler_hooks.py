@@ -1,0 +1,176 @@
+"""The capacity questions SGLang 0.5.23's scheduler asks every allocator and request table, answered by ours.
+
+Numbers are worked by hand. The prefill budget is SGLang's own class: where the unpacked
+reference tree is present, it is loaded from there and run over our allocators (skips otherwise).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvcache.pools import ReqToTokenPool
+
+REFERENCE_SRC = Path("/work/ref/src")
+
+
+class Tree:
+    """A prefix cache holding some indices it frees when asked to evict (SGLang's evict_for_alloc)."""
+
+    def __init__(self, allocator: Any, held: torch.Tensor) -> None:
+        self.allocator, self.held, self.asked = allocator, held, []
+
+    def supports_prefix_sharing(self) -> bool:
+        return True
+
+    def supports_mamba(self) -> bool:
+        return False
+
+    def evictable_size(self) -> int:
+        return self.held.numel()
+
+    def evict_for_alloc(self, params: Any) -> None:
+        self.asked.append((params.num_tokens, params.swa_num_tokens))
+        if self.held.numel():
+            self.allocator.free(self.held)
+            self.held = self.held[:0]
+
+
+def test_max_new_tokens_is_clipped_to_an_empty_pool_after_the_page_rounded_prompt() -> None:
+    a = PagedTokenToKVPoolAllocator(size=4096, page_size=16, device="cpu")
+    clip = lambda prompt, wanted: a.max_new_tokens_for_memory(  # noqa: E731
+        prompt, wanted, token_capacity=1000, sliding_window_size=None, chunk_size=None)
+    assert clip(100, 2000) == 1000 - 112 - 16 - 1  # 100 tokens take 7 pages = 112
+    assert clip(100, 50) == 50
+    assert clip(990, 10) == 0  # the prompt alone fills it
+
+
+@pytest.mark.parametrize("make", [
+    lambda: TokenToKVPoolAllocator(size=64, device="cpu"),
+    lambda: PagedTokenToKVPoolAllocator(size=64, page_size=4, device="cpu"),
+])
+def test_decode_capacity_evicts_the_shortfall_first(make: Any) -> None:
+    a = make()
+    held = a.alloc(60)
+    tree = Tree(a, held[:40])
+    assert a.check_decode_capacity(num_tokens=4, tree_cache=tree) and tree.asked == []  # 4 free already
+    assert a.check_decode_capacity(num_tokens=20, tree_cache=tree) and tree.asked == [(16, 0)]
+    assert a.available_size() == 44
+    assert not a.check_decode_capacity(num_tokens=45, tree_cache=tree)  # nothing left to evict
+
+
+def test_the_rest_of_the_scheduler_hooks_add_nothing_a_plain_pool_does_not_have() -> None:
+    a = PagedTokenToKVPoolAllocator(size=64, page_size=4, device="cpu")
+    assert a.request_slot_reserve(has_req_pool_slot=True, prefill_tokens=100) == 0
+    assert a.prealloc_fits_assumes_reclaim() is False and a.prealloc_ceiling_fits(8, 0) is None
+    assert a.prealloc_fits(None, 8, 4, full_budget_tokens=8, swa_budget_tokens=4)
+    assert not a.prealloc_fits(None, 9, 0, full_budget_tokens=8)
+    assert a.verify_byte_accounting() == [] and a.mamba_full_cache_donor() is None
+    a.merge_and_sort_free()
+    assert a.debug_print() == "#available-size: 64, "
+
+
+def test_swa_reclaim_for_prealloc_evicts_the_window_side_and_names_a_shortfall() -> None:
+    a = SWATokenToKVPoolAllocator(full_size=64, swa_size=16, page_size=1, device="cpu")
+    held = a.alloc(16)
+    tree = Tree(a, held[:8])
+    assert a.reclaim_for_prealloc(tree, 100, 8) is None and tree.asked == [(0, 8)]
+    assert a.reclaim_for_prealloc(tree, 0, 9) == "the sliding-window side has 8 free tokens after eviction, 9 needed"
+    assert a.swa_capacity_and_available(full_capacity=64, swa_capacity=16) == ((64, 56), (16, 8))
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_resize_after_capture_shrinks_and_frees_everything_and_refuses_to_grow(page_size: int) -> None:
+    a = (PagedTokenToKVPoolAllocator(size=64, page_size=page_size, device="cpu", check_frees=True) if page_size > 1
+         else TokenToKVPoolAllocator(size=64, device="cpu", check_frees=True))
+    a.alloc(8)
+    a.resize(SimpleNamespace(max_total_num_tokens=32))
+    assert a.size == a.available_size() == 32
+    got = a.alloc(32)
+    assert got is not None and int(got.max()) < 32 + page_size and a.alloc(page_size) is None
+    with pytest.raises(ValueError, match="cannot be resized to"):
+        a.resize(SimpleNamespace(max_total_num_tokens=128))
+    swa = SWATokenToKVPoolAllocator(full_size=64, swa_size=32, page_size=page_size, device="cpu")
+    swa.alloc(page_size)
+    swa.resize(SimpleNamespace(full_max_total_num_tokens=48, swa_max_total_num_tokens=16))
+    assert (swa.size_full, swa.size_swa, swa.full_available_size(), swa.swa_available_size()) == (48, 16, 48, 16)
+
+
+def test_request_table_answers_the_schedulers_table_hooks() -> None:
+    pool = ReqToTokenPool(size=4, max_context_len=8, device=torch.device("cpu"))
+    seen: list[list[int]] = []
+    pool.register_on_alloc_rows(seen.append)
+    first = pool.alloc_rows(2)
+    assert first is not None and seen == [first]
+    pool.free_rows(first)
+    pool.clear()
+    again = pool.alloc_rows(4)
+    assert again is not None
+    assert sorted(pool.req_generation.tolist()) == [0, 1, 1, 2, 2]  # reused rows count 2; clear() keeps counts
+    assert pool.schedulable_token_capacity(1000) == 1000 and pool.pre_alloc_size == 0
+    pool.alloc_aux_to_lengths(req_pool_indices_cpu=torch.tensor([1]), target_seq_lens_cpu=torch.tensor([5]))
+    pool.reset_aux_cache_allocator()
+    with pytest.raises(ValueError, match="not modelled"):
+        pool.attach_aux_cache(object())
+
+
+@pytest.fixture(scope="module")
+def sglang_budgets() -> Iterator[SimpleNamespace]:
+    """SGLang 0.5.23's prefill_budget module from the reference tree; sys.modules restored afterwards."""
+    path = REFERENCE_SRC / "sglang/srt/mem_cache/prefill_budget.py"
+    if not path.is_file():
+        pytest.skip(f"no SGLang reference tree at {REFERENCE_SRC}")
+    import importlib.util
+    import types
+
+    saved = dict(sys.modules)
+    try:
+        for name in ("sglang", "sglang.srt", "sglang.srt.mem_cache", "sglang.srt.mem_cache.allocator"):
+            package = types.ModuleType(name)
+            package.__path__ = []
+            sys.modules[name] = package
+        swa = types.ModuleType("sglang.srt.mem_cache.allocator.swa")
+        swa.is_swa_req_ring = lambda allocator: False  # ours have no per-request SWA ring (SGLang: an isinstance check)
+        sys.modules[swa.__name__] = swa
+        spec = importlib.util.spec_from_file_location("sglang.srt.mem_cache.prefill_budget", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        yield SimpleNamespace(PrefillBudget=module.PrefillBudget, SWAPrefillBudget=module.SWAPrefillBudget)
+    finally:
+        sys.modules.clear()
+        sys.modules.update(saved)
+
+
+def test_sglangs_own_prefill_budget_runs_over_our_paged_allocator(sglang_budgets: SimpleNamespace) -> None:
+    a = PagedTokenToKVPoolAllocator(size=1024, page_size=16, device="cpu")
+    held = a.alloc(256)
+    tree = Tree(a, held[:64])
+    budget = a.create_prefill_budget(tree, num_mixed_decode_tokens=8)
+    assert type(budget) is sglang_budgets.PrefillBudget
+    assert budget.remaining_total == 768 + 64 - 8  # free + evictable - the mixed decode tokens
+    budget.reserve(100, 50)  # 100 tokens take 112; plus a page of headroom; plus 50 to generate
+    assert budget.remaining_total == 824 - (112 + 16 + 50) and budget.remaining_current == 824 - 128
+    assert budget.check_prefill(extend_input_len=600, total_tokens=600, max_new_tokens=0, input_tokens=600,
+                                swa_host_hit_length=0, chunk_limit=None) == (True, None)
+    assert budget.check_prefill(extend_input_len=700, total_tokens=700, max_new_tokens=0, input_tokens=700,
+                                swa_host_hit_length=0, chunk_limit=None) == (False, None)
+
+
+def test_sglangs_own_swa_prefill_budget_runs_over_our_swa_allocator(sglang_budgets: SimpleNamespace) -> None:
+    a = SWATokenToKVPoolAllocator(full_size=512, swa_size=128, page_size=16, device="cpu")
+    a.alloc(64)
+    tree = SimpleNamespace(full_evictable_size=lambda: 32, swa_evictable_size=lambda: 16,
+                           supports_mamba=lambda: False, supports_prefix_sharing=lambda: True)
+    budget = a.create_prefill_budget(tree)
+    assert type(budget) is sglang_budgets.SWAPrefillBudget
+    assert budget.remaining_swa == 64 + 16  # the window side's free + evictable
+    assert budget.remaining_total == 448 + 32  # the full side's
