@@ -45,9 +45,10 @@ def test_a_worker_allocates_one_arena_of_exactly_the_plan(make_engine: Any, mode
     assert result.allocated_bytes == plan.arena_bytes() == plan.total_bytes <= 3 * GiB
     assert plan.total_bytes == arena_size(sum(plan.worker_buffers().values())) == sum(plan.buffers.values())
     assert plan.total_bytes % (2 * MiB) == 0
-    tensors = [*result.req_to_token_pool.__dict__.values()]
-    storages = {t.untyped_storage()._cdata for t in tensors if isinstance(t, torch.Tensor)}
-    assert len(storages) == 1  # the request table is a slot of the one arena
+    pool = result.req_to_token_pool
+    on_device = [t for t in pool.__dict__.values() if isinstance(t, torch.Tensor) and t.device == pool.device]
+    assert {t.untyped_storage()._cdata for t in on_device} == {pool.req_to_token.untyped_storage()._cdata}
+    assert pool.req_generation.device.type == "cpu"  # the request table's only other tensor: host counters
     assert result.token_to_kv_pool_allocator.nbytes == plan.allocator_index_bytes
 
 
