@@ -95,6 +95,16 @@ def build_report(engine: Engine, *, card: str | None = None, page_size_note: str
     )
 
 
+def _below_context_note(r: BootstrapReport) -> str:
+    """Why fewer tokens than one full-length request can plan (every layer attends a window), and what that
+    means for an engine that keeps every token of a request instead."""
+    if r.max_total_num_tokens >= r.context_length:
+        return ""
+    return (f"  (below the {r.context_length:,}-token context: every layer attends a window, so a request keeps "
+            f"only its last window of tokens; an engine that keeps every token serves requests of at most "
+            f"{r.max_total_num_tokens:,} tokens)")
+
+
 def render_text(report: BootstrapReport) -> str:
     """The report for a terminal: one fact per line, GiB beside exact bytes."""
     r = report
@@ -112,7 +122,7 @@ def render_text(report: BootstrapReport) -> str:
         "KV budget           " + format_bytes(r.budget_bytes)
         + (f"  (mem_fraction_static {r.mem_fraction_static})" if r.mem_fraction_static is not None else "  (--kv-cache-memory)"),
         f"bytes per token     {r.bytes_per_token:,}",
-        f"max total tokens    {r.max_total_num_tokens:,}",
+        f"max total tokens    {r.max_total_num_tokens:,}" + _below_context_note(r),
         f"max running reqs    {r.max_running_requests:,}"
         + (f"  (state slots cap requests at {r.state_request_cap})" if r.state_request_cap is not None else ""),
         "buffers:",

@@ -166,3 +166,13 @@ def test_a_bad_choice_in_a_config_file_lists_the_choices(tmp_path: Path, capsys:
     settings.write_text('kv-cache-dtype = "fp8"\n')  # vLLM's spelling
     err = refused(["plan", "--gpu", "H200", "--config", str(settings)], capsys)
     assert "Invalid enum value 'fp8' - at `$.kv_cache_dtype` (--kv-cache-dtype: one of auto, bfloat16, bf16," in err
+
+
+def test_a_plan_below_one_full_context_says_why_it_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    # Mistral-7B-v0.1 slides a 4,096-token window on every layer: 9,339 tokens on an L4 plan (exit 0), which
+    # one 32,768-token request fits only if its tokens outside the window are freed
+    assert main(["plan", "--model", "Mistral-7B-v0.1", "--gpu", "L4"]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("max total tokens")]
+    assert line == ("max total tokens    9,339  (below the 32,768-token context: every layer attends a window, so a "
+                    "request keeps only its last window of tokens; an engine that keeps every token serves requests "
+                    "of at most 9,339 tokens)")
