@@ -9,7 +9,8 @@ need only hold the live windows; free_full / free_full_segment then release the 
 With page_size > 1 both sides are paged with the same page size and a full page maps
 onto one SWA page offset for offset (both sides take fresh pages together, planned
 once on the host), so frees work on whole pages. Segment frees (what SGLang 0.5.23's
-radix cache calls) run without a host sync; set frees (free, free_swa) sync once.
+radix cache calls) run without a host sync; set frees (free, free_swa) sync once (the frees:
+kvcache.allocators.swa_frees).
 Backup covers both sides, the free group and the map (journaled while live).
 """
 
@@ -25,10 +26,11 @@ import torch
 from kvcache.allocators.base import AllocatorState, SharedAllocatorAPI, as_indices, check_need_size, reject_meta
 from kvcache.allocators.eviction import evict_shortfall
 from kvcache.allocators.free_group import FreeGroup, FreeGroupState
-from kvcache.allocators.index_map import FullToSWAMap, IndexMapState, page_rows, page_starts_of
+from kvcache.allocators.index_map import FullToSWAMap, IndexMapState
 from kvcache.allocators.locations import decode_starts_page, host_lengths
 from kvcache.allocators.paged import PagedTokenToKVPoolAllocator
 from kvcache.allocators.scheduler_hooks import SWACapacityHooks
+from kvcache.allocators.swa_frees import SWAFrees
 from kvcache.allocators.token import TokenToKVPoolAllocator
 
 _serials = itertools.count(1)
@@ -56,7 +58,7 @@ def _side(name: str, size: int, page_size: int, device: torch.device, check: boo
     return PagedTokenToKVPoolAllocator(size=size, page_size=page_size, device=device, check_frees=check, kvcache=kvcache)
 
 
-class SWATokenToKVPoolAllocator(SWACapacityHooks, SharedAllocatorAPI):
+class SWATokenToKVPoolAllocator(SWAFrees, SWACapacityHooks, SharedAllocatorAPI):
     """Full and SWA allocators behind SGLang 0.5.23's allocator API; hands out full-pool indices."""
 
     def __init__(
@@ -223,72 +225,6 @@ class SWATokenToKVPoolAllocator(SWACapacityHooks, SharedAllocatorAPI):
             self._check_still_mapped(last, swa_last, continues)
         return self._take_both(batch.num_new_pages * self._page_size,
                                lambda side: side._decode_with(batch, swa_last if side is swa_side else last))
-
-    # Frees resolve the map at once (SGLang 0.5.23: a later cache action in a free group may map the
-    # same full index again); inside a free group both sides defer their releases, with copies.
-
-    def _checked(self, op: str, indices: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
-        reject_meta(self._device, op)
-        if start_pos % self._page_size:
-            raise ValueError(f"segment start {start_pos} is not a multiple of page_size {self._page_size}")
-        return as_indices(indices, self._device, "free_index")
-
-    def free(self, free_index: torch.Tensor) -> None:
-        """Release both sides of these full indices (a set: paged, every page they touch)."""
-        if free_index.numel():
-            self._free_now(self._checked("free", free_index))
-
-    def free_swa(self, free_index: torch.Tensor) -> None:
-        """Release only the SWA slots of these tokens (they left the window); the full side stays held."""
-        if free_index.numel():
-            self._free_swa_now(self._checked("free_swa", free_index))
-
-    def free_full(self, free_index: torch.Tensor) -> None:
-        """Release only the full side (its SWA slots were freed already)."""
-        if free_index.numel():
-            self.full_attn_allocator.free(self._checked("free_full", free_index))
-
-    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
-        """Both sides of kv_row[start_pos : start_pos + n] of one request (page-aligned start): no host sync."""
-        if free_index.numel():
-            full = self._checked("free_segment", free_index, start_pos)
-            self._free_swa_segment_now(full)
-            self.full_attn_allocator.free_segment(full, start_pos=start_pos)
-
-    def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
-        if free_index.numel():
-            self._free_swa_segment_now(self._checked("free_swa_segment", free_index, start_pos))
-
-    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
-        if free_index.numel():
-            self.full_attn_allocator.free_segment(self._checked("free_full_segment", free_index, start_pos),
-                                                  start_pos=start_pos)
-
-    def _free_now(self, full: torch.Tensor) -> None:
-        starts = page_starts_of(full, self._page_size)
-        held = self._map.held_swa_pages(starts, self._page_size, check=self._check)
-        if self._group.is_open:  # another free() in this group may touch these pages: deferred as a set
-            self.full_attn_allocator.free(starts)
-        else:
-            self.full_attn_allocator.free_page_starts(starts)  # with check_frees this raises before anything changed
-        if held.numel():
-            self.swa_attn_allocator.free_page_starts(held)
-        self._map.write(page_rows(starts, self._page_size), 0)
-
-    def _free_swa_now(self, full: torch.Tensor) -> None:
-        starts = page_starts_of(full, self._page_size)
-        held = self._map.held_swa_pages(starts, self._page_size, check=self._check)
-        if held.numel():
-            self.swa_attn_allocator.free_page_starts(held)
-            self._map.write(page_rows(starts, self._page_size), 0)
-
-    def _free_swa_segment_now(self, full: torch.Tensor) -> None:
-        firsts = full[:: self._page_size]  # the first full index of every page in the segment
-        swa_starts = self._map.lookup(firsts)
-        if self._check and bool((swa_starts <= 0).any()):
-            raise ValueError("free_swa_segment of a segment whose SWA slots are already free (use free_full_segment)")
-        self.swa_attn_allocator.free_page_starts(swa_starts)
-        self._map.write(page_rows(firsts, self._page_size), 0)
 
     def free_group_begin(self) -> None:
         self._group.begin()
