@@ -14,12 +14,15 @@ vLLM's CPU wheel, absent from the CUDA wheel and with no Python source), so
 
     root = Path(".../site-packages")          # holds sglang/ and vllm/
     sglang = load_sglang(root, use_triton=True)  # .TokenToKVPoolAllocator, .PagedTokenToKVPoolAllocator
+    radix = load_sglang_radix(root)              # .RadixCache, .release_kv_cache, .alloc_for_extend, ...
     vllm = load_vllm(root)                       # .BlockPool, .KVCacheManager, .CPUBlockTables, ...
 """
 
 from __future__ import annotations
 
+import __future__
 import ast
+import contextlib
 import enum
 import importlib.util
 import logging
@@ -110,7 +113,8 @@ def _definition_from(path: Path, name: str, namespace: dict[str, Any]) -> Any:
         return [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
     tree = ast.parse(path.read_text())
     node = next(n for n in tree.body if name in names(n))
-    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
+    flags = __future__.annotations.compiler_flag  # annotations stay strings, as in the source file
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec", flags=flags), namespace)
     return namespace[name]
 
 
@@ -135,6 +139,81 @@ def load_sglang(root: Path, *, use_triton: bool) -> types.SimpleNamespace:
         PagedTokenToKVPoolAllocator=modules["sglang.srt.mem_cache.allocator.paged"].PagedTokenToKVPoolAllocator,
         kernels=modules["sglang.kernels.ops.memory.allocator"],
     )
+
+
+SGLANG_RADIX_FILES = {
+    "sglang.srt.mem_cache.unified_cache.component_type": "sglang/srt/mem_cache/unified_cache/component_type.py",
+    "sglang.srt.mem_cache.evict_policy": "sglang/srt/mem_cache/evict_policy.py",
+    "sglang.srt.mem_cache.utils": "sglang/srt/mem_cache/utils.py",
+    "sglang.srt.mem_cache.cache_init_params": "sglang/srt/mem_cache/cache_init_params.py",
+    "sglang.srt.mem_cache.base_prefix_cache": "sglang/srt/mem_cache/base_prefix_cache.py",
+    "sglang.srt.mem_cache.radix_cache": "sglang/srt/mem_cache/radix_cache.py",
+    "sglang.srt.mem_cache.pure_swa_radix_cache": "sglang/srt/mem_cache/pure_swa_radix_cache.py",
+    "sglang.srt.mem_cache.common": "sglang/srt/mem_cache/common.py",
+    "sglang.srt.mem_cache.allocation": "sglang/srt/mem_cache/allocation.py",
+}
+
+
+class _EventRecorder:
+    """Stand-in for SGLang's KV event recorder: events off, as in a default server."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def load_sglang_radix(root: Path) -> types.SimpleNamespace:
+    """SGLang 0.5.23's RadixCache, PureSWARadixCache, the scheduler helpers of mem_cache/common.py and
+    allocation.py, ReqKvInfo and ReqToTokenPool (on CPU, Triton-free paths). Call after load_sglang."""
+    import torch
+
+    sys.meta_path.insert(0, _StubFinder(("sglang",), set(SGLANG_RADIX_FILES)))
+    events = _Anything("sglang.srt.mem_cache.events")
+    events.KVCacheEventRecorder, events.KvEventLoraNames, events.LoRANameTable = _EventRecorder, dict, dict
+    sys.modules[events.__name__] = events
+    environ = types.ModuleType("sglang.srt.environ")
+    environ.envs = types.SimpleNamespace(SGLANG_RADIX_FORCE_MISS=types.SimpleNamespace(get=lambda: False))
+    sys.modules[environ.__name__] = environ
+    context = _Anything("sglang.srt.runtime_context")
+    context.get_serving = lambda: types.SimpleNamespace(strip_thinking_cache=False)
+    context.get_spec = lambda: types.SimpleNamespace(speculative_algorithm=None)
+    context.get_parallel = lambda: types.SimpleNamespace(dcp_enabled=False)
+    context.attention_backends = lambda: ("torch_native", "torch_native")  # the non-Triton row writes
+    sys.modules[context.__name__] = context
+    interleave = types.ModuleType("sglang.srt.mem_cache.allocator.page_interleave")
+    interleave.page_interleave_shard_size = lambda allocator: 1  # stock allocators (no page-interleave sharding)
+    sys.modules[interleave.__name__] = interleave
+    utils = sys.modules["sglang.srt.utils"]
+    utils.__path__ = []
+    for name in ("is_cpu", "is_cuda", "is_npu", "is_xpu", "support_triton"):
+        setattr(utils, name, lambda *args: False)
+    common = types.ModuleType("sglang.srt.utils.common")
+    for name in ("ceil_div", "ceil_align"):
+        _definition_from(root / "sglang/srt/utils/common.py", name, common.__dict__)
+    common.is_pin_memory_available = lambda device=None: False
+    sys.modules[common.__name__] = common
+    modules = {name: _load(name, root / rel) for name, rel in SGLANG_RADIX_FILES.items()}
+    batch_py, pool_py = root / "sglang/srt/managers/schedule_batch.py", root / "sglang/srt/mem_cache/memory_pool.py"
+    importlib.import_module("sglang.srt.managers.schedule_batch")  # a stand-in: dataclass reads its module
+    kv_info = _definition_from(batch_py, "ReqKvInfo", {
+        "dataclasses": __import__("dataclasses"), "__name__": "sglang.srt.managers.schedule_batch",
+        "ceil_align": common.ceil_align, "ComponentType": modules[
+            "sglang.srt.mem_cache.unified_cache.component_type"].ComponentType})
+    saver = types.SimpleNamespace(create=lambda enable: types.SimpleNamespace(region=lambda kind: contextlib.nullcontext()))
+    req_to_token_pool = _definition_from(pool_py, "ReqToTokenPool", {
+        "torch": torch, "TorchMemorySaverAdapter": saver, "GPU_MEMORY_TYPE_KV_CACHE": "kv_cache",
+        "__name__": "sglang.srt.mem_cache.memory_pool"})
+    names = {"sglang.srt.mem_cache.base_prefix_cache": ("MatchPrefixParams", "EvictParams"),
+             "sglang.srt.mem_cache.cache_init_params": ("CacheInitParams",),
+             "sglang.srt.mem_cache.radix_cache": ("RadixCache", "RadixKey"),
+             "sglang.srt.mem_cache.pure_swa_radix_cache": ("PureSWARadixCache",),
+             "sglang.srt.mem_cache.common": ("match_kv_cache", "checkpoint_kv_cache", "release_kv_cache",
+                                             "evict_from_tree_cache", "free_swa_out_of_window_slots"),
+             "sglang.srt.mem_cache.allocation": ("alloc_for_extend", "alloc_for_decode")}
+    found = {name: getattr(modules[module], name) for module, listed in names.items() for name in listed}
+    return types.SimpleNamespace(**found, ReqKvInfo=kv_info, ReqToTokenPool=req_to_token_pool)
 
 
 def slot_mapping_op(block_table: Any, slot_mapping: Any, idx_mapping: Any, query_start_loc: Any, positions: Any,

@@ -1,0 +1,75 @@
+"""SGLang 0.5.23's own RadixCache and scheduler helpers drive our request table and allocators with no shim.
+
+Runs benchmarks/sglang_radix_trace.py (SGLang's real code from the unpacked reference tree, skipped without
+it) at page sizes 1 and 4: no index lost, held twice or 0, every pool full again at the end, and the same
+indices as SGLang's allocator (page 1 at every step; paged until freed pages are reused).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from kvcache.pools import ReqToTokenPool
+
+REFERENCE_SRC = Path("/work/ref/src")
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture()
+def trace() -> Iterator[ModuleType]:
+    """The driver module; the stand-in modules, finders and path entries it adds are removed afterwards.
+
+    Only sglang's modules and the two benchmark scripts go: a real library first imported meanwhile (triton,
+    loaded by SGLang's kernel file) stays, as a compiled extension cannot be imported twice."""
+    if not (REFERENCE_SRC / "sglang/srt/mem_cache/radix_cache.py").is_file():
+        pytest.skip(f"no SGLang reference tree at {REFERENCE_SRC}")
+    finders, modules, path = list(sys.meta_path), set(sys.modules), list(sys.path)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import sglang_radix_trace
+
+        yield sglang_radix_trace
+    finally:
+        sys.path[:] = path
+        sys.meta_path[:] = finders
+        for name in set(sys.modules) - modules:
+            if name.split(".")[0] in ("sglang", "reference_allocators", "sglang_radix_trace"):
+                del sys.modules[name]
+
+
+def test_sglang_radix_cache_runs_on_our_objects_and_matches_sglangs_allocator(trace: ModuleType) -> None:
+    lines: list[str] = []
+    trace.run_all(REFERENCE_SRC, page_sizes=(1, 4), report=lines.append)
+    assert len(lines) == 4
+    page1, page4, swa1, swa4 = lines
+    assert "ours vs SGLang's allocator: the same indices at every step" in page1
+    assert "the same page layout at every step" in page4
+    for line in lines:
+        assert " 0 evicted under pressure" not in line  # every run evicts to make room
+    assert "0 window slots freed early" not in swa1 + swa4
+
+
+def test_the_trace_catches_an_allocator_handing_out_held_indices(trace: ModuleType) -> None:
+    # An allocator that hands out 1..n at every call (held indices, never taken from its free list) fails the census.
+    work = trace.Workload(page_size=1)
+    req_pool, allocator = trace.ours(work)
+    allocator.alloc = lambda n: torch.arange(1, n + 1)
+    trace.load_sglang(REFERENCE_SRC, use_triton=False)
+    sg = trace.load_sglang_radix(REFERENCE_SRC)
+    with pytest.raises(AssertionError, match="held twice|is lost"):
+        trace.Trace(sg, work, req_pool, allocator).run()
+
+
+def test_alloc_aux_to_lengths_is_accepted_and_changes_nothing() -> None:
+    # SGLang 0.5.23's alloc_for_extend and alloc_for_decode call it after writing rows; it was missing.
+    pool = ReqToTokenPool(size=2, max_context_len=4, device=torch.device("cpu"))
+    rows = pool.alloc_rows(1)
+    before = pool.req_to_token.clone()
+    pool.alloc_aux_to_lengths(req_pool_indices_cpu=torch.tensor(rows), target_seq_lens_cpu=torch.tensor([3]))
+    assert torch.equal(pool.req_to_token, before) and pool.available_size() == 1
