@@ -15,8 +15,6 @@ from types import ModuleType
 import pytest
 import torch
 
-from kvcache.pools import ReqToTokenPool
-
 REFERENCE_SRC = Path("/work/ref/src")
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -65,11 +63,3 @@ def test_the_trace_catches_an_allocator_handing_out_held_indices(trace: ModuleTy
     with pytest.raises(AssertionError, match="held twice|is lost"):
         trace.Trace(sg, work, req_pool, allocator).run()
 
-
-def test_alloc_aux_to_lengths_is_accepted_and_changes_nothing() -> None:
-    # SGLang 0.5.23's alloc_for_extend and alloc_for_decode call it after writing rows; it was missing.
-    pool = ReqToTokenPool(size=2, max_context_len=4, device=torch.device("cpu"))
-    rows = pool.alloc_rows(1)
-    before = pool.req_to_token.clone()
-    pool.alloc_aux_to_lengths(req_pool_indices_cpu=torch.tensor(rows), target_seq_lens_cpu=torch.tensor([3]))
-    assert torch.equal(pool.req_to_token, before) and pool.available_size() == 1

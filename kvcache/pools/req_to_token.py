@@ -102,10 +102,6 @@ class ReqToTokenPool:
     def available_size(self) -> int:
         return len(self._free_slots)
 
-    def alloc_aux_to_lengths(self, *, req_pool_indices_cpu: torch.Tensor, target_seq_lens_cpu: torch.Tensor) -> None:
-        """SGLang 0.5.23's alloc_for_extend / alloc_for_decode call this after every row write to grow per-row
-        side caches; this table keeps none, so there is nothing to grow (SGLang's plain table does the same)."""
-
     def clear(self) -> None:
         self._free_slots: list[int] = list(range(1, self.size + 1))
         self._held = bytearray(self.size + 1)
