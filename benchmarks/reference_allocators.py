@@ -151,6 +151,7 @@ SGLANG_RADIX_FILES = {
     "sglang.srt.mem_cache.pure_swa_radix_cache": "sglang/srt/mem_cache/pure_swa_radix_cache.py",
     "sglang.srt.mem_cache.common": "sglang/srt/mem_cache/common.py",
     "sglang.srt.mem_cache.allocation": "sglang/srt/mem_cache/allocation.py",
+    "sglang.srt.mem_cache.allocator.swa": "sglang/srt/mem_cache/allocator/swa.py",
 }
 
 
@@ -164,9 +165,31 @@ class _EventRecorder:
         return lambda *args, **kwargs: None
 
 
+class SWAIndexPool:
+    """Stand-in for SGLang's SWA KV pool, as far as its SWA allocator asks: no sub-pools, no per-request ring,
+    and the full-to-SWA index map the allocator registers (read back by translate_loc_from_full_to_swa)."""
+
+    full_kv_pool = swa_kv_pool = swa_req_ring_size = None
+
+    def register_mapping(self, mapping: Any) -> None:
+        self.full_to_swa_index_mapping = mapping
+
+    def translate_loc_from_full_to_swa(self, kv_indices: Any) -> Any:
+        return self.full_to_swa_index_mapping[kv_indices]
+
+
+def _expect(invariant: Any, value: Any, *, msg: str = "") -> Any:
+    """Stand-in for SGLang's invariant checks (a tensor of conditions): every one is fatal here."""
+    import torch
+
+    assert value is None or bool(torch.as_tensor(value).all()), f"{invariant}: {msg}"
+    return value
+
+
 def load_sglang_radix(root: Path) -> types.SimpleNamespace:
     """SGLang 0.5.23's RadixCache, PureSWARadixCache, the scheduler helpers of mem_cache/common.py and
-    allocation.py, ReqKvInfo and ReqToTokenPool (on CPU, Triton-free paths). Call after load_sglang."""
+    allocation.py, ReqKvInfo, ReqToTokenPool and SWATokenToKVPoolAllocator (its KV pool a stand-in, SWAIndexPool),
+    on CPU, Triton-free paths. Call after load_sglang."""
     import torch
 
     sys.meta_path.insert(0, _StubFinder(("sglang",), set(SGLANG_RADIX_FILES)))
@@ -185,14 +208,22 @@ def load_sglang_radix(root: Path) -> types.SimpleNamespace:
     interleave = types.ModuleType("sglang.srt.mem_cache.allocator.page_interleave")
     interleave.page_interleave_shard_size = lambda allocator: 1  # stock allocators (no page-interleave sharding)
     sys.modules[interleave.__name__] = interleave
+    swa_pool = types.ModuleType("sglang.srt.mem_cache.base_swa_memory_pool")
+    swa_pool.BaseSWAKVPool = SWAIndexPool
+    sys.modules[swa_pool.__name__] = swa_pool
+    invariants = _Anything("sglang.srt.utils.invariants")
+    invariants.Invariant, invariants.expect = lambda name, *args, **kwargs: name, _expect
+    sys.modules[invariants.__name__] = invariants
+    sys.modules["sglang.srt.platforms"].current_platform.get_paged_allocator_cls = lambda: None
     utils = sys.modules["sglang.srt.utils"]
     utils.__path__ = []
     for name in ("is_cpu", "is_cuda", "is_npu", "is_xpu", "support_triton"):
         setattr(utils, name, lambda *args: False)
     common = types.ModuleType("sglang.srt.utils.common")
-    for name in ("ceil_div", "ceil_align"):
-        _definition_from(root / "sglang/srt/utils/common.py", name, common.__dict__)
     common.is_pin_memory_available = lambda device=None: False
+    common.get_num_new_pages, common.torch = utils.get_num_new_pages, torch
+    for name in ("ceil_div", "ceil_align", "async_h2d"):
+        _definition_from(root / "sglang/srt/utils/common.py", name, common.__dict__)
     sys.modules[common.__name__] = common
     modules = {name: _load(name, root / rel) for name, rel in SGLANG_RADIX_FILES.items()}
     batch_py, pool_py = root / "sglang/srt/managers/schedule_batch.py", root / "sglang/srt/mem_cache/memory_pool.py"
@@ -213,7 +244,8 @@ def load_sglang_radix(root: Path) -> types.SimpleNamespace:
                                              "evict_from_tree_cache", "free_swa_out_of_window_slots"),
              "sglang.srt.mem_cache.allocation": ("alloc_for_extend", "alloc_for_decode")}
     found = {name: getattr(modules[module], name) for module, listed in names.items() for name in listed}
-    return types.SimpleNamespace(**found, ReqKvInfo=kv_info, ReqToTokenPool=req_to_token_pool)
+    return types.SimpleNamespace(**found, ReqKvInfo=kv_info, ReqToTokenPool=req_to_token_pool, SWAIndexPool=SWAIndexPool,
+                                 SWATokenToKVPoolAllocator=modules["sglang.srt.mem_cache.allocator.swa"].SWATokenToKVPoolAllocator)
 
 
 def slot_mapping_op(block_table: Any, slot_mapping: Any, idx_mapping: Any, query_start_loc: Any, positions: Any,

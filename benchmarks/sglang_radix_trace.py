@@ -7,7 +7,9 @@ Only the scheduler around them is ours: a few waves of requests sharing prefixes
 (match + lock), prefilled in chunks, decoded, then released in one free group; later waves run out
 of room and evict. After every step the census holds: every index is held once by the tree or a
 live request, none is 0, none is lost. At the end the tree is evicted and every pool must be full
-again. Ours and SGLang's allocators on fresh pools must hand out the same indices at every step.
+again. On fresh pools ours and SGLang's allocators hand out the same indices, at page 1 at every step,
+paged until freed pages are reused (SGLang's paged free list hands those out first); our request table
+and SGLang's are interchangeable under either allocator.
 
     python benchmarks/sglang_radix_trace.py [--reference-src /work/ref/src]
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -30,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator  # noqa: E402
 from kvcache.pools import ReqToTokenPool  # noqa: E402
 from reference_allocators import load_sglang, load_sglang_radix  # noqa: E402
+from sglang_request_fakes import Batch, Req  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -60,82 +63,6 @@ class Workload:
                 for i in range(self.per_wave)]
 
 
-@dataclass
-class Req:
-    """The fields of SGLang's Req that its cache helpers read; `kv` is SGLang's own ReqKvInfo."""
-
-    rid: str
-    origin_input_ids: array
-    kv: Any
-    output_ids: array = field(default_factory=lambda: array("q"))
-    full_untruncated_fill_ids: array = field(default_factory=lambda: array("q"))
-    extra_key: Any = None
-    cache_salt: Any = None
-    priority: Any = None
-    lock: Any = None
-    last_node: Any = None
-    prefix_len: int = 0
-    extend_end: int = 0
-    finished_reason: Any = None
-    finished_len: Any = None
-    skip_radix_cache_insert: bool = False
-
-    def finished(self) -> bool:
-        return self.finished_reason is not None
-
-    def _compute_max_prefix_len(self, input_len: int) -> int:
-        return input_len - 1  # one token left to compute, so the prefill yields logits
-
-    def refresh_fill_ids(self) -> None:
-        self.full_untruncated_fill_ids = self.origin_input_ids + self.output_ids
-
-    def owned_kv_len(self) -> int:
-        return self.kv.kv_committed_len
-
-
-@dataclass
-class Batch:
-    """The fields of SGLang's ScheduleBatch that alloc_for_extend / alloc_for_decode read."""
-
-    reqs: list[Req]
-    tree_cache: Any
-    req_to_token_pool: Any
-    device: str = "cpu"
-    hisparse_coordinator: Any = None
-    model_config: Any = field(default_factory=lambda: SimpleNamespace(is_encoder_decoder=False))
-
-    def is_dllm(self) -> bool:
-        return False
-
-    def maybe_evict_swa(self) -> None:
-        """Free what fell out of each request's window, as SGLang's batch does, in one free group."""
-        if not self.tree_cache.supports_swa():
-            return
-        allocator = self.tree_cache.token_to_kv_pool_allocator
-        allocator.free_group_begin()
-        for req in self.reqs:
-            if req.kv.holds_kv:
-                self.tree_cache.evict_sliding_windows(req, req.kv.kv_committed_len)
-        allocator.free_group_end()
-
-    def for_extend(self) -> Batch:
-        self.prefix_lens = [r.prefix_len for r in self.reqs]
-        self.extend_lens = [r.extend_end - r.prefix_len for r in self.reqs]
-        self.extend_num_tokens = sum(self.extend_lens)
-        return self._lengths([r.extend_end for r in self.reqs])
-
-    def for_decode(self) -> Batch:
-        self._lengths([r.kv.kv_committed_len for r in self.reqs])
-        self.req_pool_indices_cpu = torch.tensor([r.kv.req_pool_idx for r in self.reqs], dtype=torch.int64)
-        self.req_pool_indices = self.req_pool_indices_cpu.clone()
-        return self
-
-    def _lengths(self, lens: list[int]) -> Batch:
-        self.seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
-        self.seq_lens = self.seq_lens_cpu.clone()
-        return self
-
-
 class Trace:
     """One run of the workload through SGLang's cache on one (request table, allocator) pair."""
 
@@ -146,6 +73,7 @@ class Trace:
         self.tree = (sg.PureSWARadixCache if swa_window else sg.RadixCache)(params)
         self.swa = bool(swa_window)
         self.handed_out: list[list[int]] = []
+        self.swa_handed_out: list[list[int]] = []  # the SWA side's peers of handed_out (SWA runs)
         self.after_a_free: list[bool] = []  # whether any index had gone back before this step's alloc returned
         self.evicted = self.window_freed = 0
         evict = self.tree.evict
@@ -225,7 +153,8 @@ class Trace:
         in_use = self.start[2 if self.swa else 0] - (self.allocator.full_available_size() if self.swa
                                                      else self.allocator.available_size())
         self.after_a_free.append(in_use < len(ever) * ps)
-        if self.swa:  # tokens whose window slot went back while their full slot stays
+        if self.swa:  # the peers, and how many tokens' window slot went back while their full slot stays
+            self.swa_handed_out.append(self.allocator.translate_loc_from_full_to_swa(out).tolist())
             self.window_freed = max(self.window_freed, self.allocator.swa_available_size() - self.allocator.full_available_size())
         self.census()
 
@@ -255,9 +184,12 @@ def ours(work: Workload, swa_window: int = 0) -> tuple[ReqToTokenPool, Any]:
     return req_pool, PagedTokenToKVPoolAllocator(size=size, page_size=ps, device="cpu", check_frees=True)
 
 
-def sglangs(alloc_classes: SimpleNamespace, sg: SimpleNamespace, work: Workload) -> tuple[Any, Any]:
+def sglangs(alloc_classes: SimpleNamespace, sg: SimpleNamespace, work: Workload, swa_window: int = 0) -> tuple[Any, Any]:
+    """SGLang's request table and allocator (need_sort off, as SGLang's scheduler builds them by default)."""
     size, ps = work.pool_size, work.page_size
     req_pool = sg.ReqToTokenPool(work.rows, 128, "cpu", False)
+    if swa_window:
+        return req_pool, sg.SWATokenToKVPoolAllocator(size, size, ps, torch.int64, "cpu", sg.SWAIndexPool(), False)
     if ps == 1:
         return req_pool, alloc_classes.TokenToKVPoolAllocator(size, torch.int64, "cpu", None, False)
     return req_pool, alloc_classes.PagedTokenToKVPoolAllocator(size, ps, torch.int64, "cpu", None, False)
@@ -270,7 +202,8 @@ def compare(a: Trace, b: Trace) -> str:
     assert len(a.handed_out) == len(b.handed_out), (len(a.handed_out), len(b.handed_out))
     first = next((step for step, (x, y) in enumerate(zip(a.handed_out, b.handed_out)) if x != y), None)
     if first is None:
-        return "the same indices at every step"
+        assert a.swa_handed_out == b.swa_handed_out, "the same full indices with different SWA peers"
+        return "the same indices at every step" + (" (SWA peers too)" if a.swa else "")
     assert a.after_a_free[first] and ps > 1, f"step {first} differs before any free: {a.handed_out[first]} vs " \
                                              f"{b.handed_out[first]}"
     for x, y in zip(a.handed_out, b.handed_out):
@@ -296,11 +229,12 @@ def run_all(reference_src: Path, page_sizes: tuple[int, ...] = (1, 16), report: 
                f"{a.evicted_under_pressure} evicted under pressure; pools back to {a.start} (tokens, rows); "
                f"ours vs SGLang's allocator: {compare(a, b)}")
     for ps in page_sizes:
-        work = Workload(page_size=ps, decode_steps=4 * ps + 5)  # past the window, which keeps whole pages
-        s = Trace(sg, work, *ours(work, swa_window=ps + 2), swa_window=ps + 2).run()
-        report(f"page {ps:>2} SWA (PureSWARadixCache, window {ps + 2}, ours only): {len(s.handed_out)} alloc "
-               f"steps, {s.evicted_under_pressure} evicted under pressure, up to {s.window_freed} window slots "
-               f"freed early; pools back to {s.start} (tokens, rows, full, swa)")
+        work, window = Workload(page_size=ps, decode_steps=4 * ps + 5), ps + 2  # decode past the window
+        a = Trace(sg, work, *ours(work, window), swa_window=window).run()
+        b = Trace(sg, work, *sglangs(alloc_classes, sg, work, window), swa_window=window).run()
+        report(f"page {ps:>2} SWA (PureSWARadixCache, window {window}): {len(a.handed_out)} alloc steps, "
+               f"{a.evicted_under_pressure} evicted under pressure, up to {a.window_freed} window slots freed early; "
+               f"pools back to {a.start} (tokens, rows, full, swa); ours vs SGLang's SWA allocator: {compare(a, b)}")
 
 
 def main(argv: list[str] | None = None) -> None:

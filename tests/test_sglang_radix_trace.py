@@ -1,8 +1,9 @@
 """SGLang 0.5.23's own RadixCache and scheduler helpers drive our request table and allocators with no shim.
 
 Runs benchmarks/sglang_radix_trace.py (SGLang's real code from the unpacked reference tree, skipped without
-it) at page sizes 1 and 4: no index lost, held twice or 0, every pool full again at the end, and the same
-indices as SGLang's allocator (page 1 at every step; paged until freed pages are reused).
+it) at page sizes 1 and 4, full attention and sliding window: no index lost, held twice or 0, every pool full
+again at the end, and the same indices as SGLang's allocators (page 1 at every step; paged until freed pages
+are reused).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def test_sglang_radix_cache_runs_on_our_objects_and_matches_sglangs_allocator(tr
     for line in lines:
         assert " 0 evicted under pressure" not in line  # every run evicts to make room
     assert "0 window slots freed early" not in swa1 + swa4
+    assert "SWA allocator: the same indices at every step (SWA peers too)" in swa1
+    assert "the same page layout at every step" in swa4
 
 
 def test_the_trace_catches_an_allocator_handing_out_held_indices(trace: ModuleType) -> None:
