@@ -98,7 +98,9 @@ def run(ns: argparse.Namespace) -> int:
     if command == "presets":
         for name in preset_names():
             m = load_model_config(name)
-            print(f"{name:<30} {m.architecture:<26} {m.num_hidden_layers:>3} layers  ctx {m.max_position_embeddings}")
+            layers = m.num_hidden_layers
+            print(f"{name:<30} {m.architecture:<26} {layers:>3} layer{'s' if layers != 1 else ' '}  "
+                  f"ctx {m.max_position_embeddings:>7,}")
         return EXIT_OK
     if command == "bootstrap" and ns.device == "meta":
         raise UsageError("--device meta is a dry run: use plan --gpu NAME or plan --gpu-memory SIZE "

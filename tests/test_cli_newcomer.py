@@ -176,3 +176,10 @@ def test_a_plan_below_one_full_context_says_why_it_fits(capsys: pytest.CaptureFi
     assert line == ("max total tokens    9,339  (below the 32,768-token context: every layer attends a window, so a "
                     "request keeps only its last window of tokens; an engine that keeps every token serves requests "
                     "of at most 9,339 tokens)")
+
+
+def test_presets_read_as_english_with_grouped_digits(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["presets"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["EAGLE3-LLaMA3.1-Instruct-8B"].endswith("  1 layer   ctx   2,048")  # was "1 layers  ctx 2048"
+    assert lines["DeepSeek-V3"].endswith(" 61 layers  ctx 163,840")
