@@ -142,6 +142,7 @@ def load_sglang(root: Path, *, use_triton: bool) -> types.SimpleNamespace:
 
 
 SGLANG_RADIX_FILES = {
+    "sglang.kernels.ops.memory.common": "sglang/kernels/ops/memory/common.py",
     "sglang.srt.mem_cache.unified_cache.component_type": "sglang/srt/mem_cache/unified_cache/component_type.py",
     "sglang.srt.mem_cache.evict_policy": "sglang/srt/mem_cache/evict_policy.py",
     "sglang.srt.mem_cache.utils": "sglang/srt/mem_cache/utils.py",
@@ -186,10 +187,10 @@ def _expect(invariant: Any, value: Any, *, msg: str = "") -> Any:
     return value
 
 
-def load_sglang_radix(root: Path) -> types.SimpleNamespace:
+def load_sglang_radix(root: Path, *, use_triton: bool = False) -> types.SimpleNamespace:
     """SGLang 0.5.23's RadixCache, PureSWARadixCache, the scheduler helpers of mem_cache/common.py and
     allocation.py, ReqKvInfo, ReqToTokenPool and SWATokenToKVPoolAllocator (its KV pool a stand-in, SWAIndexPool),
-    on CPU, Triton-free paths. Call after load_sglang."""
+    with the Triton row writes when use_triton (else the host paths). Call after load_sglang."""
     import torch
 
     sys.meta_path.insert(0, _StubFinder(("sglang",), set(SGLANG_RADIX_FILES)))
@@ -203,7 +204,8 @@ def load_sglang_radix(root: Path) -> types.SimpleNamespace:
     context.get_serving = lambda: types.SimpleNamespace(strip_thinking_cache=False)
     context.get_spec = lambda: types.SimpleNamespace(speculative_algorithm=None)
     context.get_parallel = lambda: types.SimpleNamespace(dcp_enabled=False)
-    context.attention_backends = lambda: ("torch_native", "torch_native")  # the non-Triton row writes
+    backend = "triton" if use_triton else "torch_native"  # decides whether rows are written by a Triton kernel
+    context.attention_backends = lambda: (backend, backend)
     sys.modules[context.__name__] = context
     interleave = types.ModuleType("sglang.srt.mem_cache.allocator.page_interleave")
     interleave.page_interleave_shard_size = lambda allocator: 1  # stock allocators (no page-interleave sharding)
@@ -217,8 +219,9 @@ def load_sglang_radix(root: Path) -> types.SimpleNamespace:
     sys.modules["sglang.srt.platforms"].current_platform.get_paged_allocator_cls = lambda: None
     utils = sys.modules["sglang.srt.utils"]
     utils.__path__ = []
-    for name in ("is_cpu", "is_cuda", "is_npu", "is_xpu", "support_triton"):
+    for name in ("is_cpu", "is_cuda", "is_npu", "is_xpu"):
         setattr(utils, name, lambda *args: False)
+    utils.support_triton = lambda backend: backend == "triton"
     common = types.ModuleType("sglang.srt.utils.common")
     common.is_pin_memory_available = lambda device=None: False
     common.get_num_new_pages, common.torch = utils.get_num_new_pages, torch

@@ -11,7 +11,7 @@ again. On fresh pools ours and SGLang's allocators hand out the same indices, at
 paged until freed pages are reused (SGLang's paged free list hands those out first); our request table
 and SGLang's are interchangeable under either allocator.
 
-    python benchmarks/sglang_radix_trace.py [--reference-src /work/ref/src]
+    python benchmarks/sglang_radix_trace.py [--reference-src /work/ref/src] [--device cuda]
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ class Workload:
     per_wave: int = 3
     decode_steps: int = 5
     rows: int = 8
+    device: str = "cpu"
 
     @property
     def pool_size(self) -> int:
@@ -104,6 +105,9 @@ class Trace:
         assert self.sizes() == self.start, f"pools do not return to the start: {self.sizes()} != {self.start}"
         return self
 
+    def batch(self, reqs: list[Req]) -> Batch:
+        return Batch(reqs, self.tree, self.req_pool, device=self.work.device)
+
     def admit(self, rid: str, prompt: array) -> Req:
         """init_next_round_input + the prefill adder: match the prompt, protect the hit, lock its node."""
         req = Req(rid, prompt, self.sg.ReqKvInfo())
@@ -118,7 +122,7 @@ class Trace:
     def extend(self, reqs: list[Req]) -> None:
         for req in reqs:
             req.extend_end = min(req.prefix_len + self.work.chunk, len(req.origin_input_ids))
-        out, _, _ = self.sg.alloc_for_extend(Batch(reqs, self.tree, self.req_pool).for_extend())
+        out, _, _ = self.sg.alloc_for_extend(self.batch(reqs).for_extend())
         self.record(out)
         for req in reqs:
             if req.extend_end < len(req.origin_input_ids):
@@ -128,7 +132,7 @@ class Trace:
                 req.output_ids.append(7000 + len(req.origin_input_ids))  # the prefill's sampled token
 
     def decode(self, reqs: list[Req], step: int) -> None:
-        batch = Batch(reqs, self.tree, self.req_pool).for_decode()
+        batch = self.batch(reqs).for_decode()
         batch.maybe_evict_swa()
         self.record(self.sg.alloc_for_decode(batch, 1))
         for req in reqs:
@@ -146,7 +150,7 @@ class Trace:
         self.census()
 
     def record(self, out: torch.Tensor) -> None:
-        assert out.dtype == torch.int64 and out.device == torch.device("cpu"), (out.dtype, out.device)
+        assert out.dtype == torch.int64 and out.device.type == torch.device(self.work.device).type, (out.dtype, out.device)
         self.handed_out.append(out.tolist())
         ps = self.work.page_size
         ever = {i // ps for step in self.handed_out for i in step}
@@ -174,25 +178,25 @@ class Trace:
 
 def ours(work: Workload, swa_window: int = 0) -> tuple[ReqToTokenPool, Any]:
     """Our request table and allocator, refusing double frees, id 0 and ids out of range (check_frees)."""
-    size, ps = work.pool_size, work.page_size
-    req_pool = ReqToTokenPool(size=work.rows, max_context_len=128, device=torch.device("cpu"))
+    size, ps, device = work.pool_size, work.page_size, work.device
+    req_pool = ReqToTokenPool(size=work.rows, max_context_len=128, device=torch.device(device))
     if swa_window:
-        return req_pool, SWATokenToKVPoolAllocator(full_size=size, swa_size=size, page_size=ps, device="cpu",
+        return req_pool, SWATokenToKVPoolAllocator(full_size=size, swa_size=size, page_size=ps, device=device,
                                                    check_frees=True)
     if ps == 1:
-        return req_pool, TokenToKVPoolAllocator(size=size, device="cpu", check_frees=True)
-    return req_pool, PagedTokenToKVPoolAllocator(size=size, page_size=ps, device="cpu", check_frees=True)
+        return req_pool, TokenToKVPoolAllocator(size=size, device=device, check_frees=True)
+    return req_pool, PagedTokenToKVPoolAllocator(size=size, page_size=ps, device=device, check_frees=True)
 
 
 def sglangs(alloc_classes: SimpleNamespace, sg: SimpleNamespace, work: Workload, swa_window: int = 0) -> tuple[Any, Any]:
     """SGLang's request table and allocator (need_sort off, as SGLang's scheduler builds them by default)."""
-    size, ps = work.pool_size, work.page_size
-    req_pool = sg.ReqToTokenPool(work.rows, 128, "cpu", False)
+    size, ps, device = work.pool_size, work.page_size, work.device
+    req_pool = sg.ReqToTokenPool(work.rows, 128, device, False)
     if swa_window:
-        return req_pool, sg.SWATokenToKVPoolAllocator(size, size, ps, torch.int64, "cpu", sg.SWAIndexPool(), False)
+        return req_pool, sg.SWATokenToKVPoolAllocator(size, size, ps, torch.int64, device, sg.SWAIndexPool(), False)
     if ps == 1:
-        return req_pool, alloc_classes.TokenToKVPoolAllocator(size, torch.int64, "cpu", None, False)
-    return req_pool, alloc_classes.PagedTokenToKVPoolAllocator(size, ps, torch.int64, "cpu", None, False)
+        return req_pool, alloc_classes.TokenToKVPoolAllocator(size, torch.int64, device, None, False)
+    return req_pool, alloc_classes.PagedTokenToKVPoolAllocator(size, ps, torch.int64, device, None, False)
 
 
 def compare(a: Trace, b: Trace) -> str:
@@ -213,12 +217,15 @@ def compare(a: Trace, b: Trace) -> str:
             f"every step")
 
 
-def run_all(reference_src: Path, page_sizes: tuple[int, ...] = (1, 16), report: Callable[[str], Any] = print) -> None:
-    """Every run of the module docstring; raises AssertionError at the first broken invariant."""
-    alloc_classes = load_sglang(reference_src, use_triton=False)
-    sg = load_sglang_radix(reference_src)
+def run_all(reference_src: Path, page_sizes: tuple[int, ...] = (1, 16), report: Callable[[str], Any] = print,
+            device: str = "cpu", triton: bool | None = None) -> None:
+    """Every run of the module docstring; raises AssertionError at the first broken invariant. With triton (the
+    default on CUDA) SGLang takes its Triton paths: row writes, paged kernels; on CUDA ours runs its kernels too."""
+    triton = torch.device(device).type == "cuda" if triton is None else triton
+    alloc_classes = load_sglang(reference_src, use_triton=triton)
+    sg = load_sglang_radix(reference_src, use_triton=triton)
     for ps in page_sizes:
-        work = Workload(page_size=ps)
+        work = Workload(page_size=ps, device=device)
         a = Trace(sg, work, *ours(work)).run()
         b = Trace(sg, work, *sglangs(alloc_classes, sg, work)).run()
         tables_swapped = (Trace(sg, work, sglangs(alloc_classes, sg, work)[0], ours(work)[1]).run(),
@@ -229,7 +236,7 @@ def run_all(reference_src: Path, page_sizes: tuple[int, ...] = (1, 16), report: 
                f"{a.evicted_under_pressure} evicted under pressure; pools back to {a.start} (tokens, rows); "
                f"ours vs SGLang's allocator: {compare(a, b)}")
     for ps in page_sizes:
-        work, window = Workload(page_size=ps, decode_steps=4 * ps + 5), ps + 2  # decode past the window
+        work, window = Workload(page_size=ps, decode_steps=4 * ps + 5, device=device), ps + 2  # past the window
         a = Trace(sg, work, *ours(work, window), swa_window=window).run()
         b = Trace(sg, work, *sglangs(alloc_classes, sg, work, window), swa_window=window).run()
         report(f"page {ps:>2} SWA (PureSWARadixCache, window {window}): {len(a.handed_out)} alloc steps, "
@@ -241,7 +248,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reference-src", type=Path, default=Path("/work/ref/src"),
                         help="a tree holding sglang/ (SGLang 0.5.23's sources)")
-    run_all(parser.parse_args(argv).reference_src)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for both sides' Triton paths")
+    args = parser.parse_args(argv)
+    run_all(args.reference_src, device=args.device)
 
 
 if __name__ == "__main__":

@@ -82,10 +82,10 @@ class Batch:
     def for_decode(self) -> Batch:
         self._lengths([r.kv.kv_committed_len for r in self.reqs])
         self.req_pool_indices_cpu = torch.tensor([r.kv.req_pool_idx for r in self.reqs], dtype=torch.int64)
-        self.req_pool_indices = self.req_pool_indices_cpu.clone()
+        self.req_pool_indices = self.req_pool_indices_cpu.to(self.device)
         return self
 
     def _lengths(self, lens: list[int]) -> Batch:
         self.seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
-        self.seq_lens = self.seq_lens_cpu.clone()
+        self.seq_lens = self.seq_lens_cpu.to(self.device)
         return self

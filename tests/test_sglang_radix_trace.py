@@ -8,6 +8,7 @@ are reused).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 REFERENCE_SRC = Path("/work/ref/src")
+TRITON_PATHS = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -66,3 +68,16 @@ def test_the_trace_catches_an_allocator_handing_out_held_indices(trace: ModuleTy
     with pytest.raises(AssertionError, match="held twice|is lost"):
         trace.Trace(sg, work, req_pool, allocator).run()
 
+
+
+@pytest.mark.skipif(not TRITON_PATHS, reason="needs CUDA, or TRITON_INTERPRET=1 with NumPy")
+def test_sglangs_triton_paths_run_on_our_objects(trace: ModuleType) -> None:
+    # SGLang's Triton row write fills OUR request table from device pointers; on CUDA our paged and SWA
+    # allocators run their kernels under SGLang's cache, beside SGLang's Triton allocators.
+    lines: list[str] = []
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    trace.run_all(REFERENCE_SRC, page_sizes=(1, 16), report=lines.append, device=device, triton=True)
+    page1, page16, swa1, swa16 = lines
+    assert "ours vs SGLang's allocator: the same indices at every step" in page1
+    assert "SWA allocator: the same indices at every step (SWA peers too)" in swa1
+    assert "the same page layout at every step" in page16 and "the same page layout at every step" in swa16
