@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
 from typing import Iterable, Sequence
 
 from kvcache.inputs.vllm_names import vllm_equivalent
+from kvcache.models.presets import preset_names
 
 _UNIT = re.compile(r"[kmgtp]?i?b|[kmgtp]", re.IGNORECASE)  # a unit typed apart from its number
 
@@ -21,10 +23,16 @@ BOOTSTRAP_ONLY_FLAGS = ("--memory-limit", "--device")
 COMMANDS = ("bootstrap", "plan", "presets")
 
 
+def _looks_like_a_model(word: str) -> bool:
+    """A preset's name (any case), a path, or a Hugging Face repo id: what `vllm serve MODEL` takes bare."""
+    return word.lower() in {n.lower() for n in preset_names()} or "/" in word or Path(word).exists()
+
+
 def unknown_command(word: str) -> str:
     """The line for a first word that is neither a command nor a flag (a typo of `plan`, a bare model name)."""
     close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
-    fix = f"did you mean `{close[0]}`?" if close else "pass the model with --model NAME"
+    fix = (f"did you mean `{close[0]}`?" if close else "for help, --help" if word.lower() == "help" else
+           f"a model is passed with --model {word}" if _looks_like_a_model(word) else "a model goes in --model NAME")
     return f"unknown command {word!r}: the commands are bootstrap (the default), plan and presets; {fix}"
 
 
@@ -47,7 +55,9 @@ def unrecognized(extras: Iterable[str], command: str, known: Sequence[str]) -> s
     parts = [_hint(f, command, known) for f in flags]
     if values and not flags:
         units = [v for v in values if _UNIT.fullmatch(v)]
-        parts.append(f"{' '.join(values)} follows no flag" + (" (a size is one word: 80GiB, not 80 GiB)" if units else ""))
+        models = [v for v in values if _looks_like_a_model(v)]
+        parts.append(f"{' '.join(values)} follows no flag" + (" (a size is one word: 80GiB, not 80 GiB)" if units else
+                                                               f" (a model is passed with --model {models[0]})" if models else ""))
     return f"unrecognized arguments: {' '.join(extras)}; " + "; ".join(parts)
 
 

@@ -183,3 +183,12 @@ def test_presets_read_as_english_with_grouped_digits(capsys: pytest.CaptureFixtu
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
     assert lines["EAGLE3-LLaMA3.1-Instruct-8B"].endswith("  1 layer   ctx   2,048")  # was "1 layers  ctx 2048"
     assert lines["DeepSeek-V3"].endswith(" 61 layers  ctx 163,840")
+
+
+@pytest.mark.parametrize(("argv", "hint"), [
+    (["Qwen3-8B", "--gpu", "H200"], "unknown command 'Qwen3-8B'"),  # was: unrecognized arguments: Qwen3-8B --gpu H200
+    (["plan", "Qwen3-8B", "--gpu", "H200"], "Qwen3-8B follows no flag"),  # vllm serve's habit: the model bare
+])
+def test_a_bare_model_name_is_passed_with_model(argv: list[str], hint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(argv, capsys)
+    assert hint in err and "a model is passed with --model Qwen3-8B" in err
