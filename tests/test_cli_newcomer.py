@@ -192,3 +192,10 @@ def test_presets_read_as_english_with_grouped_digits(capsys: pytest.CaptureFixtu
 def test_a_bare_model_name_is_passed_with_model(argv: list[str], hint: str, capsys: pytest.CaptureFixture[str]) -> None:
     err = refused(argv, capsys)
     assert hint in err and "a model is passed with --model Qwen3-8B" in err
+
+
+def test_sglangs_yaml_config_is_named_as_yaml_not_bad_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = tmp_path / "server.yaml"
+    settings.write_text("tp-size: 2\n")
+    err = refused(["plan", "--gpu", "H200", "--config", str(settings)], capsys)
+    assert "is YAML (SGLang's --config format), which is not read here" in err  # was: "is not valid JSON: Expecting value"

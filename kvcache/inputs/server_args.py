@@ -171,6 +171,9 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
         text = p.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
+    if p.suffix.lower() in (".yaml", ".yml"):
+        raise ConfigError(f"config file {p} is YAML (SGLang's --config format), which is not read here: write the "
+                          "same keys as TOML (page-size = 16) in a .toml file, or as JSON")
     try:
         data = tomllib.loads(text.decode()) if p.suffix == ".toml" else json.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
