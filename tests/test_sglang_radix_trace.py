@@ -30,6 +30,7 @@ def trace() -> Iterator[ModuleType]:
     loaded by SGLang's kernel file) stays, as a compiled extension cannot be imported twice."""
     if not (REFERENCE_SRC / "sglang/srt/mem_cache/radix_cache.py").is_file():
         pytest.skip(f"no SGLang reference tree at {REFERENCE_SRC}")
+    pytest.importorskip("numpy", reason="SGLang's mem_cache imports NumPy, which this project does not install")
     finders, modules, path = list(sys.meta_path), set(sys.modules), list(sys.path)
     sys.path.insert(0, str(BENCHMARKS))
     try:
