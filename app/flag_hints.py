@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from kvcache.inputs.vllm_names import vllm_equivalent
+from kvcache.inputs.other_engines_flags import other_engines_hint
 from kvcache.models.presets import preset_names
 
 _UNIT = re.compile(r"[kmgtp]?i?b|[kmgtp]", re.IGNORECASE)  # a unit typed apart from its number
@@ -41,9 +41,9 @@ def _hint(flag: str, command: str, known: Sequence[str]) -> str:
         return f"{flag} belongs to `plan`, the dry run for a card (python -m app plan {flag} ...)"
     if flag in BOOTSTRAP_ONLY_FLAGS and command == "plan":
         return f"{flag} is for bootstrap (this machine); plan sizes the card --gpu or --gpu-memory names: drop {flag}"
-    if (instead := vllm_equivalent(flag)) is not None:
-        return f"{flag} is vLLM's flag; here use {instead}"
-    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+    if (hint := other_engines_hint(flag)) is not None:
+        return f"{flag} {hint}"
+    close = difflib.get_close_matches(flag, [k for k in known if k not in ("-h", "--help")], n=1, cutoff=0.75)
     return f"{flag}: did you mean {close[0]}?" if close else f"{flag} is not a flag of `{command}`"
 
 

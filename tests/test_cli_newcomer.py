@@ -39,7 +39,11 @@ def test_plan_flags_without_plan_say_they_belong_to_plan(capsys: pytest.CaptureF
 @pytest.mark.parametrize(
     ("extra", "hint"),
     [
-        (["--max-model-len", "4096"], "--max-model-len is vLLM's flag; here use --context-length"),
+        (["--max-model-len", "4096"], "--max-model-len is vLLM's name; here use --context-length"),
+        (["--host", "0.0.0.0", "--trust-remote-code"], "--host changes nothing this engine sizes: drop it; "
+                                                       "--trust-remote-code changes nothing"),
+        (["--ep-size", "8"], "--ep-size is not modelled: MoE weights are split over --tp-size"),  # not "did you mean --tp-size?"
+        (["--ep", "8"], "--ep is not modelled"),  # not "did you mean --help?"
         (["--gpu-memory-utilization", "0.9"], "here use --mem-fraction-static"),
         (["--modle", "Qwen3-8B"], "--modle: did you mean --model?"),
         (["--jsn"], "--jsn: did you mean --json?"),

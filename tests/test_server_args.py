@@ -184,7 +184,8 @@ def test_read_settings_file_translates_dashes_in_keys(tmp_path: Path) -> None:
         ("list.json", "[1, 2]", r"must hold a table/object of server args, not list"),
         ("value.toml", "page_size = 0", r"Expected `int` >= 1 - at `\$\.page_size`"),
         ("unknown.json", '{"gpu-memory-utilization": 0.9}',
-         r"unknown\.json: unknown setting 'gpu_memory_utilization' \(vLLM's name; here --mem-fraction-static"),
+         r"unknown\.json: unknown setting 'gpu_memory_utilization' \(gpu_memory_utilization is vLLM's name; here use "
+         r"--mem-fraction-static"),
         ("rules.toml", "mem-fraction-static = 0.9\nkv-cache-memory = 1024\n", r"give only one"),
     ],
 )

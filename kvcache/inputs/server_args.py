@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Mapping
 import msgspec
 
 from kvcache.errors import ConfigError
-from kvcache.inputs.vllm_names import vllm_equivalent
+from kvcache.inputs.other_engines_flags import other_engines_hint
 from kvcache.sizing.planning import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
 from kvcache.runtime.rank_agreement import SGLANG_MIN_RANK_MEMORY_RATIO
 
@@ -203,7 +203,7 @@ def _refuse_unknown_settings(path: Path, settings: Mapping[str, Any]) -> None:
             f"pass it with --model {path}; --config takes settings such as page_size or kv_cache_dtype"
         )
     hints = [f"{k!r}" + (" (a command-line flag only)" if k in COMMAND_LINE_ONLY else
-                         f" (vLLM's name; here {instead})" if (instead := vllm_equivalent(k)) else
+                         f" ({k} {hint})" if (hint := other_engines_hint(k)) else
                          f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(k, known, n=1)) else "")
              for k in unknown]
     raise ConfigError(f"config file {path}: unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
