@@ -79,7 +79,7 @@ def parse_command_line(parser: argparse.ArgumentParser, args: list[str]) -> argp
 
 def server_args_from(ns: argparse.Namespace, *, device: str | None = None) -> ServerArgs:
     """ServerArgs from --config (if any) overlaid with the flags that were given."""
-    data: dict[str, Any] = sizes_read(read_settings_file(ns.config)) if ns.config else {}
+    data: dict[str, Any] = sizes_read(read_settings_file(ns.config)) if ns.config is not None else {}
     data.update(server_args_values(ns))
     if device is not None:
         data["device"] = device

@@ -25,7 +25,7 @@ COMMANDS = ("bootstrap", "plan", "presets")
 
 def _looks_like_a_model(word: str) -> bool:
     """A preset's name (any case), a path, or a Hugging Face repo id: what `vllm serve MODEL` takes bare."""
-    return word.lower() in {n.lower() for n in preset_names()} or "/" in word or Path(word).exists()
+    return bool(word) and (word.lower() in {n.lower() for n in preset_names()} or "/" in word or Path(word).exists())
 
 
 def unknown_command(word: str) -> str:
@@ -56,7 +56,7 @@ def unrecognized(extras: Iterable[str], command: str, known: Sequence[str]) -> s
     if values and not flags:
         units = [v for v in values if _UNIT.fullmatch(v)]
         models = [v for v in values if _looks_like_a_model(v)]
-        parts.append(f"{' '.join(values)} follows no flag" + (" (a size is one word: 80GiB, not 80 GiB)" if units else
+        parts.append(f"{' '.join(v or repr(v) for v in values)} follows no flag" + (" (a size is one word: 80GiB, not 80 GiB)" if units else
                                                                f" (a model is passed with --model {models[0]})" if models else ""))
     return f"unrecognized arguments: {' '.join(extras)}; " + "; ".join(parts)
 

@@ -203,3 +203,12 @@ def test_sglangs_yaml_config_is_named_as_yaml_not_bad_json(tmp_path: Path, capsy
     settings.write_text("tp-size: 2\n")
     err = refused(["plan", "--gpu", "H200", "--config", str(settings)], capsys)
     assert "is YAML (SGLang's --config format), which is not read here" in err  # was: "is not valid JSON: Expecting value"
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--model", ""], "--model is empty: give a preset ("),  # was "no model config at config.json"
+    (["--config", ""], "cannot read config file"),  # was exit 0: the empty --config silently ignored
+    ([""], "'' follows no flag (see"),  # was "a model is passed with --model " (the cwd exists)
+])
+def test_an_empty_value_is_named_as_empty(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert says in refused(["plan", "--gpu", "H200", *argv], capsys)

@@ -17,6 +17,8 @@ def preset_names() -> list[str]:
 
 def load_model_config(model: str) -> ModelConfig:
     """A preset name, a model directory, or a path to a config.json."""
+    if not model.strip():
+        raise ConfigError(f"--model is empty: give a preset ({', '.join(preset_names())}), a model directory or a config.json")
     preset = PRESET_DIR / f"{model}.json"
     if preset.is_file():
         return ModelConfig.from_hf_config(preset, name=model)
