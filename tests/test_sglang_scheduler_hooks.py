@@ -103,6 +103,26 @@ def test_resize_after_capture_shrinks_and_frees_everything_and_refuses_to_grow(p
     assert (swa.size_full, swa.size_swa, swa.full_available_size(), swa.swa_available_size()) == (48, 16, 48, 16)
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_refused_resize_changes_nothing(page_size: int) -> None:
+    """SWA: the SWA side's refusal came after the full side had shrunk and freed everything (48 full tokens free,
+    the 8 held ones void, the SWA side still holding them); a single pool: an open free group was dropped."""
+    swa = SWATokenToKVPoolAllocator(full_size=64, swa_size=32, page_size=page_size, device="cpu", check_frees=True)
+    swa.alloc(8)
+    with pytest.raises(ValueError, match="built for 32 tokens cannot be resized to 64"):
+        swa.resize(SimpleNamespace(full_max_total_num_tokens=48, swa_max_total_num_tokens=64))
+    assert (swa.size_full, swa.full_available_size(), swa.size_swa, swa.swa_available_size()) == (64, 56, 32, 24)
+    one = (PagedTokenToKVPoolAllocator(size=64, page_size=page_size, device="cpu", check_frees=True) if page_size > 1
+           else TokenToKVPoolAllocator(size=64, device="cpu", check_frees=True))
+    held = one.alloc(8)
+    one.free_group_begin()
+    one.free(held)
+    with pytest.raises(ValueError, match="built for 64 tokens cannot be resized to 128"):
+        one.resize(SimpleNamespace(max_total_num_tokens=128))
+    one.free_group_end()
+    assert one.size == one.available_size() == 64
+
+
 def test_request_table_answers_the_schedulers_table_hooks() -> None:
     pool = ReqToTokenPool(size=4, max_context_len=8, device=torch.device("cpu"))
     seen: list[list[int]] = []

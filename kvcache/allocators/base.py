@@ -256,9 +256,17 @@ class FreeListAllocator(SharedAllocatorAPI):
         free again, like clear()."""
         self.resize_tokens(int(config.max_total_num_tokens))
 
-    def resize_tokens(self, tokens: int) -> None:
+    def check_resize(self, tokens: int) -> None:
+        """Raise ValueError (changing nothing) unless tokens is a multiple of page_size within the size as built."""
         if tokens % self._page_size:
             raise ValueError(f"resize to {tokens} tokens: not a multiple of page_size {self._page_size}")
+        built = self._log.built_capacity * self._page_size
+        if not self._page_size <= tokens <= built:
+            raise ValueError(f"an allocator built for {built} tokens cannot be resized to {tokens}")
+
+    def resize_tokens(self, tokens: int) -> None:
+        """tokens usable tokens from now on, all free, any free group closed; a refused size changes nothing."""
+        self.check_resize(tokens)
         self._group.close()
         self._log.shrink(tokens // self._page_size)
 

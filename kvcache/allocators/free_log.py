@@ -243,11 +243,16 @@ class FreeLog:
         self._reset_flags()
         self._generation += 1
 
+    @property
+    def built_capacity(self) -> int:
+        """The capacity the buffers were built for (shrink() goes no higher)."""
+        return self._length // LOG_LENGTH_FACTOR
+
     def shrink(self, capacity: int) -> None:
         """Ids 1..capacity from now on, all free (a post-capture resize); the buffers stay as built."""
-        built = self._length // LOG_LENGTH_FACTOR
+        built = self.built_capacity
         if not 1 <= capacity <= built:
-            raise ValueError(f"a free list built for {built} {self._unit}s cannot be resized to {capacity}")
+            raise ValueError(f"a free list built for {built} ids ({self._unit}) cannot be resized to {capacity}")
         self._capacity = capacity
         self.reset()
 

@@ -246,9 +246,12 @@ class SWATokenToKVPoolAllocator(SWAFrees, SWACapacityHooks, SharedAllocatorAPI):
 
     def resize(self, config: Any) -> None:
         """SGLang 0.5.23's post-capture resize: config.full_max_total_num_tokens / swa_max_total_num_tokens
-        (each at most as built), everything free again, like clear()."""
-        self.full_attn_allocator.resize_tokens(int(config.full_max_total_num_tokens))
-        self.swa_attn_allocator.resize_tokens(int(config.swa_max_total_num_tokens))
+        (each at most as built), everything free again, like clear(); a size either side refuses changes nothing."""
+        full, swa = int(config.full_max_total_num_tokens), int(config.swa_max_total_num_tokens)
+        self.full_attn_allocator.check_resize(full)
+        self.swa_attn_allocator.check_resize(swa)
+        self.full_attn_allocator.resize_tokens(full)
+        self.swa_attn_allocator.resize_tokens(swa)
         self.clear()
 
     def backup_allocator_state(self) -> SWAAllocatorState:
