@@ -25,7 +25,11 @@ COMMANDS = ("bootstrap", "plan", "presets")
 
 def _looks_like_a_model(word: str) -> bool:
     """A preset's name (any case), a path, or a Hugging Face repo id: what `vllm serve MODEL` takes bare."""
-    return bool(word) and (word.lower() in {n.lower() for n in preset_names()} or "/" in word or Path(word).exists())
+    try:
+        exists = Path(word).exists()
+    except (OSError, ValueError):  # too long for a path, or a NUL byte: no file
+        exists = False
+    return bool(word) and (word.lower() in {n.lower() for n in preset_names()} or "/" in word or exists)
 
 
 def unknown_command(word: str) -> str:

@@ -27,7 +27,8 @@ PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 Fraction01 = Annotated[float, msgspec.Meta(gt=0, lt=1)]
 # A count of bytes; the CLI reads it as a size ("80GiB") because of the "unit" mark.
-ByteCount = Annotated[int, msgspec.Meta(ge=1, extra={"unit": "bytes"})]
+MAX_BYTES = 2**63 - 1  # what a torch size holds; past it no memory exists (and GiB as a float overflows)
+ByteCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_BYTES, extra={"unit": "bytes"})]
 
 KVCacheDtypeName = Literal["auto", "bfloat16", "bf16", "float16", "float32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"]
 ModelDtypeName = Literal["auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32"]
@@ -169,8 +170,8 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     try:
         text = p.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        raise ConfigError(f"cannot read config file {p}: {getattr(exc, 'strerror', None) or exc}") from None
     if p.suffix.lower() in (".yaml", ".yml"):
         raise ConfigError(f"config file {p} is YAML (SGLang's --config format), which is not read here: write the "
                           "same keys as TOML (page-size = 16) in a .toml file, or as JSON")

@@ -161,6 +161,8 @@ def read_hf_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"no model config at {p}: pass a preset name, a model directory or a config.json") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p} is not a valid config.json: {exc}") from None
+    except OSError as exc:  # a directory named config.json, no permission, an I/O error
+        raise ConfigError(f"cannot read model config {p}: {exc.strerror}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p} must hold a JSON object, not {type(data).__name__}")
     from kvcache.models.quantization import refuse_sidecar_quantization

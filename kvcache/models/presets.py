@@ -19,12 +19,17 @@ def load_model_config(model: str) -> ModelConfig:
     """A preset name, a model directory, or a path to a config.json."""
     if not model.strip():
         raise ConfigError(f"--model is empty: give a preset ({', '.join(preset_names())}), a model directory or a config.json")
-    preset = PRESET_DIR / f"{model}.json"
-    if preset.is_file():
-        return ModelConfig.from_hf_config(preset, name=model)
-    path = Path(model)
-    if path.is_dir() or path.is_file():
-        return ModelConfig.from_hf_config(path)
+    preset, path = PRESET_DIR / f"{model}.json", Path(model)
+    try:
+        if preset.is_file():
+            return ModelConfig.from_hf_config(preset, name=model)
+        if path.is_dir() or path.is_file():
+            return ModelConfig.from_hf_config(path)
+    except (OSError, ValueError) as exc:  # a name too long for a path, a NUL byte, an unreadable file
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"cannot read model {model[:80]!r}{'...' if len(model) > 80 else ''}: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
     raise ConfigError(f"unknown model {model!r}: {_what_to_pass_instead(model)}")
 
 
