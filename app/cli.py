@@ -39,11 +39,37 @@ def _add_common(p: argparse.ArgumentParser, *, leave_out: frozenset[str] = froze
     add_server_args_flags(p, leave_out=leave_out)
 
 
+class _GivenValues(argparse.Namespace):
+    """A Namespace that remembers every value set on each name: the default first, then each flag given."""
+
+    __slots__ = ("given",)
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "given", {})
+        super().__init__()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self.given.setdefault(name, []).append(value)
+        super().__setattr__(name, value)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage and exiting: main() reports it in one line."""
+    """argparse that raises instead of printing usage and exiting: main() reports it in one line. A flag given
+    twice with different values (--tp-size 2 ... --tensor-parallel-size 4, pasted beside ours) is refused: argparse
+    keeps the last one, and the report does not show every value it sized with."""
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        ns = _GivenValues() if namespace is None else namespace
+        parsed, extras = super().parse_known_args(args, ns)
+        for dest, values in getattr(ns, "given", {}).items():
+            distinct = list(dict.fromkeys(repr(v) for v in values[1:]))  # values[0] is the default
+            if len(distinct) > 1:
+                flags = next(("/".join(a.option_strings) for a in self._actions if a.dest == dest), dest)
+                self.error(f"{flags} is given twice with different values ({', '.join(distinct)}): keep one")
+        return parsed, extras
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -51,3 +51,19 @@ def test_a_settings_file_size_past_any_memory_is_bad_input(tmp_path: Path, capsy
     settings = tmp_path / "s.json"
     settings.write_text(f'{{"kv_cache_memory": {HUGE}}}')
     assert "kv_cache_memory" in refused(["plan", "--gpu", "H200", "--config", str(settings)], capsys)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--model", "Qwen3-8B", "--tp-size=2", "--tensor-parallel-size", "4"], "--tp-size/--tensor-parallel-size is given twice with different values (2, 4)"),
+    (["--model-path", "Qwen3-8B", "--model", "Llama-3.1-8B-Instruct"], "--model/--model-path is given twice"),
+    (["--gpu", "H100-80GB"], "--gpu is given twice with different values ('H200', 'H100-80GB')"),
+])
+def test_a_flag_given_twice_with_different_values_is_refused(argv: list[str], says: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse kept the last value: a plan for tp 4 (or the other model, card) exit 0, and the report shows no tp."""
+    assert says in refused(["plan", "--gpu", "H200", *argv], capsys)
+
+
+def test_a_flag_repeated_with_the_same_value_is_fine(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--gpu", "H200", "--model", "Qwen3-8B", "--tp", "2", "--tensor-parallel-size=2",
+                 "--kv-cache-memory", "8GiB", "--kv-cache-memory", "8589934592"]) == 0
