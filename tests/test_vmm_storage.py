@@ -83,3 +83,17 @@ def test_a_backing_finds_its_allocation_by_address_and_closing_releases_everythi
         backing.allocation_at(tensor.data_ptr() + 11 * G)
     allocation.close()
     assert memory.physical_bytes == 0
+
+
+def test_the_driver_refusing_physical_memory_is_does_not_fit_not_a_bug():
+    """A resizable pool past the device's memory (cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY) was reported as an
+    internal error (exit 1, 'a bug in kvcache') instead of exit 3; a driver error that is no refusal stays a bug."""
+    from app.failures import failure_of
+    from kvcache.memory.out_of_memory import is_out_of_memory
+
+    memory = FakeVirtualMemory(granularity=G, capacity_bytes=4 * G)
+    backing = VmmBacking(chunk_bytes=4 * G, memory=lambda device: memory)
+    with pytest.raises(VmmError) as refused:
+        backing(8 * G, torch.device("cpu"))
+    assert is_out_of_memory(refused.value) and failure_of(refused.value).exit_code == 3
+    assert not is_out_of_memory(VmmError("cuMemMap failed: <CUresult.CUDA_ERROR_INVALID_VALUE: 1>"))

@@ -10,7 +10,9 @@ from typing import Any
 
 import torch
 
-from kvcache.memory.vmm_storage import VmmError
+from kvcache.memory.vmm_storage import VmmError, VmmOutOfMemoryError
+
+CUDA_ERROR_OUT_OF_MEMORY = 2  # CUresult
 
 
 def _driver() -> Any:
@@ -25,7 +27,8 @@ def _check(result: Any, call: str) -> Any:
     """Unpack a cuda-bindings result tuple; raise VmmError on a driver error."""
     err, *rest = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
-        raise VmmError(f"{call} failed: {err!r}")
+        refused = VmmOutOfMemoryError if int(err) == CUDA_ERROR_OUT_OF_MEMORY else VmmError
+        raise refused(f"{call} failed: {err!r}")
     return rest[0] if len(rest) == 1 else tuple(rest)
 
 

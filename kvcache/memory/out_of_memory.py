@@ -2,7 +2,8 @@
 
 torch raises `torch.cuda.OutOfMemoryError` on CUDA; its CPU allocator raises a plain
 RuntimeError ("DefaultCPUAllocator: can't allocate memory" from posix_memalign, "... not enough
-memory" elsewhere), and a host mapping that the kernel refuses is an OSError with ENOMEM.
+memory" elsewhere), a host mapping that the kernel refuses is an OSError with ENOMEM, and the CUDA
+driver refusing a resizable pool's physical memory is a VmmOutOfMemoryError.
 Any other RuntimeError (a kernel that will not launch, a bad view) is not out of memory.
 """
 
@@ -12,12 +13,14 @@ import errno
 
 import torch
 
+from kvcache.memory.vmm_storage import VmmOutOfMemoryError
+
 HOST_ALLOCATOR_REFUSALS = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """True only when a device or the host refused an allocation."""
-    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
+    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError, VmmOutOfMemoryError)):
         return True
     if isinstance(exc, OSError):
         return exc.errno == errno.ENOMEM

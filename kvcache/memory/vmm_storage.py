@@ -30,6 +30,10 @@ class VmmError(KVCacheError):
     """A virtual-memory driver call failed (out of memory, or VMM unsupported)."""
 
 
+class VmmOutOfMemoryError(VmmError):
+    """The driver refused physical memory (CUDA_ERROR_OUT_OF_MEMORY): the plan does not fit, no bug."""
+
+
 class VirtualMemory(Protocol):
     """The driver calls an allocation makes, on one device."""
 

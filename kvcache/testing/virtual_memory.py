@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kvcache.memory.vmm_storage import VmmError
+from kvcache.memory.vmm_storage import VmmError, VmmOutOfMemoryError
 
 POISON = 0xA5
 
@@ -83,7 +83,7 @@ class FakeVirtualMemory:
         self._maybe_fail("create")
         self._aligned(nbytes)
         if self.physical_bytes + nbytes > self.capacity_bytes:
-            raise VmmError(f"cuMemCreate: out of memory ({nbytes} B asked, "
+            raise VmmOutOfMemoryError(f"cuMemCreate: out of memory ({nbytes} B asked, "
                            f"{self.capacity_bytes - self.physical_bytes} B free)")
         self.physical_bytes += nbytes
         return FakeHandle(data=torch.full((nbytes,), POISON, dtype=torch.uint8))
