@@ -67,3 +67,15 @@ def test_a_flag_given_twice_with_different_values_is_refused(argv: list[str], sa
 def test_a_flag_repeated_with_the_same_value_is_fine(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--gpu", "H200", "--model", "Qwen3-8B", "--tp", "2", "--tensor-parallel-size=2",
                  "--kv-cache-memory", "8GiB", "--kv-cache-memory", "8589934592"]) == 0
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("s.toml", "mem_fraction_static = 0.5\nmem-fraction-static = 0.6\n"),
+    ("s.json", '{"tp_size": 2, "tp_size": 4}'),
+])
+def test_a_setting_given_twice_with_different_values_is_refused(name: str, text: str, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The last one silently won (exit 0), as a repeated flag did."""
+    settings = tmp_path / name
+    settings.write_text(text)
+    assert "twice with different values" in refused(["plan", "--gpu", "H200", "--config", str(settings)], capsys)

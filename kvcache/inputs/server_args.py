@@ -14,7 +14,7 @@ import re
 import tomllib
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Iterable, Literal, Mapping
 
 import msgspec
 
@@ -175,13 +175,26 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
     if p.suffix.lower() in (".yaml", ".yml"):
         raise ConfigError(f"config file {p} is YAML (SGLang's --config format), which is not read here: write the "
                           "same keys as TOML (page-size = 16) in a .toml file, or as JSON")
+
+    def once(pairs: Iterable[tuple[Any, Any]]) -> dict[str, Any]:
+        """Keys in flag spelling; one set twice with different values (tp-size and tp_size, or a JSON key
+        repeated, where the last silently won) is refused."""
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            name = str(key).replace("-", "_")
+            if name in out and out[name] != value:
+                raise ConfigError(f"config file {p} sets {name} twice with different values "
+                                  f"({out[name]!r}, {value!r}): keep one")
+            out[name] = value
+        return out
+
     try:
-        data = tomllib.loads(text.decode()) if p.suffix == ".toml" else json.loads(text)
+        data = tomllib.loads(text.decode()) if p.suffix == ".toml" else json.loads(text, object_pairs_hook=once)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {p} is not valid {'TOML' if p.suffix == '.toml' else 'JSON'}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must hold a table/object of server args, not {type(data).__name__}")
-    settings = {str(k).replace("-", "_"): v for k, v in data.items()}
+    settings = once(data.items())
     _refuse_unknown_settings(p, settings)
     return settings
 
