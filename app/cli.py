@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - the one place every failure becomes one line
         failure = failure_of(exc)
-        if "--json" in args:
+        if any(len(arg) > 2 and "--json".startswith(arg) for arg in args):  # --json, or argparse's --js
             print(failure.json())
         print(failure.line(), file=sys.stderr)
         return failure.exit_code

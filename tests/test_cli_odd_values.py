@@ -3,6 +3,7 @@ bad input, exit 2 with one line, never 'internal error' (exit 1)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,9 @@ def test_a_setting_given_twice_with_different_values_is_refused(name: str, text:
     settings = tmp_path / name
     settings.write_text(text)
     assert "twice with different values" in refused(["plan", "--gpu", "H200", "--config", str(settings)], capsys)
+
+
+def test_an_abbreviated_json_flag_gets_the_json_error_object_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse takes --js for --json, so a plan printed JSON, but a failure printed no JSON object."""
+    assert main(["plan", "--gpu", "H200", "--js", "--model", "nope"]) == 2
+    assert json.loads(capsys.readouterr().out)["error"]["kind"] == "bad_input"
