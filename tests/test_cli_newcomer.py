@@ -207,7 +207,7 @@ def test_sglangs_yaml_config_is_named_as_yaml_not_bad_json(tmp_path: Path, capsy
 
 @pytest.mark.parametrize(("argv", "says"), [
     (["--model", ""], "--model is empty: give a preset ("),  # was "no model config at config.json"
-    (["--config", ""], "cannot read config file"),  # was exit 0: the empty --config silently ignored
+    (["--config", ""], "--config is empty"),  # was exit 0 (ignored), then 'cannot read config file .: Is a directory'
     ([""], "'' follows no flag (see"),  # was "a model is passed with --model " (the cwd exists)
 ])
 def test_an_empty_value_is_named_as_empty(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:

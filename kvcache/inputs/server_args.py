@@ -167,6 +167,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 def read_settings_file(path: str | Path) -> dict[str, Any]:
     """A TOML or JSON file as a dict; dashes in keys become underscores (flag spelling)."""
+    if not str(path).strip():  # Path('') is '.', the working directory
+        raise ConfigError("--config is empty: give a TOML or JSON settings file")
     p = Path(path)
     try:
         text = p.read_bytes()
