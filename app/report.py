@@ -124,7 +124,8 @@ def render_text(report: BootstrapReport) -> str:
         f"bytes per token     {r.bytes_per_token:,}",
         f"max total tokens    {r.max_total_num_tokens:,}" + _below_context_note(r),
         f"max running reqs    {r.max_running_requests:,}"
-        + (f"  (state slots cap requests at {r.state_request_cap})" if r.state_request_cap is not None else ""),
+        + (f"  (state slots cap requests at {r.state_request_cap})"
+           if r.state_request_cap is not None and r.state_request_cap <= r.max_running_requests else ""),
         "buffers:",
     ]
     width = max(len(k) for k in r.buffers)

@@ -212,3 +212,17 @@ def test_sglangs_yaml_config_is_named_as_yaml_not_bad_json(tmp_path: Path, capsy
 ])
 def test_an_empty_value_is_named_as_empty(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert says in refused(["plan", "--gpu", "H200", *argv], capsys)
+
+
+def test_the_state_slot_cap_is_named_only_when_it_is_what_limits_running_requests(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Qwen3-Next: with --max-mamba-cache-size 20 (5 slots a request) the state slots cap running requests at 4,
+    which is named; with NEXTN the speculative default of 48 limits first, so naming the state cap of 130
+    would mislead."""
+    assert main(["plan", "--model", "Qwen3-Next-80B-A3B-Thinking", "--gpu", "H200", "--tp-size", "8",
+                 "--max-mamba-cache-size", "20"]) == 0
+    assert "max running reqs    4  (state slots cap requests at 4)" in capsys.readouterr().out
+    assert main(["plan", "--model", "Qwen3-Next-80B-A3B-Thinking", "--gpu", "H200", "--tp-size", "2",
+                 "--speculative-algorithm", "NEXTN"]) == 0
+    running = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("max running reqs"))
+    assert running == "max running reqs    48"
