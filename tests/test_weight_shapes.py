@@ -11,6 +11,7 @@ import pytest
 from app.weights import ParamSpec, count_parameters, parameter_specs
 
 PRESETS = Path(__file__).resolve().parents[1] / "kvcache" / "models" / "presets"
+CORPUS = Path(__file__).resolve().parent / "model_corpus"
 
 # Mixtral-8x7B is not shipped as a preset; these are its published config.json values.
 MIXTRAL_8X7B: dict[str, Any] = {
@@ -64,6 +65,18 @@ def test_tied_embedding_counts_once_unless_the_stage_lacks_it() -> None:
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
     last_stage = by_name(parameter_specs(cfg, include_embedding=False))
     assert last_stage["lm_head.weight"].shape == (49152, 576)
+
+
+@pytest.mark.parametrize(("name", "layers"), [("GLM-4-9B-0414", 40), ("Seed-OSS-36B-Instruct", 64)])
+def test_attention_bias_gives_q_k_v_a_bias_but_not_o_proj_where_the_family_says_so(name: str, layers: int) -> None:
+    """GLM-4-0414 biases q/k/v only; Seed-OSS says attention_out_bias false. Llama's attention_bias covers o_proj."""
+    config = json.loads((CORPUS / f"{name}.json").read_text())
+    names = by_name(parameter_specs(config))
+    assert "model.layers.0.self_attn.q_proj.bias" in names and "model.layers.0.self_attn.o_proj.bias" not in names
+    llama = {**preset("Llama-3.1-8B-Instruct"), "attention_bias": True}
+    assert "model.layers.0.self_attn.o_proj.bias" in by_name(parameter_specs(llama))
+    biases = [n for n in names if n.endswith("_proj.bias")]
+    assert len(biases) == 3 * layers  # q, k, v in every layer; o_proj's nowhere
 
 
 def test_gemma2_ties_by_default_and_has_four_norms() -> None:

@@ -27,6 +27,8 @@ from kvcache.models.weight_blocks import Attention, Linear
 # Families whose q/k/v carry a bias without saying so in the config, and o_proj none whatever attention_bias
 # says (Qwen2 and its VL/MoE kin, MiMo).
 _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "mimo"})
+# Families whose o_proj has no bias whatever attention_bias says (GLM-4-0414: q/k/v only).
+_NO_O_BIAS_TYPES = frozenset({"glm4"})
 # Families with per-head q/k RMSNorms over head_dim.
 _QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_moe", "gemma3", "gemma3_text"})
 # GPT-2-style families: biases everywhere and learned absolute positions, which their configs do not state.
@@ -42,7 +44,9 @@ def attention_block(f: ConfigFields, heads: Heads, model_type: str, *, input_siz
     bias = f.flag("attention_bias", "bias", "use_bias") or model_type in _GPT2_TYPES
     qkv_bias = bias or f.flag("qkv_bias", "use_qkv_bias", "add_qkv_bias") or model_type in _QKV_BIAS_TYPES
     qk_norm = f.flag("use_qk_norm", "qk_layernorm") or model_type in _QK_NORM_TYPES
-    settings = {"qkv_bias": qkv_bias, "o_bias": bias and model_type not in _QKV_BIAS_TYPES, "qk_norm": qk_norm, **flags}
+    o_bias = (f.flag("attention_out_bias") if f.has("attention_out_bias")  # Seed-OSS states o_proj's apart
+              else bias and model_type not in _QKV_BIAS_TYPES | _NO_O_BIAS_TYPES)
+    settings = {"qkv_bias": qkv_bias, "o_bias": o_bias, "qk_norm": qk_norm, **flags}
     return Attention(hidden=heads.hidden, heads=heads.heads, kv_heads=heads.kv_heads, head_dim=heads.head_dim,
                      input_size=input_size or heads.hidden, **settings)
 
