@@ -60,3 +60,21 @@ def test_the_cli_refuses_a_pooled_indexer_with_exit_2_in_one_line(tmp_path: Path
     assert main(["plan", "--model", str(config), "--gpu", "H200", "--tp-size", "8"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("kvcache: error: ") and "'index_kpool' is 4; expected 1" in err
+
+
+@pytest.mark.parametrize(("extra", "refused_field"), [
+    ({"indexer_types": ["full"] * LAYERS, "cli_factor": 4, "index_topk_freq": 2}, None),  # the list decides
+    ({"indexer_types": ["full"] * LAYERS, "index_topk_pattern": "S" * LAYERS}, None),
+    ({"index_topk_pattern": "F" * LAYERS, "index_topk_freq": 2}, None),  # the pattern decides before the frequency
+    ({"cli_factor": 4, "index_topk_pattern": "F" * LAYERS}, "cli_factor"),  # cli_factor comes before the pattern
+    ({"indexer_types": ["shared"] * LAYERS, "cli_factor": 1}, "indexer_types"),
+])
+def test_which_layers_reuse_top_k_is_decided_by_the_field_sglang_reads_first(extra: dict[str, Any],
+                                                                              refused_field: str | None) -> None:
+    """SGLang 0.5.23 reads indexer_types, then cli_factor > 1, then index_topk_pattern, then index_topk_freq; a field
+    it never reads must not refuse a config whose deciding field says every layer keeps its key."""
+    if refused_field is None:
+        assert ModelConfig.from_hf_config(V32 | extra).layer_kinds == ("mla",) * LAYERS
+        return
+    with pytest.raises(ModelConfigFieldError, match=f"'{refused_field}'"):
+        ModelConfig.from_hf_config(V32 | extra)

@@ -31,7 +31,8 @@ from kvcache.models.generic import text_model_type
 def refuse_unmodelled_indexer(t: ConfigFields) -> None:
     """Refuse the indexer settings that change SGLang 0.5.23's key cache and are not modelled here: pooled keys
     (`index_kpool` > 1 divides each token's key bytes) and layers that reuse the previous layer's top-k (they keep
-    no key, by `index_topk_freq`, `index_topk_pattern` "S", `indexer_types` "shared" or `cli_factor`)."""
+    no key). Which layers reuse is decided as SGLang decides it: `indexer_types` ("shared") when given, else
+    `cli_factor` > 1, else `index_topk_pattern` ("S"), else `index_topk_freq` > 1; only the deciding field counts."""
     every_layer = ("every layer computes its own top-k and keeps its own indexer key (layers that reuse another's "
                    "top-k, which SGLang gives no key, are not modelled)")
     kpool = t.int("index_kpool", default=1, high=MAX_LAYERS)
@@ -39,16 +40,28 @@ def refuse_unmodelled_indexer(t: ConfigFields) -> None:
         t.fail("index_kpool", kpool, "1: one indexer key per token (pooled keys, index_kpool > 1, are not modelled)")
     if t.flag("index_kpool_compress"):
         t.fail("index_kpool_compress", True, "false: compressed indexer key pools are not modelled")
-    for name in ("index_topk_freq", "cli_factor"):
-        value = t.int(name, default=1, high=MAX_LAYERS)
-        if value != 1:
-            t.fail(name, value, f"1: {every_layer}")
-    for name, shared in (("index_topk_pattern", "S"), ("indexer_types", "shared")):
-        listed = t.raw.get(name)
-        if listed is not None and not isinstance(listed, (str, list)):
-            t.fail(name, listed, "a string or a list, one entry per layer")
-        if listed is not None and shared in listed:
-            t.fail(name, listed, f"no '{shared}' entry: {every_layer}")
+    if _no_layer_shares(t, "indexer_types", "shared", every_layer):
+        return  # a per-layer list decides for every layer: SGLang reads nothing after it
+    cli_factor = t.int("cli_factor", default=1, high=MAX_LAYERS)
+    if cli_factor != 1:
+        t.fail("cli_factor", cli_factor, f"1: {every_layer}")
+    if _no_layer_shares(t, "index_topk_pattern", "S", every_layer):
+        return
+    freq = t.int("index_topk_freq", default=1, high=MAX_LAYERS)
+    if freq != 1:
+        t.fail("index_topk_freq", freq, f"1: {every_layer}")
+
+
+def _no_layer_shares(t: ConfigFields, name: str, shared: str, every_layer: str) -> bool:
+    """Whether the per-layer list `name` is given (then it decides); refused when a layer in it is `shared`."""
+    listed = t.raw.get(name)
+    if listed is None:
+        return False
+    if not isinstance(listed, (str, list)):
+        t.fail(name, listed, "a string or a list, one entry per layer")
+    if shared in listed:
+        t.fail(name, listed, f"no '{shared}' entry: {every_layer}")
+    return True
 
 
 def mla_attention(t: ConfigFields, hidden: int, heads: int) -> MLAttention:
