@@ -16,6 +16,7 @@ import torch
 
 from kvcache.memory import device_buffers
 from kvcache.memory.device_buffers import tensor_bytes
+from kvcache.pools.held_slots import release_held
 
 
 def kv_record(req: Any) -> Any:
@@ -88,15 +89,7 @@ class ReqToTokenPool:
 
     def free_rows(self, rows: Sequence[int]) -> None:
         """Give back rows; refuses padding row 0, rows out of range and rows already free (nothing changes)."""
-        for row in rows:
-            if not 1 <= row <= self.size:
-                raise ValueError(f"request row {row} is not in 1..{self.size}")
-            if not self._held[row]:
-                raise ValueError(f"double free: request row {row} is already free")
-        if len(set(rows)) != len(rows):
-            raise ValueError(f"a request row is freed twice in one call: {sorted(rows)}")
-        for row in rows:
-            self._held[row] = 0
+        release_held(self._held, rows, "request row")
         self._free_slots.extend(rows)
 
     def available_size(self) -> int:

@@ -14,6 +14,7 @@ from kvcache.sizing.layer_specs import RecurrentStateSpec
 from kvcache.memory import device_buffers
 from kvcache.memory.device_buffers import tensor_bytes
 from kvcache.pools.codec import LayerIndex
+from kvcache.pools.held_slots import release_held
 
 
 class RecurrentStatePool:
@@ -51,15 +52,7 @@ class RecurrentStatePool:
     def free(self, slots: list[int]) -> None:
         """Give back slots; refuses padding slot 0, slots out of range and slots already free (nothing changes):
         a slot freed twice would be handed to two requests, which would then share one recurrent state."""
-        for slot in slots:
-            if not 1 <= slot < self.num_slots:
-                raise ValueError(f"state slot {slot} is not in 1..{self.num_slots - 1}")
-            if not self._held[slot]:
-                raise ValueError(f"double free: state slot {slot} is already free")
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"a state slot is freed twice in one call: {sorted(slots)}")
-        for slot in slots:
-            self._held[slot] = 0
+        release_held(self._held, slots, "state slot")
         self._free.extend(slots)
 
     def available_size(self) -> int:
