@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcache.allocators.eviction import EvictParams
+from kvcache.allocators.eviction import evict_shortfall
+from kvcache.allocators.locations import ceil_div
 
 
 class SchedulerCapacityHooks:
@@ -39,7 +40,7 @@ class SchedulerCapacityHooks:
     ) -> int | None:
         """max_new_tokens clipped to what an empty pool of token_capacity leaves after the page-rounded prompt,
         one page of decode slack and the padding token (SGLang 0.5.23's rule); 0 when the prompt alone fills it."""
-        prompt = -(-input_tokens // self.page_size) * self.page_size
+        prompt = ceil_div(input_tokens, self.page_size) * self.page_size
         return max(0, min(max_new_tokens, token_capacity - prompt - self.page_size - 1))
 
     def prealloc_fits_assumes_reclaim(self) -> bool:
@@ -96,7 +97,7 @@ class SWACapacityHooks:
         side from its budget); None when ready, else the shortfall in words."""
         available = self.swa_available_size()
         if available < swa_tokens:
-            tree_cache.evict_for_alloc(EvictParams(swa_num_tokens=swa_tokens - available))
+            evict_shortfall(tree_cache, full_shortfall=0, swa_shortfall=swa_tokens - available)
             available = self.swa_available_size()
         if available < swa_tokens:
             return f"the sliding-window side has {available} free tokens after eviction, {swa_tokens} needed"
