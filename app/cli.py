@@ -17,7 +17,7 @@ from typing import Any, NoReturn, Sequence
 
 
 from app.failures import UsageError, failure_of
-from app.flag_hints import unknown_command, unrecognized, value_read_as_flag
+from app.flag_hints import BOOTSTRAP_ONLY_FIELDS, COMMANDS, unknown_command, unrecognized, value_read_as_flag
 from app.server_args_flags import add_server_args_flags, server_args_values, sizes_read
 from containers import EngineContainer
 from kvcache.inputs.byte_units import SIZE_UNITS_HELP
@@ -27,8 +27,7 @@ from kvcache.inputs.server_args import ServerArgs, read_settings_file
 
 EXIT_OK = 0
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose pipe closed
-COMMANDS = frozenset({"bootstrap", "plan", "presets", "-h", "--help"})
-BOOTSTRAP_ONLY_FIELDS = frozenset({"memory_limit", "device"})  # plan sizes a named card on the meta device
+FIRST_WORDS = frozenset({*COMMANDS, "-h", "--help"})  # a first argument that is not a model or a flag
 
 
 def _add_common(p: argparse.ArgumentParser, *, leave_out: frozenset[str] = frozenset()) -> None:
@@ -153,7 +152,7 @@ def _with_command(args: list[str]) -> list[str]:
     for bootstrap's stray argument."""
     if args and not args[0].startswith("-") and args[0] not in COMMANDS:
         raise UsageError(unknown_command(args[0]))
-    return args if args and args[0] in COMMANDS else ["bootstrap", *args]
+    return args if args and args[0] in FIRST_WORDS else ["bootstrap", *args]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,7 +18,8 @@ from kvcache.models.presets import preset_names
 _UNIT = re.compile(r"[kmgtp]?i?b|[kmgtp]", re.IGNORECASE)  # a unit typed apart from its number
 
 PLAN_ONLY_FLAGS = ("--gpu", "--gpu-memory")
-BOOTSTRAP_ONLY_FLAGS = ("--memory-limit", "--device")
+BOOTSTRAP_ONLY_FIELDS = frozenset({"memory_limit", "device"})  # plan sizes a named card on the meta device
+BOOTSTRAP_ONLY_FLAGS = tuple(sorted("--" + field.replace("_", "-") for field in BOOTSTRAP_ONLY_FIELDS))
 
 COMMANDS = ("bootstrap", "plan", "presets")
 
