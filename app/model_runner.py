@@ -30,6 +30,7 @@ from kvcache.errors import KVCacheError, WeightsDoNotFitError
 from kvcache.sizing.layer_specs import tensor_parallel_sizes
 from kvcache.memory.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
 from kvcache.memory.host_memory import host_memory_bytes
+from kvcache.sizing.planning import align_up
 from kvcache.memory.memory_probe import MemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
@@ -293,7 +294,7 @@ class ModelRunner:
 
     def _memory_limit_for_weights(self, needed: int, free: int) -> tuple[str, ...]:
         """On the CPU: the --memory-limit the weights alone need, unless the host has less (it would be refused)."""
-        limit_mib = -(-(self.memory_probe.total_bytes() + needed - free) // MiB)
+        limit_mib = align_up(self.memory_probe.total_bytes() + needed - free, MiB) // MiB
         host = host_memory_bytes()
         if host is not None and limit_mib * MiB > host:
             return (f"a host with more memory (the weights alone need --memory-limit {limit_mib}MiB; it has {host // MiB}MiB)",)

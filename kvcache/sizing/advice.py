@@ -15,7 +15,7 @@ import msgspec
 from kvcache.inputs.byte_units import MiB
 from kvcache.errors import DoesNotFitError
 from kvcache.memory.memory_budget import MemoryBudget, compute_budget
-from kvcache.sizing.planning import PlanRequest, align_down, plan_pool_sizes, state_slots
+from kvcache.sizing.planning import PlanRequest, align_down, align_up, plan_pool_sizes, state_slots
 
 
 def fits(req: PlanRequest) -> bool:
@@ -123,7 +123,7 @@ def smallest_fitting_mamba_ratio(req: PlanRequest) -> float | None:
 
 def mib_at_least(nbytes: int, limit: int) -> int:
     """`nbytes` rounded up to whole MiB (a value a person can type back), unless that passes `limit`."""
-    rounded = -(-nbytes // MiB) * MiB
+    rounded = align_up(nbytes, MiB)
     return rounded if rounded <= limit else nbytes
 
 
@@ -171,7 +171,7 @@ HOST_LIMIT_STEP = 64 * MiB
 def host_limit_rounded(limit: int) -> int:
     """A suggested --memory-limit rounded up to 64 MiB: a process's resident memory, which the host
     probe measures, moves by a few MiB from one run to the next, so the exact least would be brittle."""
-    return -(-limit // HOST_LIMIT_STEP) * HOST_LIMIT_STEP
+    return align_up(limit, HOST_LIMIT_STEP)
 
 
 def budget_at_memory_limit(budget: MemoryBudget, limit: int, fraction: float) -> int:
