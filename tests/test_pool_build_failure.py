@@ -89,14 +89,19 @@ def test_the_cli_reports_a_broken_build_invariant_as_a_bug_and_out_of_memory_as_
     assert (failure["kind"], failure["exit_code"]) == (kind, code)
 
 
-@pytest.mark.parametrize("error", REFUSED, ids=lambda e: str(e)[:40])
-def test_only_the_device_refusing_memory_mid_build_becomes_out_of_memory(
-        error: BaseException, make_engine: Any, mocker: Any) -> None:
+def configure_with_arena_failing(error: BaseException, make_engine: Any, mocker: Any) -> None:
+    """Configure a small CPU engine whose pool arena raises `error` when allocated."""
     engine = make_engine(kv_cache_memory=64 * MiB)
     engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
     mocker.patch("kvcache.pools.builder.Arena", side_effect=error)
+    engine.target.configurator().configure(pre_model_load_memory=GiB)
+
+
+@pytest.mark.parametrize("error", REFUSED, ids=lambda e: str(e)[:40])
+def test_only_the_device_refusing_memory_mid_build_becomes_out_of_memory(
+        error: BaseException, make_engine: Any, mocker: Any) -> None:
     with pytest.raises(PoolOutOfMemoryError, match="failed part-way on cpu") as caught:
-        engine.target.configurator().configure(pre_model_load_memory=GiB)
+        configure_with_arena_failing(error, make_engine, mocker)
     assert caught.value.__cause__ is error
 
 
@@ -104,9 +109,6 @@ def test_only_the_device_refusing_memory_mid_build_becomes_out_of_memory(
 def test_a_runtime_error_that_is_not_out_of_memory_is_raised_as_itself(
         error: BaseException, make_engine: Any, mocker: Any) -> None:
     """It used to be read as out of memory (exit 3, 'lower --mem-fraction-static') whatever it said."""
-    engine = make_engine(kv_cache_memory=64 * MiB)
-    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
-    mocker.patch("kvcache.pools.builder.Arena", side_effect=error)
     with pytest.raises(type(error)) as caught:
-        engine.target.configurator().configure(pre_model_load_memory=GiB)
+        configure_with_arena_failing(error, make_engine, mocker)
     assert caught.value is error and not isinstance(caught.value, PoolBuildError)
