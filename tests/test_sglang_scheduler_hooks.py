@@ -194,3 +194,15 @@ def test_sglangs_own_swa_prefill_budget_runs_over_our_swa_allocator(sglang_budge
     assert type(budget) is sglang_budgets.SWAPrefillBudget
     assert budget.remaining_swa == 64 + 16  # the window side's free + evictable
     assert budget.remaining_total == 448 + 32  # the full side's
+
+
+def test_a_failing_on_alloc_hook_leaves_no_row_taken() -> None:
+    pool = ReqToTokenPool(size=4, max_context_len=8, device=torch.device("cpu"))
+
+    def refuse(rows: list[int]) -> None:
+        raise RuntimeError("hook failed (injected)")
+
+    pool.register_on_alloc_rows(refuse)
+    with pytest.raises(RuntimeError, match="injected"):
+        pool.alloc_rows(2)
+    assert pool.available_size() == 4

@@ -73,7 +73,11 @@ class ReqToTokenPool:
             self._held[row] = 1
         self.req_generation[rows] += 1
         if self._on_alloc_rows is not None:
-            self._on_alloc_rows(rows)
+            try:
+                self._on_alloc_rows(rows)
+            except BaseException:
+                self.free_rows(rows)  # a failed hook leaves no row taken
+                raise
         return rows
 
     def free(self, req: Any) -> None:
