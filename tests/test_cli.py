@@ -15,6 +15,7 @@ import app.cli as cli
 
 from app.cli import main
 from kvcache.inputs.byte_units import GiB
+from kvcache.inputs.devices import resolve_device
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED_KEYS = {"model", "device", "model_dtype", "kv_cache_dtype", "page_size", "bytes_per_token",
@@ -26,7 +27,9 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_bootstrap_is_the_default_and_prints_a_report() -> None:
-    done = run_cli("--memory-limit", "6GiB", "--max-total-tokens", "16384")
+    """No command means bootstrap. The report's numbers are the CPU's (a 6 GiB host budget), so the test says
+    --device cpu: without it a GPU host rightly bootstraps on CUDA (test_auto_device_is_cuda_when_present)."""
+    done = run_cli("--device", "cpu", "--memory-limit", "6GiB", "--max-total-tokens", "16384")
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "model               SmolLM2-135M" in out
@@ -34,6 +37,12 @@ def test_bootstrap_is_the_default_and_prints_a_report() -> None:
     assert "bytes per token     23,040" in out  # 30 layers x 3 KV heads x (64 + 64) x 2
     assert "max total tokens    16,384" in out
     assert "total allocated" in out and "load_weights" in out
+
+
+def test_auto_device_is_cuda_when_present_else_the_cpu() -> None:
+    """What bootstrap picks without --device: true on a laptop and on a GPU host alike."""
+    expected = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    assert resolve_device("auto") == expected
 
 
 @pytest.mark.parametrize(
