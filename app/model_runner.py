@@ -9,7 +9,6 @@ with a draft loads both workers' weights before the target profiles.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any, Callable
 
 import msgspec
@@ -27,7 +26,7 @@ from kvcache.inputs.byte_units import MiB, format_bytes
 from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.errors import KVCacheError, WeightsDoNotFitError
-from kvcache.sizing.layer_specs import tensor_parallel_sizes
+from kvcache.sizing.tp_advice import tp_size_that_fits
 from kvcache.memory.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
 from kvcache.memory.host_memory import host_memory_bytes
 from kvcache.sizing.planning import align_up
@@ -212,7 +211,7 @@ class ModelRunner:
         """After capture: shrink the pools to what is free less the fraction's headroom (never grow),
         release each buffer's tail, rebuild the allocator; the new plan replaces the old."""
         configurator = self._configurator_factory()
-        eligibility = configurator.post_capture_resize()
+        eligibility = configurator.sizing.post_capture_resize()
         if not eligibility.active or self._vmm_backing is None:
             raise KVCacheError(f"the {self.role} worker's KV pools are not resizable: {eligibility.reason}")
         start = time.perf_counter()
@@ -239,7 +238,7 @@ class ModelRunner:
 
     def _configure_kv_cache(self, configurator: KVCacheConfigurator, pre_model_load_memory: int) -> KVCacheConfigResult:
         """Configure; pools that the post-capture resize will trim are built on VMM storage."""
-        if not configurator.post_capture_resize().active:
+        if not configurator.sizing.post_capture_resize().active:
             return configurator.configure(pre_model_load_memory=pre_model_load_memory)
         backing = VmmBacking()
         with cuda_backing(backing):
@@ -252,38 +251,18 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _tp_size_that_fits(self, free: int) -> tuple[int, int, bool] | None:
-        """(tp, weight bytes a rank then holds, whether the KV cache plans too) for the smallest --tp-size above this
-        one whose attention TP (tp / attention DP) splits the model's heads and with which this target worker plans
-        as it is configured; else the smallest whose weight shard takes at most 90% of `free` (the weights alone).
-        A draft follows its target's plan, so only its weights are checked."""
-        parallel, loader = self.parallel_state, self._weight_loader()
-        # a card's context grows by its kernels as the weights are filled (the probe sees it after loading)
-        context_growth = 0 if self.device.type == "cpu" else CUDA_KERNEL_LOAD_BYTES
-        weights_alone: tuple[int, int, bool] | None = None
-        for attention_tp in tensor_parallel_sizes(self.model_config):
-            tp = attention_tp * parallel.attention_dp_size
-            if tp <= parallel.tp_size:
-                continue
-            state = replace(parallel, tp_size=tp, tp_rank=0, groups=None)
-            weights = loader.bytes_needed(self.weight_specs(state))
-            if weights > free:
-                continue
-            if self.role == "target" and replace(self._configurator_factory(), parallel_state=state).plans_alone(
-                    free_before_load=free, free_after_load=max(0, free - weights - context_growth)):
-                return tp, weights, True
-            if weights_alone is None and weights <= free * 9 // 10:
-                weights_alone = (tp, weights, self.role != "target")
-        return weights_alone
-
     def _weights_do_not_fit(self, needed: int) -> WeightsDoNotFitError:
         free = self.pre_model_load_memory or 0
-        found = self._tp_size_that_fits(free)
+        loader = self._weight_loader()
+        found = tp_size_that_fits(  # a card's context grows by its kernels as the weights are filled
+            self._configurator_factory().sizing, free_before_load=free, total_bytes=self.memory_probe.total_bytes(),
+            weights_for=lambda state: loader.bytes_needed(self.weight_specs(state)),
+            context_growth=0 if self.device.type == "cpu" else CUDA_KERNEL_LOAD_BYTES,
+            check_kv_cache=self.role == "target")
         per_rank: tuple[str, ...] = ()
         if found is not None:
-            tp, weights, plans = found
-            per_rank = (f"--tp-size {tp} (about {format_bytes(weights)} per rank"
-                        f"{'' if plans else ', for the weights alone: the KV cache then needs more'})",)
+            per_rank = (f"--tp-size {found.tp_size} (about {format_bytes(found.weights_bytes)} per rank"
+                        f"{'' if found.kv_cache_plans else ', for the weights alone: the KV cache then needs more'})",)
         return WeightsDoNotFitError(
             f"{self.model_config.name}'s {self.role} weights ({format_bytes(needed)} on this rank) do not fit "
             f"in the {format_bytes(free)} free on {'the card' if self.device.type == 'meta' else self.device}",

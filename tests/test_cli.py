@@ -189,7 +189,7 @@ def test_json_failure_is_an_error_object_on_stdout(capsys: pytest.CaptureFixture
     ("argv", "message"),
     [
         (["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "16GiB"], "nothing is left for the KV cache"),
-        (["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "8GiB"], "--tp-size 4"),
+        (["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "8GiB"], "--tp-size 8"),  # TP 4 leaves less than the reserve
         (["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "A100-40GB", "--mem-fraction-static", "0.4"],
          "--mem-fraction-static 0."),
         (["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "24GiB", "--mem-fraction-static", "0.9"],

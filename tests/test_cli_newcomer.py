@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import kvcache.configurator as configurator
+import kvcache.sizing.worker_sizing as worker_sizing
 from app.cli import main
 from containers import EngineContainer
 from kvcache.errors import DoesNotFitError
@@ -114,7 +114,7 @@ def test_kv_cache_memory_suggestions_are_sizes_a_person_types_and_they_plan(caps
 
 def test_no_memory_limit_above_what_the_host_has_is_suggested(monkeypatch: pytest.MonkeyPatch) -> None:
     def memory_limits(host: int | None) -> list[int]:
-        monkeypatch.setattr(configurator, "host_memory_bytes", lambda: host)
+        monkeypatch.setattr(worker_sizing, "host_memory_bytes", lambda: host)
         engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cpu", "kv_cache_memory": 48 * MiB}),
                                  model_config=tiny_model_config())
         engine.memory_probe.override(FixedMemoryProbe(total_bytes=32 * MiB))

@@ -168,13 +168,13 @@ def test_overriding_the_parallel_state_changes_specs_and_reserve_together(make_e
     card = FixedMemoryProbe(total_bytes=40 * GiB)
     plain = make_engine(chunked_prefill_size=4096)
     plain.memory_probe.override(card)
-    assert plain.target.configurator().mem_fraction_static() == 0.834
+    assert plain.target.configurator().sizing.mem_fraction_static(40 * GiB) == 0.834
     two = make_engine(chunked_prefill_size=4096)  # its ServerArgs still say --tp-size 1
     two.memory_probe.override(card)
     two.parallel_state.override(providers.Object(ParallelState(tp_size=2)))
     configurator = two.target.configurator()
-    assert configurator.mem_fraction_static() == 0.831
-    assert configurator.layout().kv_groups[0].bytes_per_token == 2 * 1 * (16 + 16) * 2  # one KV head a rank
+    assert configurator.sizing.mem_fraction_static(40 * GiB) == 0.831
+    assert configurator.sizing.layout().kv_groups[0].bytes_per_token == 2 * 1 * (16 + 16) * 2  # one KV head a rank
     by_flag = make_engine(chunked_prefill_size=4096, tp_size=2)
     by_flag.memory_probe.override(card)
-    assert by_flag.target.configurator().mem_fraction_static() == 0.831
+    assert by_flag.target.configurator().sizing.mem_fraction_static(40 * GiB) == 0.831

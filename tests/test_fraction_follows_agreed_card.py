@@ -27,5 +27,5 @@ def test_the_derived_fraction_uses_the_ranks_smallest_card(make_engine: Any, mon
     configurator = engine.target.configurator()
     plan = runner.target.memory_pool_config
     assert plan.budget.total_bytes == h100
-    assert plan.budget.mem_fraction_static == configurator.mem_fraction_static(h100)
-    assert configurator.mem_fraction_static(h100) != configurator.mem_fraction_static()  # 0.830 vs 0.903
+    assert plan.budget.mem_fraction_static == configurator.sizing.mem_fraction_static(h100)
+    assert configurator.sizing.mem_fraction_static(h100) != configurator.sizing.mem_fraction_static(configurator.memory_probe.total_bytes())  # 0.830 vs 0.903

@@ -55,13 +55,15 @@ def test_configure_before_loading_is_an_error(make_engine) -> None:
 def test_weights_larger_than_the_card_fail_before_allocating(make_engine) -> None:
     engine = make_engine(device="meta", model=load_model_config("Llama-3.1-8B-Instruct"))
     engine.memory_probe.override(FixedMemoryProbe(total_bytes=8 * GiB))
-    # 14.96 GiB / 2 = 7.48 GiB is over 90% of 8 GiB; / 4 = 3.74 GiB is not
-    with pytest.raises(WeightsDoNotFitError, match="--tp-size 4 \\(about 3.74 GiB"):
+    # An 8 GiB card keeps 4.34 GiB free at TP 4 (mem_fraction_static 0.457) and 4.84 GiB at TP 8 (0.395). TP 4's
+    # 3.74 GiB of weights leave 8 - 3.74 - 0.09 (kernels) = 4.17 GiB: under the reserve, the runtime would have
+    # no room; TP 8's 1.87 GiB leave 6.04 GiB, the reserve and some KV cache (not a full 131K-token request)
+    with pytest.raises(WeightsDoNotFitError, match="--tp-size 8 \\(about 1.87 GiB .* for the weights alone"):
         engine.engine().target.load_weights()
 
 
-def _weights_failure(make_engine, model: str, total_bytes: int) -> WeightsDoNotFitError:  # type: ignore[no-untyped-def]
-    engine = make_engine(device="meta", model=load_model_config(model))
+def _weights_failure(make_engine, model: str, total_bytes: int, **server_args) -> WeightsDoNotFitError:  # type: ignore[no-untyped-def]
+    engine = make_engine(device="meta", model=load_model_config(model), **server_args)
     engine.memory_probe.override(FixedMemoryProbe(total_bytes=total_bytes))
     with pytest.raises(WeightsDoNotFitError) as caught:
         engine.engine().target.load_weights()
@@ -70,21 +72,23 @@ def _weights_failure(make_engine, model: str, total_bytes: int) -> WeightsDoNotF
 
 def test_the_suggested_tp_size_splits_the_model_s_heads(make_engine) -> None:
     # SmolLM2-135M: 9 attention heads, 3 KV heads, so attention TP 1, 3 or 9 (tensor_parallel_sizes).
-    # Its 270,532,608 B of weights on a 200 MiB card (90% = 188,743,680 B): TP 2 would fit (135,266,304 B)
-    # but does not split 9 heads; TP 3 does and fits: 270,532,608 / 3 = 90,177,536 B = 0.08 GiB. No TP size
-    # leaves a 200 MiB card room for the runtime's reserve and a KV cache, so it is named for the weights alone.
-    failure = _weights_failure(make_engine, "SmolLM2-135M", 200 * MiB)
+    # Its 270,532,608 B of weights on a 200 MiB card (209,715,200 B) at --mem-fraction-static 0.9, which keeps
+    # 20,971,520 B free: TP 2 would hold its 135,266,304 B but does not split 9 heads; TP 3 does, and its
+    # 90,177,536 B (0.08 GiB) plus the 96,468,992 B the card's context grows by leave 23,068,672 B, more than
+    # the reserve. No TP size leaves room for a KV cache too, so it is named for the weights alone.
+    failure = _weights_failure(make_engine, "SmolLM2-135M", 200 * MiB, mem_fraction_static=0.9)
     assert failure.needed_bytes == 270_532_608
     assert failure.suggestions == (
         "--tp-size 3 (about 0.08 GiB (90,177,536 B) per rank, for the weights alone: the KV cache then needs more)",
         "a card with more memory")
 
 
-@pytest.mark.parametrize(("model", "total_bytes"), [("SmolLM2-135M", 16 * MiB), ("Llama-3.1-8B-Instruct", 512 * MiB)])
+@pytest.mark.parametrize(("model", "total_bytes"), [("SmolLM2-135M", 200 * MiB), ("SmolLM2-135M", 16 * MiB),
+                                                    ("Llama-3.1-8B-Instruct", 512 * MiB)])
 def test_weights_no_tp_size_fits_suggest_only_a_larger_card(make_engine, model: str, total_bytes: int) -> None:
-    # SmolLM2's largest TP is 9: 270,532,608 // 9 = 30,059,178 B > 90% of 16 MiB = 15,099,494 B.
-    # Llama-8B's largest is 32 (32 heads): 16,060,522,496 // 32 = 501,891,328 B > 90% of 512 MiB =
-    # 483,183,820 B (doubling up to 1024 suggested --tp-size 1024, which splits no 32 heads).
+    # At the derived fraction (at least 0.05 on a card below SGLang's reserve) no TP size leaves these cards the
+    # runtime's reserve: 95% of 200 MiB or 16 MiB is kept free, more than any shard leaves. Llama-8B's largest TP
+    # is 32 (32 heads): doubling up to 1024 suggested --tp-size 1024, which splits no 32 heads.
     failure = _weights_failure(make_engine, model, total_bytes)
     assert failure.suggestions == ("a card with more memory",)
 
@@ -115,11 +119,14 @@ def test_a_pool_build_failing_part_way_frees_everything(make_engine, monkeypatch
 def test_pools_that_fail_to_build_leave_nothing_to_resize() -> None:
     from app.model_runner import ModelRunner
     from kvcache.inputs.parallel import ParallelState
-    from kvcache.runtime.eligibility import PostCaptureEligibility
+    from kvcache.sizing.post_capture_eligibility import PostCaptureEligibility
 
-    class ResizableButFails:
+    class Resizable:
         def post_capture_resize(self) -> PostCaptureEligibility:
             return PostCaptureEligibility(active=True, reason="on")
+
+    class ResizableButFails:
+        sizing = Resizable()
 
         def configure(self, *, pre_model_load_memory: int) -> None:
             raise PoolBuildError("the pools could not be built")

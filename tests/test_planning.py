@@ -76,7 +76,7 @@ def configurator(model: str, *, total: int = 80 * GiB, free_after: int | None = 
 
 def plan_for(model: str, budget_bytes: int, **args: Any) -> tuple[PlanRequest, MemoryPoolConfig]:
     c = configurator(model, **args)
-    req = c.plan_request(c.layout(), memory_budget(budget_bytes))
+    req = c.sizing.plan_request(c.sizing.layout(), memory_budget(budget_bytes))
     return req, plan_pool_sizes(req)
 
 
@@ -283,7 +283,7 @@ def test_the_all_sliding_mistral_pool_holds_every_token() -> None:
 @pytest.mark.parametrize(("budget_bytes", "page"), [(1_000, 1), (2 * MiB, 16), (100 * MiB, 1024)])
 def test_a_budget_below_one_page(budget_bytes: int, page: int) -> None:
     c = configurator("Llama-3.1-8B-Instruct", page_size=page, context_length=1024)
-    req = c.plan_request(c.layout(), memory_budget(budget_bytes))
+    req = c.sizing.plan_request(c.sizing.layout(), memory_budget(budget_bytes))
     with pytest.raises(BudgetBelowOnePageError, match=f"does not hold one page \\({page} tokens\\)") as info:
         plan_pool_sizes(req)
     assert info.value.available_bytes == budget_bytes < info.value.needed_bytes
@@ -293,7 +293,7 @@ def test_a_budget_below_one_page(budget_bytes: int, page: int) -> None:
 def test_a_budget_below_one_request() -> None:
     # 2 GiB hold about 16k tokens of Llama-3.1-8B (131,072 B each); one 131,072-token request does not fit
     c = configurator("Llama-3.1-8B-Instruct")
-    req = c.plan_request(c.layout(), memory_budget(2 * GiB))
+    req = c.sizing.plan_request(c.sizing.layout(), memory_budget(2 * GiB))
     with pytest.raises(BudgetBelowOneRequestError,
                        match=r"the KV budget holds \d+ tokens, fewer than one request of --context-length 131072 "
                              r"needs \(131072 tokens\)") as info:
@@ -306,7 +306,7 @@ def test_a_sliding_pool_below_one_window() -> None:
     # gpt-oss with ratio 0.01: ~1,900 full tokens in 48 MiB, the window pool gets 16 < 128 + 16
     c = configurator("gpt-oss-20b", page_size=16, context_length=512, max_running_requests=4,
                      swa_full_tokens_ratio=0.01)
-    req = c.plan_request(c.layout(), memory_budget(48 * MiB))
+    req = c.sizing.plan_request(c.sizing.layout(), memory_budget(48 * MiB))
     with pytest.raises(BudgetBelowOneRequestError,
                        match=r"the sliding-window pool 'swa' holds \d+ tokens, fewer than one window \(128\) plus a page \(16\)"):
         plan_pool_sizes(req)
@@ -317,14 +317,14 @@ def test_a_state_share_below_one_request() -> None:
     c = configurator(QWEN3_NEXT, context_length=4096)
     with pytest.raises(BudgetBelowOneRequestError, match="the state share of the budget holds 0 usable state slots; "
                                                          "one request needs 5"):
-        plan_pool_sizes(c.plan_request(c.layout(), memory_budget(200 * MiB)))
+        plan_pool_sizes(c.sizing.plan_request(c.sizing.layout(), memory_budget(200 * MiB)))
 
 
 def test_more_state_slots_than_the_budget() -> None:
     c = configurator(QWEN3_NEXT, max_mamba_cache_size=1000)
     with pytest.raises(DoesNotFitError, match=r"--max-mamba-cache-size 1000 state slots take 72\.03 GiB .*more than the "
                                               r"whole KV budget"):
-        plan_pool_sizes(c.plan_request(c.layout(), memory_budget(10 * GiB)))
+        plan_pool_sizes(c.sizing.plan_request(c.sizing.layout(), memory_budget(10 * GiB)))
 
 
 # ---- the configurator's errors and what it suggests ---------------------------------------
@@ -482,7 +482,7 @@ def test_a_target_pays_for_its_draft_pool() -> None:
     # one EAGLE-3 layer of 8 KV heads x (128 + 128) x 2 bytes (the target's bf16) = 4,096 B/token beside
     # the target's 131,072; rows hold context + 3 steps + 1 draft tokens
     c = eagle_target(context_length=8192, kv_cache_memory=4 * GiB)
-    plan = plan_pool_sizes(c.plan_request(c.layout(), memory_budget(4 * GiB)))
+    plan = plan_pool_sizes(c.sizing.plan_request(c.sizing.layout(), memory_budget(4 * GiB)))
     assert [(p.name, p.bytes_per_token) for p in plan.kv_pools] == [("full", 131_072), ("draft_full", 4_096)]
     assert plan.bytes_per_token == 135_168
     assert plan.req_to_token_row_width == 8192 + 4

@@ -175,7 +175,7 @@ def preset_requests(draw: st.DrawFn) -> PlanRequest:
         memory_probe=FixedMemoryProbe(total_bytes=1 << 50), allocator_factory=allocator_for_plan,
         forward_stream=HostStream(torch.device("meta")), layer_ids=parallel.layer_range(model.num_hidden_layers),
     )
-    return c.plan_request(c.layout(), memory_budget(draw(PRESET_BUDGETS)))
+    return c.sizing.plan_request(c.sizing.layout(), memory_budget(draw(PRESET_BUDGETS)))
 
 
 def fits_tp(model: ModelConfig, tp: int) -> bool:

@@ -21,7 +21,7 @@ from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_cost, plan_p
 from kvcache.sizing.pool_layout import worker_cache_layout
 from kvcache.models.presets import load_model_config
 from kvcache.runtime.resize import compute_post_capture_kv_resize, post_capture_headroom_bytes, resized_plan_request
-from kvcache.runtime.eligibility import is_post_capture_kv_active, post_capture_eligibility, post_capture_reserve_mib
+from kvcache.sizing.post_capture_eligibility import is_post_capture_kv_active, post_capture_eligibility, post_capture_reserve_mib
 from kvcache.runtime.resize import PostCaptureResizeError
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.inputs.sizing_settings import SizingSettings
@@ -90,12 +90,12 @@ def test_a_plan_that_will_be_resized_starts_from_the_higher_fraction():
     card_mib = Fraction(H200_BYTES, MiB)
     # static (SGLang 0.5.23): 512 + 1.5 * 8192 + 2 * 256 + 1024/8 + 8 * 58 prefill graphs = 13904 MiB;
     # resized: 1536 + 128 = 1664 MiB
-    assert _configurator().mem_fraction_static() == float(round((card_mib - 13904) / card_mib, 3)) == 0.903
+    assert _configurator().sizing.mem_fraction_static(H200_BYTES) == float(round((card_mib - 13904) / card_mib, 3)) == 0.903
     resized = _configurator(enable_post_capture_kv_resize=True)
-    assert resized.post_capture_resize().active
-    assert resized.mem_fraction_static() == float(round((card_mib - 1664) / card_mib, 3)) == 0.988
+    assert resized.sizing.post_capture_resize().active
+    assert resized.sizing.mem_fraction_static(H200_BYTES) == float(round((card_mib - 1664) / card_mib, 3)) == 0.988
     assert post_capture_reserve_mib(tp_size=8, pp_size=2) == 1536 + 2048
-    assert _configurator(enable_post_capture_kv_resize=True, mem_fraction_static=0.8).mem_fraction_static() == 0.8
+    assert _configurator(enable_post_capture_kv_resize=True, mem_fraction_static=0.8).sizing.mem_fraction_static(H200_BYTES) == 0.8
 
 
 def _plan(budget: int = 64 * MiB, *, page: int = 1, fraction: float = 0.9, **kwargs):  # type: ignore[no-untyped-def]

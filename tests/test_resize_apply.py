@@ -194,7 +194,7 @@ def test_on_the_cpu_the_knob_changes_nothing_and_bootstrap_neither_captures_nor_
     engine.engine().bootstrap()
     runner = engine.engine().target
     assert runner.graph_capture is None and runner.post_capture_kv_resize is None
-    assert not engine.target.configurator().post_capture_resize().active
+    assert not engine.target.configurator().sizing.post_capture_resize().active
 
 
 @pytest.mark.parametrize(("dtype", "index_row_bytes", "row_bytes"), [

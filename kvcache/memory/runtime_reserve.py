@@ -3,7 +3,7 @@
 Follows SGLang 0.5.23 (`arg_groups/memory_hook.py`: `handle_gpu_memory_settings`,
 `reserve_for_graph_mb`; `cuda_graph_hook.py`: `generate_prefill_cuda_graph_batch_sizes`),
 for a CUDA engine that is not disaggregated, with no DeepEP, no VLM and no post-capture
-sizing (that one is `kvcache.runtime.eligibility`). All sizes are in MiB of the card,
+sizing (that one is `kvcache.sizing.post_capture_eligibility`). All sizes are in MiB of the card,
 as SGLang reads them from nvidia-smi; the arithmetic is exact (Fractions).
 
     reserve = 512 + 1.5 * max(chunked_prefill, 2048) + tp * pp / 8 * 1024 + graphs

@@ -1,0 +1,205 @@
+"""WorkerSizing: the one planning entry point. A worker's settings and the memory it sees in, its plan out.
+
+Pure: no device, nothing allocated, no other rank asked. The configurator calls it (then builds
+what it returns), `plan` calls it for every pipeline stage, and a sweep over cards calls it per
+cell, so there is one road from numbers to a plan. What the ranks of one engine agree on is
+`plan(memory, at_most_tokens=...)`: the same planning, capped at the smallest rank's tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import msgspec
+import torch
+
+from kvcache.errors import ConfigError, DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
+from kvcache.inputs.dtypes import KV_CACHE_DTYPES, KVCacheDtype
+from kvcache.inputs.parallel import ParallelState
+from kvcache.inputs.sizing_settings import SizingSettings
+from kvcache.inputs.speculative_defaults import default_max_running_requests
+from kvcache.memory.host_memory import host_memory_bytes
+from kvcache.memory.memory_budget import MemoryBudget, compute_budget, derive_mem_fraction_static
+from kvcache.memory.runtime_reserve import RuntimeShape, default_mem_fraction_static
+from kvcache.models.model_config import ModelConfig
+from kvcache.sizing.advice import suggest_fixes, suggest_kv_cache_memory
+from kvcache.sizing.planning import PlanRequest, plan_pool_sizes
+from kvcache.sizing.pool_config import MemoryPoolConfig
+from kvcache.sizing.pool_layout import CacheLayout, worker_cache_layout
+from kvcache.sizing.post_capture_eligibility import (
+    PostCaptureEligibility, post_capture_eligibility, post_capture_reserve_mib,
+)
+from kvcache.sizing.state_slots import state_slots_per_request
+
+
+class WorkerMemory(msgspec.Struct, frozen=True, kw_only=True):
+    """What a worker's device holds and has free around loading its weights (bytes)."""
+
+    total_bytes: int
+    free_before_load: int
+    free_after_load: int
+
+    @classmethod
+    def smallest(cls, memories: "list[WorkerMemory] | tuple[WorkerMemory, ...]") -> "WorkerMemory":
+        """What ranks plan with: the smallest of each reading (SGLang's MIN over the ranks)."""
+        return cls(total_bytes=min(m.total_bytes for m in memories),
+                   free_before_load=min(m.free_before_load for m in memories),
+                   free_after_load=min(m.free_after_load for m in memories))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSizing:
+    """One worker's sizing questions: its pools, its mem_fraction_static, the planner's input, its plan."""
+
+    settings: SizingSettings
+    model_config: ModelConfig
+    parallel_state: ParallelState
+    model_dtype: torch.dtype
+    kv_cache_dtype: KVCacheDtype
+    device_type: str  # "cuda", "cpu" or "meta": CUDA graphs, post-capture resize and CPU advice depend on it
+    layer_ids: range | None = None
+    pool_name_prefix: str = ""
+    draft_layout: CacheLayout | None = None  # a target with a draft pays for the draft's pools
+    is_draft_worker: bool = False
+
+    # ---- the entry point ---------------------------------------------------
+    def plan(self, memory: WorkerMemory, *, at_most_tokens: int | None = None) -> MemoryPoolConfig:
+        """The plan for this memory (at most `at_most_tokens` tokens: what the ranks agreed on); a DoesNotFitError
+        carries values that would work, each checked by planning with it."""
+        layout = self.layout()
+        request = self._request(layout, memory)
+        if at_most_tokens is not None and (request.max_total_tokens is None or at_most_tokens < request.max_total_tokens):
+            request = msgspec.structs.replace(request, max_total_tokens=at_most_tokens)
+        try:
+            return plan_pool_sizes(request)
+        except DoesNotFitError as exc:
+            fraction = request.budget.mem_fraction_static
+            raise exc.with_suggestions(exc.suggestions + self._suggestions(
+                layout, request, self._budget_for(memory) if fraction else None)) from None
+
+    def plans(self, memory: WorkerMemory) -> bool:
+        """Whether this worker plans with this memory (no advice searched)."""
+        try:
+            plan_pool_sizes(self.plan_request(self.layout(), self.budget(memory)))
+        except DoesNotFitError:
+            return False
+        return True
+
+    # ---- the questions it answers -------------------------------------------
+    def layout(self, kv_cache_dtype: KVCacheDtype | None = None) -> CacheLayout:
+        """This worker's pools, from its layer specs."""
+        return worker_cache_layout(
+            model_config=self.model_config, parallel_state=self.parallel_state,
+            kv_cache_dtype=kv_cache_dtype or self.kv_cache_dtype, model_dtype=self.model_dtype,
+            mamba_ssm_dtype=self.settings.mamba_ssm_dtype, layer_ids=self.layer_ids, prefix=self.pool_name_prefix,
+        )
+
+    def mem_fraction_static(self, total_bytes: int) -> float:
+        """The user's value, or SGLang's rule for a card of `total_bytes` (kvcache.memory.runtime_reserve)."""
+        s, p = self.settings, self.parallel_state
+        if s.mem_fraction_static is not None:
+            return s.mem_fraction_static
+        if self.post_capture_resize().active:  # the resize trims the pools after capture (kvcache.runtime)
+            return derive_mem_fraction_static(total_bytes, post_capture_reserve_mib(tp_size=p.tp_size, pp_size=p.pp_size))
+        return default_mem_fraction_static(total_bytes, self.runtime_shape())
+
+    def runtime_shape(self) -> RuntimeShape:
+        """What the runtime reserve is sized for: graphs, prefill chunk, parallel sizes, MLA."""
+        s, p = self.settings, self.parallel_state
+        return RuntimeShape(
+            cuda_graphs=self.device_type != "cpu" and not s.disable_cuda_graph,
+            chunked_prefill_size=s.chunked_prefill_size, cuda_graph_max_bs=s.cuda_graph_max_bs,
+            tp_size=p.tp_size, pp_size=p.pp_size, attention_dp_size=p.attention_dp_size,
+            uses_mla=any(g.spec.pool_kind == "mla" for g in self.layout().kv_groups),
+            max_total_tokens=s.max_total_tokens, max_running_requests=s.max_running_requests,
+        )
+
+    def post_capture_resize(self) -> PostCaptureEligibility:
+        """Whether this worker's pools are resized after CUDA-graph capture, and why (not)."""
+        return post_capture_eligibility(
+            server_args=self.settings, device_type=self.device_type, is_draft_worker=self.is_draft_worker,
+            layout=self.layout(), kv_cache_dtype=self.kv_cache_dtype,
+        )
+
+    def budget(self, memory: WorkerMemory) -> MemoryBudget:
+        """The KV budget for this memory (--kv-cache-memory, or the fraction of the card); raises when none."""
+        s = self.settings
+        return compute_budget(
+            total_bytes=memory.total_bytes, free_before_load=memory.free_before_load,
+            free_after_load=memory.free_after_load,
+            mem_fraction_static=None if s.kv_cache_memory is not None else self.mem_fraction_static(memory.total_bytes),
+            kv_cache_memory=s.kv_cache_memory,
+        )
+
+    def plan_request(self, layout: CacheLayout, budget: MemoryBudget, draft_layout: CacheLayout | None = None) -> PlanRequest:
+        """The planner's input for this layout and budget (and the draft's pools, if any)."""
+        a = self.settings
+        context = self.model_config.context_length(a.context_length, allow_long_context=a.allow_long_context)
+        draft = draft_layout or self.draft_layout
+        groups = layout.kv_groups + (draft.kv_groups if draft else ())
+        state = None
+        if layout.state is not None:
+            state = layout.state.demand(
+                slots_per_request=state_slots_per_request(
+                    architecture=self.model_config.architecture, disable_radix_cache=a.disable_radix_cache,
+                    page_size=a.page_size, disable_overlap_schedule=a.disable_overlap_schedule),
+                memory_ratio=a.mamba_full_memory_ratio, max_slots=a.max_mamba_cache_size,
+            )
+        return PlanRequest(
+            budget=budget, page_size=a.page_size, context_length=context,
+            req_to_token_row_width=context + a.speculative_num_draft_tokens, kv_pools=tuple(g.demand() for g in groups),
+            swa_ratio=a.swa_full_tokens_ratio, state=state,
+            max_total_tokens=a.max_total_tokens,
+            max_running_requests=default_max_running_requests(a.max_running_requests, a.speculative_algorithm),
+            attention_dp_size=self.parallel_state.attention_dp_size,
+        )
+
+    # ---- internals -----------------------------------------------------------
+    def _request(self, layout: CacheLayout, memory: WorkerMemory) -> PlanRequest:
+        """The planner's input; a budget that cannot be made is refused with values that would work."""
+        try:
+            return self.plan_request(layout, self.budget(memory))
+        except KVCacheMemoryTooLargeError as exc:
+            free = memory.free_after_load
+            limit = MemoryBudget(budget_bytes=free, total_bytes=memory.total_bytes,
+                                 free_before_load_bytes=memory.free_before_load, free_after_load_bytes=free,
+                                 mem_fraction_static=None, kv_cache_memory_bytes=free)
+            raise exc.with_suggestions(suggest_kv_cache_memory(
+                self.plan_request(layout, limit), free, kv_cache_memory=self.settings.kv_cache_memory,
+                host_total_bytes=memory.total_bytes if self.device_type == "cpu" else None,
+                host_memory=host_memory_bytes())) from None
+        except WeightsLeaveNoRoomError as exc:
+            empty = MemoryBudget(budget_bytes=0, total_bytes=memory.total_bytes,
+                                 free_before_load_bytes=memory.free_before_load,
+                                 free_after_load_bytes=memory.free_after_load,
+                                 mem_fraction_static=self.mem_fraction_static(memory.total_bytes), kv_cache_memory_bytes=None)
+            raise exc.with_suggestions(self._suggestions(
+                layout, self.plan_request(layout, empty), self._budget_for(memory))) from None
+
+    def _budget_for(self, memory: WorkerMemory) -> Callable[[float], int]:
+        """The budget a given mem_fraction_static would leave with this memory (0 where the weights leave none)."""
+        def budget_for(fraction: float) -> int:
+            try:
+                return compute_budget(total_bytes=memory.total_bytes, free_before_load=memory.free_before_load,
+                                      free_after_load=memory.free_after_load, mem_fraction_static=fraction,
+                                      kv_cache_memory=None).budget_bytes
+            except DoesNotFitError:
+                return 0
+        return budget_for
+
+    def _suggestions(self, layout: CacheLayout, request: PlanRequest,
+                     budget_for: Callable[[float], int] | None) -> tuple[str, ...]:
+        fp8 = None
+        if self.kv_cache_dtype.bits > 8:
+            fp8_dtype = KV_CACHE_DTYPES["fp8_e4m3"]
+            try:
+                fp8_draft = self.draft_layout.with_kv_dtype(fp8_dtype) if self.draft_layout else None
+                fp8 = self.plan_request(self.layout(fp8_dtype), request.budget, fp8_draft)
+            except ConfigError:  # no fp8 layout for this model (a DSA rank fp8's tiles do not divide): not a fix
+                fp8 = None
+        on_cpu = self.device_type == "cpu"
+        limit = request.budget.free_after_load_bytes if self.settings.kv_cache_memory is not None else None
+        return suggest_fixes(request, budget_for_fraction=budget_for, kv_cache_memory_limit=limit, fp8_request=fp8,
+                             fraction_for_limit=self.mem_fraction_static if on_cpu else None,
+                             host_memory=host_memory_bytes() if on_cpu else None)
