@@ -1,0 +1,296 @@
+"""What vLLM 0.34.0 makes of a model's KV cache: its block size, KV cache groups, blocks and max concurrency.
+
+Pure integer math over the project's layer specs, following vLLM 0.34.0's planner
+(`vllm/v1/core/kv_cache_planning.py`: get_kv_cache_groups, unify_kv_cache_spec_page_size,
+_get_kv_cache_groups_uniform_page_size, get_kv_cache_configs; `vllm/v1/core/kv_cache_utils.py`:
+get_max_concurrency_for_kv_cache_config; `vllm/platforms/interface.py`: _align_hybrid_block_size),
+for the CUDA defaults `kvcache.engines.vllm_rules` states:
+
+- every attention layer takes `block_size` tokens per block (64 unless --block-size); next to
+  Mamba / linear-attention layers the block grows until one attention page holds a whole
+  recurrent state, and the state page is padded to the attention page;
+- layers with one spec form one group; one kind with different sizes forms one group too;
+  mixed kinds (full + sliding window, attention + Mamba) unify their page sizes (a smaller page
+  takes more tokens per block, or is padded) and split into groups of equal layer count, so
+  one block id holds the same bytes in every group;
+- num_blocks = available bytes // bytes of one block across the largest group (the null
+  block included, as vLLM counts it); a request of max_model_len takes, in each group,
+  the blocks its spec needs (all its tokens for full attention; the window plus the tokens
+  in flight, plus one, for a sliding window; one state for Mamba); max concurrency is
+  num_blocks / those blocks, as vLLM prints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from math import ceil
+
+from kvcache.engines import vllm_rules
+import torch
+
+from kvcache.errors import BudgetBelowOneRequestError, UnsupportedModelError
+from kvcache.inputs.byte_units import MiB
+from kvcache.inputs.dtypes import KVCacheDtype
+from kvcache.inputs.parallel import ParallelState
+from kvcache.models.model_config import ModelConfig
+from kvcache.sizing.layer_specs import (
+    FullAttentionSpec, LayerPlacement, MLASpec, RecurrentStateSpec, SlidingWindowSpec, model_layer_specs,
+)
+from kvcache.memory.runtime_reserve import RuntimeShape, runtime_reserve_mib
+from kvcache.sizing.planning import align_up
+
+ATTENTION_KINDS = ("full", "sliding", "chunked", "mla")
+
+
+def ceil_div(n: int, d: int) -> int:
+    return -(-n // d)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VllmSettings:
+    """The vLLM settings a plan depends on besides memory."""
+
+    max_model_len: int
+    block_size: int | None = None  # --block-size; None: vLLM's default (vllm_rules.DEFAULT_BLOCK_SIZE)
+    max_num_batched_tokens: int = 8192  # vllm_rules.default_max_num_batched_tokens for the card
+    max_concurrent_batches: int = 1 + vllm_rules.ASYNC_SCHEDULING_EXTRA_BATCHES
+
+    @property
+    def max_in_flight_tokens(self) -> int:
+        """Tokens scheduled but not yet settled: what a sliding window keeps beyond its window."""
+        return self.max_concurrent_batches * self.max_num_batched_tokens
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VllmLayer:
+    """One cached layer as vLLM's planner sees it (its KVCacheSpec): a kind and its page."""
+
+    kind: str  # "full", "sliding", "chunked", "mla" or "mamba"
+    token_bytes: int = 0  # attention kinds: bytes of one token
+    state_bytes: int = 0  # mamba: bytes of one request's state
+    window: int = 0  # sliding: the window; chunked: the chunk
+    block_size: int = 0
+    padded_page: int = 0  # 0: not padded
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one block of this layer (vLLM's page_size_bytes)."""
+        if self.padded_page:
+            return self.padded_page
+        return self.state_bytes if self.kind == "mamba" else self.block_size * self.token_bytes
+
+    def blocks_per_request(self, settings: VllmSettings) -> int:
+        """Blocks a request of max_model_len holds at most (vLLM's max_memory_usage_bytes / page)."""
+        if self.kind == "mamba":
+            return 1
+        tokens = settings.max_model_len
+        if self.kind == "sliding":
+            live = min(self.window - 1 + settings.max_in_flight_tokens, tokens)
+            return ceil_div(live, self.block_size) + 1  # the window may start mid-block
+        if self.kind == "chunked":
+            return ceil_div(min(self.window + settings.max_in_flight_tokens, tokens), self.block_size)
+        return ceil_div(tokens, self.block_size)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VllmGroup:
+    """One KV cache group: layers sharing one block table."""
+
+    kind: str
+    window: int
+    block_size: int
+    layer_pages: tuple[int, ...]  # the page of each layer in the group
+    blocks_per_request: int
+
+    @property
+    def bytes_per_block(self) -> int:
+        return sum(self.layer_pages)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VllmPlan:
+    """vLLM's answer for one rank: its groups, the bytes of one block id, how many it has, what a request takes."""
+
+    version: str
+    block_size: int  # the attention block size after vLLM's hybrid alignment
+    groups: tuple[VllmGroup, ...]
+    bytes_per_block: int
+    num_blocks: int  # vLLM's num_gpu_blocks (the null block among them)
+    blocks_per_request: int
+    available_bytes: int
+    max_model_len: int
+
+    @property
+    def max_concurrency(self) -> float:
+        """Requests of max_model_len the cache holds at once, as vLLM logs it ('%.2fx')."""
+        return self.num_blocks / self.blocks_per_request
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """vLLM's 'GPU KV cache size: N tokens': max concurrency times max_model_len."""
+        return int(self.max_concurrency * self.max_model_len)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block
+
+
+def vllm_layer_specs(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDtype, *,
+                     model_dtype: torch.dtype) -> tuple[LayerPlacement, ...]:
+    """The project's layer specs of this rank with the recurrent state dtypes vLLM keeps (vllm_rules)."""
+    state_kind = "kda" if "kda" in model.layer_kinds else "mamba"
+    ssm = vllm_rules.ssm_state_dtype(model.architecture, model.hf_config, state_kind, model_dtype)
+    return model_layer_specs(model, parallel, kv_dtype, model_dtype=model_dtype, ssm_dtype=ssm)
+
+
+def vllm_layers(placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, ...]) -> tuple[VllmLayer, ...]:
+    """The project's layer specs as vLLM's kinds (block sizes unset). A window layer of a model whose
+    layer_kinds say chunked_attention (Llama-4) is vLLM's chunked local attention."""
+    layers = []
+    for p in placements:
+        spec = p.spec
+        if isinstance(spec, FullAttentionSpec):
+            layers.append(VllmLayer(kind="full", token_bytes=spec.bytes_per_token))
+        elif isinstance(spec, SlidingWindowSpec):
+            kind = "chunked" if layer_kinds[p.layer_id] == "chunked_attention" else "sliding"
+            layers.append(VllmLayer(kind=kind, token_bytes=spec.bytes_per_token, window=spec.window))
+        elif isinstance(spec, MLASpec):
+            if spec.index_head_dim:
+                raise UnsupportedModelError(
+                    "--engine vllm: sparse-attention MLA (an indexer key cache, DeepSeek-V3.2 / GLM-5) is not "
+                    "modelled for vLLM (its indexer is a cache group of its own); use --engine sglang"
+                )
+            layers.append(VllmLayer(kind="mla", token_bytes=spec.bytes_per_token))
+        elif isinstance(spec, RecurrentStateSpec):
+            layers.append(VllmLayer(kind="mamba", state_bytes=spec.bytes_per_request))
+    return tuple(layers)
+
+
+def resolve_block_size(layers: tuple[VllmLayer, ...], block_size: int | None) -> tuple[int, int]:
+    """(attention block size, padded Mamba page or 0), as vLLM's platform aligns a hybrid model:
+    the block rounds up to a multiple of the kernel block (128 for MLA) until one attention page
+    holds the largest recurrent state; that state's page is padded to the attention page."""
+    size = block_size or vllm_rules.DEFAULT_BLOCK_SIZE
+    attention = [x for x in layers if x.kind in ATTENTION_KINDS]
+    states = [x.state_bytes for x in layers if x.kind == "mamba"]
+    if not attention or not states:
+        return size, 0
+    uses_mla = any(x.kind == "mla" for x in attention)
+    kernel = vllm_rules.FLASH_MLA_KERNEL_BLOCK if uses_mla else vllm_rules.FLASH_ATTN_KERNEL_BLOCK
+    align = max(kernel, size, vllm_rules.MLA_MAMBA_BLOCK_ALIGNMENT if uses_mla else 0)
+    token_bytes = attention[0].token_bytes
+    needed = align_up(align * ceil_div(max(states), align * token_bytes), kernel)
+    size = max(size, needed)
+    return size, size * token_bytes
+
+
+def _with_block_size(layers: tuple[VllmLayer, ...], block_size: int, mamba_page: int,
+                     hybrid_manager: bool) -> list[VllmLayer]:
+    """Each layer's spec as vLLM builds it; without the hybrid manager, local layers become full attention."""
+    out = []
+    for x in layers:
+        if x.kind == "mamba":
+            out.append(replace(x, padded_page=mamba_page if mamba_page > x.state_bytes else 0))
+        elif not hybrid_manager and x.kind in ("sliding", "chunked"):
+            out.append(replace(x, kind="full", window=0, block_size=block_size))
+        else:
+            out.append(replace(x, block_size=block_size))
+    return out
+
+
+def _unify_pages(layers: list[VllmLayer]) -> list[VllmLayer]:
+    """Give every layer the largest page: more tokens per block where the page divides it, else padding."""
+    largest = max(x.page_bytes for x in layers)
+    out = []
+    for x in layers:
+        page = x.page_bytes
+        if page == largest:
+            out.append(x)
+        elif x.kind != "mamba" and largest % page == 0:
+            out.append(replace(x, block_size=x.block_size * (largest // page)))
+        elif x.kind == "mla":
+            raise UnsupportedModelError(
+                f"--engine vllm: an MLA page of {page} bytes does not divide the largest page of {largest} "
+                "bytes; vLLM 0.34.0 cannot unify them (kv_cache_planning.py unify_kv_cache_spec_page_size)"
+            )
+        else:
+            out.append(replace(x, padded_page=largest))
+    return out
+
+
+def _group(kind_layers: list[VllmLayer], settings: VllmSettings) -> VllmGroup:
+    first = kind_layers[0]
+    return VllmGroup(
+        kind=first.kind, window=first.window, block_size=first.block_size,
+        layer_pages=tuple(x.page_bytes for x in kind_layers),
+        blocks_per_request=max(x.blocks_per_request(settings) for x in kind_layers),
+    )
+
+
+def _one_type(layers: list[VllmLayer]) -> bool:
+    """vLLM's UniformTypeKVCacheSpecs test: one block size and one kind (one window; one state page)."""
+    first = layers[0]
+    same = {(x.kind, x.block_size, x.window, x.page_bytes if x.kind == "mamba" else 0) for x in layers}
+    return len(same) == 1 and (first.kind != "mamba" or first.padded_page == layers[-1].padded_page)
+
+
+def kv_cache_groups(layers: list[VllmLayer], settings: VllmSettings) -> tuple[VllmGroup, ...]:
+    """vLLM's KV cache groups for one model's layers (get_kv_cache_groups, layer-outer layout)."""
+    if not layers:
+        return ()
+    if _one_type(layers):
+        return (_group(layers, settings),)
+    unified = _unify_pages(layers)
+    buckets: dict[VllmLayer, list[VllmLayer]] = {}
+    for x in unified:
+        buckets.setdefault(x, []).append(x)
+    sizes = [len(b) for b in buckets.values()]
+    # the smaller layer count is the group size, unless the largest is under 1.5 times it (less padding)
+    group_size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    groups = []
+    for bucket in buckets.values():
+        count = ceil_div(len(bucket), group_size)
+        groups.extend(_group(bucket[i::count], settings) for i in range(count))
+    return tuple(groups)
+
+
+def vllm_available_bytes(*, total_bytes: int, gpu_memory_utilization: float, weights_bytes: int,
+                         runtime_bytes: int) -> int:
+    """vLLM's KV budget: ceil(total * gpu_memory_utilization) (its request_memory, in its float arithmetic)
+    less what it measured besides the cache: weights, then the activation peak, non-torch memory and CUDA
+    graphs (`runtime_bytes`, which a dry run can only estimate)."""
+    return ceil(total_bytes * gpu_memory_utilization) - weights_bytes - runtime_bytes
+
+
+def estimated_runtime_bytes(total_bytes: int, shape: RuntimeShape) -> int:
+    """What vLLM measures at start-up besides weights and the cache -- the activation peak of its profile run,
+    non-torch memory (CUDA context, NCCL) and its CUDA graph estimate -- which a dry run cannot measure: taken
+    as the project's runtime reserve for the card (kvcache.memory.runtime_reserve, SGLang 0.5.23's rule:
+    chunked-prefill activations, communication, CUDA graphs, at least 10 GiB above 60 GiB)."""
+    return ceil(runtime_reserve_mib(total_bytes, shape) * MiB)
+
+
+def plan_vllm(placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, ...], *,
+              available_bytes: int, settings: VllmSettings) -> VllmPlan:
+    """vLLM's block plan for `available_bytes` of KV memory; BudgetBelowOneRequestError where vLLM refuses
+    to start (fewer blocks, the null block aside, than one request of max_model_len needs)."""
+    layers = vllm_layers(placements, layer_kinds)
+    block_size, mamba_page = resolve_block_size(layers, settings.block_size)
+    specs = _with_block_size(layers, block_size, mamba_page, not vllm_rules.hybrid_manager_disabled(layer_kinds))
+    groups = kv_cache_groups(specs, settings)
+    bytes_per_block = max(g.bytes_per_block for g in groups)
+    per_request = sum(g.blocks_per_request for g in groups)
+    plan = VllmPlan(
+        version=vllm_rules.VLLM_VERSION, block_size=block_size, groups=groups, bytes_per_block=bytes_per_block,
+        num_blocks=max(available_bytes, 0) // bytes_per_block, blocks_per_request=per_request,
+        available_bytes=available_bytes, max_model_len=settings.max_model_len,
+    )
+    usable = available_bytes - bytes_per_block  # the null block vLLM's BlockPool keeps back
+    if usable < per_request * bytes_per_block:
+        raise BudgetBelowOneRequestError(
+            f"vLLM {plan.version} would refuse to start: one request of max_model_len {settings.max_model_len} "
+            f"needs {per_request} blocks of {bytes_per_block} bytes, and {max(usable, 0) // bytes_per_block} "
+            "fit besides the null block",
+            needed_bytes=(per_request + 1) * bytes_per_block, available_bytes=available_bytes,
+        )
+    return plan

@@ -1,0 +1,75 @@
+"""vLLM 0.34.0's KV cache rules as data: defaults and per-architecture choices its planner starts from.
+
+Each value cites the vLLM 0.34.0 source it follows (paths under the `vllm/` package). They hold
+for a CUDA card with FlashAttention (FlashMLA for MLA), the layer-outer KV layout those backends
+leave by default (LBNHC), no speculative decoding, no prefix-cache Mamba mode ("align") and no
+KV connector. The planner that uses them is `kvcache.engines.vllm_plan`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvcache.inputs.byte_units import GiB
+
+VLLM_VERSION = "0.34.0"
+
+# config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE; FlashAttention keeps it (attention/backends/flash_attn.py)
+DEFAULT_BLOCK_SIZE = 64
+# the smallest kernel block each backend takes (get_supported_kernel_block_sizes): FlashAttention
+# MultipleOf(16), FlashMLA exactly 64; platforms/interface.py _align_hybrid_block_size aligns to them
+FLASH_ATTN_KERNEL_BLOCK = 16
+FLASH_MLA_KERNEL_BLOCK = 64
+# _align_hybrid_block_size: MLA next to Mamba layers takes blocks in multiples of 128 tokens
+MLA_MAMBA_BLOCK_ALIGNMENT = 128
+
+# config/cache.py resolved_gpu_memory_utilization: 1.0 with the extensible KV cache (on by default
+# on CUDA), CacheConfig.DEFAULT_GPU_MEMORY_UTILIZATION = 0.92 without it
+DEFAULT_GPU_MEMORY_UTILIZATION = 1.0
+GPU_MEMORY_UTILIZATION_WITHOUT_EXTENSIBLE_CACHE = 0.92
+
+# config/vllm.py max_concurrent_batches: pipeline size, + 1 with async scheduling (on by default)
+ASYNC_SCHEDULING_EXTRA_BATCHES = 1
+
+# architectures whose Mamba SSM state vLLM keeps in float32 by default (model_executor/models/config.py:
+# NemotronHForCausalLMConfig reads hf mamba_ssm_cache_dtype, else float32; Qwen3_5*Config read
+# hf mamba_ssm_dtype); KDA's recurrent state is float32 (layers/mamba/mamba_utils.py kda_state_dtype);
+# every other hybrid keeps both states in the model dtype (mamba_ssm_cache_dtype "auto")
+SSM_DTYPE_FIELD = {
+    "NemotronHForCausalLM": ("mamba_ssm_cache_dtype", "float32"),
+    "Qwen3_5ForConditionalGeneration": ("mamba_ssm_dtype", None),
+    "Qwen3_5MoeForConditionalGeneration": ("mamba_ssm_dtype", None),
+    "Qwen3_5ForCausalLM": ("mamba_ssm_dtype", None),
+    "Qwen3_5MoeForCausalLM": ("mamba_ssm_dtype", None),
+}
+FLOAT32_STATE_KINDS = frozenset({"kda"})
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def default_max_num_batched_tokens(total_bytes: int) -> int:
+    """The API server's max_num_batched_tokens by card size (engine/arg_utils.py): 16384 from 160 GiB,
+    8192 from 70 GiB (H100/H200; A100 and GB10 are named exceptions we do not model), else 2048."""
+    if total_bytes >= 160 * GiB:
+        return 16384
+    return 8192 if total_bytes >= 70 * GiB else 2048
+
+
+def ssm_state_dtype(architecture: str, hf_config: dict[str, object], kind: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype vLLM keeps a recurrent layer's SSM (temporal) state in, by default (see SSM_DTYPE_FIELD)."""
+    if kind in FLOAT32_STATE_KINDS:
+        return torch.float32
+    field = SSM_DTYPE_FIELD.get(architecture)
+    if field is None:
+        return model_dtype
+    name, fallback = field
+    text = hf_config.get("text_config", hf_config)
+    value = (text.get(name) if isinstance(text, dict) else None) or hf_config.get(name) or fallback
+    return _DTYPES.get(str(value), model_dtype) if value else model_dtype
+
+
+def hybrid_manager_disabled(layer_kinds: tuple[str, ...]) -> bool:
+    """vLLM turns its hybrid KV cache manager off for chunked local attention (Llama-4), by default
+    (config/vllm.py, unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE): local layers then
+    take full-attention blocks for every token (kv_cache_planning.py unify_hybrid_kv_cache_specs)."""
+    return "chunked_attention" in layer_kinds

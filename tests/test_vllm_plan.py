@@ -1,0 +1,112 @@
+"""vLLM 0.34.0's answer (kvcache.engines.vllm_plan): block size, groups, num_gpu_blocks and max concurrency.
+
+Every number is worked out by hand from the corpus configs' public fields and vLLM 0.34.0's rules
+(block size 64; a window keeps window - 1 + 2 x 8192 in-flight tokens, plus one block; 100 GiB =
+107,374,182,400 bytes of KV memory). tests/test_vllm_plan_reference.py runs vLLM's own code on the same.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvcache.engines import vllm_rules
+from kvcache.engines.vllm_plan import VllmPlan, VllmSettings, plan_vllm, vllm_available_bytes, vllm_layer_specs
+from kvcache.errors import BudgetBelowOneRequestError, UnsupportedModelError
+from kvcache.inputs.byte_units import GiB
+from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
+from kvcache.inputs.parallel import ParallelState
+from kvcache.models.model_config import ModelConfig
+
+CORPUS = Path(__file__).with_name("model_corpus")
+HUNDRED_GIB = 100 * GiB
+
+
+def plan(name: str, available: int = HUNDRED_GIB, **settings: int) -> VllmPlan:
+    model = ModelConfig.from_hf_config(CORPUS / f"{name}.json", name=name)
+    dtype = resolve_model_dtype("auto", model.checkpoint_dtype)
+    layers = vllm_layer_specs(model, ParallelState(), resolve_kv_cache_dtype("auto", dtype), model_dtype=dtype)
+    return plan_vllm(layers, model.layer_kinds, available_bytes=available,
+                     settings=VllmSettings(**{"max_model_len": 32768, **settings}))
+
+
+def shape(p: VllmPlan) -> list[tuple[str, int, int]]:
+    """(kind, layers, blocks a request takes) of each group."""
+    return [(g.kind, len(g.layer_pages), g.blocks_per_request) for g in p.groups]
+
+
+def test_full_attention_one_group_of_every_layer() -> None:
+    # Qwen3-0.6B: 28 layers x 8 KV heads x 128 x (K, V) x 2 B = 4,096 B per token and layer;
+    # a 64-token block of all 28 layers is 28 x 262,144 = 7,340,032 B; 32,768 tokens take 512 blocks
+    p = plan("Qwen3-0.6B")
+    assert (p.block_size, shape(p), p.bytes_per_block) == (64, [("full", 28, 512)], 7_340_032)
+    assert p.num_blocks == 14_628  # 107,374,182,400 // 7,340,032
+    assert p.max_concurrency == 14_628 / 512 and p.kv_cache_tokens == 936_192
+
+
+def test_block_size_flag_changes_the_page_not_the_tokens() -> None:
+    p = plan("Qwen3-0.6B", block_size=16)
+    assert (p.bytes_per_block, p.num_blocks, p.blocks_per_request) == (1_835_008, 58_514, 2048)
+
+
+def test_sliding_window_and_full_layers_split_into_equal_groups() -> None:
+    # gpt-oss-120b: 18 window-128 + 18 full layers of 8 x 64 x 2 x 2 = 2,048 B/token: two groups of 18,
+    # 18 x 131,072 = 2,359,296 B a block; a window layer keeps cdiv(127 + 16,384, 64) + 1 = 259 blocks
+    p = plan("gpt-oss-120b")
+    assert shape(p) == [("sliding", 18, 259), ("full", 18, 512)]
+    assert (p.bytes_per_block, p.num_blocks, p.blocks_per_request) == (2_359_296, 45_511, 771)
+
+
+def test_gemma3_pads_its_full_group_to_the_window_groups() -> None:
+    # gemma-3-27b-it: 52 window-1024 and 10 full layers, 16 x 128 x 2 x 2 = 8,192 B/token; group size 10:
+    # six window groups (9, 9, 9, 9, 8, 8 layers), one full; 10 x 524,288 = 5,242,880 B a block;
+    # a window group takes cdiv(1,023 + 16,384, 64) + 1 = 273 blocks
+    p = plan("gemma-3-27b-it")
+    assert shape(p) == [("sliding", n, 273) for n in (9, 9, 9, 9, 8, 8)] + [("full", 10, 512)]
+    assert (p.bytes_per_block, p.num_blocks, p.blocks_per_request) == (5_242_880, 20_480, 6 * 273 + 512)
+
+
+def test_chunked_attention_turns_the_hybrid_manager_off() -> None:
+    # Llama-4-Scout: vLLM 0.34.0 disables its hybrid manager for chunked local attention, so the 36
+    # chunked layers take full-attention blocks: one group of 48 x 8 x 128 x 2 x 2 x 64 = 12,582,912 B
+    p = plan("Llama-4-Scout-17B-16E-Instruct")
+    assert (shape(p), p.bytes_per_block, p.num_blocks) == ([("full", 48, 512)], 12_582_912, 8_533)
+
+
+def test_mamba_hybrid_grows_the_block_until_a_page_holds_a_state() -> None:
+    # Bamba-9B: Mamba-2 state (bf16, as vLLM keeps it) = (128 x 64 + 2 x 128) x 3 x 2 + 128 x 64 x 128 x 2
+    # = 2,147,840 B; an attention token is 8 x 128 x 2 x 2 = 4,096 B: block 64 x cdiv(2,147,840, 262,144) = 576,
+    # page 2,359,296 B (the state padded to it); 3 attention layers set the group size: 29 Mamba layers
+    # (first in layer order) make 10 groups
+    p = plan("Bamba-9B")
+    assert p.block_size == 576 and shape(p) == [("mamba", n, 1) for n in [3] * 9 + [2]] + [("full", 3, 57)]
+    assert (p.bytes_per_block, p.num_blocks, p.blocks_per_request) == (7_077_888, 15_170, 67)
+
+
+def test_nemotron_h_keeps_its_ssm_state_in_float32() -> None:
+    assert vllm_rules.ssm_state_dtype("NemotronHForCausalLM", {"mamba_ssm_cache_dtype": "float32"}, "mamba",
+                                      torch.bfloat16) is torch.float32
+    assert vllm_rules.ssm_state_dtype("BambaForCausalLM", {}, "mamba", torch.bfloat16) is torch.bfloat16
+    assert vllm_rules.ssm_state_dtype("KimiLinearForCausalLM", {}, "kda", torch.bfloat16) is torch.float32
+
+
+def test_one_request_must_fit_besides_the_null_block() -> None:
+    block = 7_340_032  # Qwen3-0.6B, 512 blocks a request
+    assert plan("Qwen3-0.6B", available=513 * block).num_blocks == 513
+    with pytest.raises(BudgetBelowOneRequestError, match="needs 512 blocks of 7340032 bytes, and 511 fit") as e:
+        plan("Qwen3-0.6B", available=512 * block)
+    assert (e.value.needed_bytes, e.value.available_bytes) == (513 * block, 512 * block)
+
+
+def test_sparse_attention_mla_is_refused_not_guessed() -> None:
+    with pytest.raises(UnsupportedModelError, match="indexer"):
+        plan("DeepSeek-V3.2")
+
+
+def test_budget_is_the_utilized_card_less_what_vllm_measures() -> None:
+    total = 150_109_880_320  # an H200
+    assert vllm_available_bytes(total_bytes=total, gpu_memory_utilization=0.9, weights_bytes=10 * GiB,
+                                runtime_bytes=4 * GiB) == 135_098_892_288 - 14 * GiB
+    assert vllm_rules.default_max_num_batched_tokens(total) == 8192

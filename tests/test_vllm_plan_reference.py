@@ -1,0 +1,67 @@
+"""Our vLLM planner against vLLM 0.34.0's own code, over the model corpus: equal groups, blocks, max concurrency.
+
+vLLM's get_kv_cache_groups / get_kv_cache_configs / get_max_concurrency_for_kv_cache_config run from
+a vLLM 0.34.0 source tree (benchmarks/vllm_kv_plan.py loads them) on the same layers and the same
+available memory. Skips without that tree (KVCACHE_REFERENCE_SRC names it; /work/ref/src otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kvcache.engines.vllm_plan import VllmSettings
+from kvcache.errors import UnsupportedModelError
+from kvcache.inputs.byte_units import GiB
+
+REFERENCE_SRC = Path(os.environ.get("KVCACHE_REFERENCE_SRC", "/work/ref/src"))
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+CORPUS = Path(__file__).with_name("model_corpus")
+NAMES = sorted(p.stem for p in CORPUS.glob("*.json"))
+# (available bytes, settings): the H200 case of the benchmark, and small blocks on a tight budget
+CASES = {
+    "100GiB-32k": (100 * GiB, VllmSettings(max_model_len=32768)),
+    "9GiB-4k-block16": (9 * GiB + 12_345, VllmSettings(max_model_len=4096, block_size=16, max_num_batched_tokens=2048)),
+}
+
+
+@pytest.fixture(scope="module")
+def bench() -> Iterator[SimpleNamespace]:
+    """The benchmark module and vLLM's planner; the stand-in modules are removed afterwards."""
+    if not (REFERENCE_SRC / "vllm/v1/core/kv_cache_planning.py").is_file():
+        pytest.skip(f"no vLLM 0.34.0 reference tree at {REFERENCE_SRC} (set KVCACHE_REFERENCE_SRC)")
+    finders, modules = list(sys.meta_path), set(sys.modules)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import vllm_kv_plan
+
+        yield SimpleNamespace(module=vllm_kv_plan, vllm=vllm_kv_plan.load_vllm_planner(REFERENCE_SRC))
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        sys.meta_path[:] = finders
+        for name in set(sys.modules) - modules:
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_block_counts_equal_vllms_own_code(bench: SimpleNamespace, case: str) -> None:
+    available, settings = CASES[case]
+    compared, differ = [], []
+    for name in NAMES:
+        try:
+            ours = bench.module.ours(name, available, settings)
+        except UnsupportedModelError:
+            continue  # DeepSeek-V4, Gemma-4 (not read at all), sparse-attention MLA (not modelled for vLLM)
+        model, layers = bench.module.corpus_layers(name)
+        theirs = bench.module.vllm_code_plan(bench.vllm, layers, model.layer_kinds, available, settings)
+        got = (len(ours.groups), ours.num_blocks, ours.max_concurrency)
+        if got != (theirs.groups, theirs.num_blocks, theirs.max_concurrency):
+            differ.append(f"{name}: ours {got}, vLLM {theirs}")
+        compared.append(name)
+    assert not differ
+    assert len(compared) >= 30 and {"gpt-oss-120b", "gemma-3-27b-it", "Bamba-9B", "Qwen3.5-27B"} <= set(compared)
