@@ -28,6 +28,7 @@ from math import ceil
 from kvcache.engines import vllm_rules
 import torch
 
+from kvcache.allocators.locations import ceil_div
 from kvcache.errors import BudgetBelowOneRequestError, UnsupportedModelError
 from kvcache.inputs.byte_units import MiB
 from kvcache.inputs.dtypes import KVCacheDtype
@@ -40,10 +41,6 @@ from kvcache.memory.runtime_reserve import RuntimeShape, runtime_reserve_mib
 from kvcache.sizing.planning import align_up
 
 ATTENTION_KINDS = ("full", "sliding", "chunked", "mla")
-
-
-def ceil_div(n: int, d: int) -> int:
-    return -(-n // d)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
