@@ -16,7 +16,7 @@ import torch
 
 from app.weights import DummyWeightLoader, LoadedWeights, WeightsDoNotFitError as LoaderOutOfMemory
 from app.weights import parameter_specs
-from app.forward import DecodeBatch, DecodeRequests, Decoder, PoolAttention, build_decoder
+from app.forward import DecodeBatch, DecodeRequests, Decoder, ExtendBatch, PoolAttention, build_decoder
 from app.forward.graphs import DecodeGraphs, GraphCapture, decode_graph_batch_sizes
 from app.forward.post_capture import apply_post_capture_resize
 from kvcache.memory.device_buffers import cuda_backing
@@ -164,6 +164,11 @@ class ModelRunner:
 
     def forward_decode(self, batch: DecodeBatch) -> torch.Tensor:
         """One decode step: K/V written at batch.out_cache_loc, read through req_to_token; float32 logits [bs, vocab]."""
+        return self.decoder().forward(batch)
+
+    def forward_extend(self, batch: ExtendBatch) -> torch.Tensor:
+        """One prefill (extend) step: new tokens' K/V written at batch.out_cache_loc, attention over each
+        request's prefix and new tokens through req_to_token; float32 logits [requests (or tokens), vocab]."""
         return self.decoder().forward(batch)
 
     def decode_requests(self) -> DecodeRequests:

@@ -1,8 +1,9 @@
 """Reference decoders for one rank with dummy weights: Llama/Qwen/Mistral (GQA) and DeepSeek (MLA).
 
 Parameter names are those of app.weights (the Hugging Face checkpoint names). A decoder
-maps a DecodeBatch to float32 logits [bs, vocab]; attention goes through an
-AttentionBackend (the pools in the engine, dense history in tests).
+maps a DecodeBatch or an ExtendBatch (prefill) to float32 logits [rows, vocab] (a prefill:
+each request's last token, or every token when logprobs are asked for); attention goes
+through an AttentionBackend (the pools in the engine, dense history in tests).
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from typing import Any
 
 import torch
 
-from app.forward.batch import DecodeBatch
-from app.forward.layers import RotaryAngles, dense_moe, gated_mlp, linear, rms_norm, rope_inv_freq, rotary
-from app.forward.pool_attention import AttentionBackend
+from app.forward.layers import RotaryAngles, dense_moe, gated_mlp, linear, rms_norm, rope_inv_freq, rotary, routed_moe
+from app.forward.pool_attention import AttentionBackend, ForwardBatch
 from kvcache.errors import UnsupportedModelError
 from kvcache.models.model_config import ModelConfig
 
@@ -45,16 +45,18 @@ class Decoder:
         """How many dimensions of a head RoPE rotates."""
         raise NotImplementedError
 
-    def forward(self, batch: DecodeBatch) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
         x = self.weights["model.embed_tokens.weight"][batch.input_ids]
         angles = RotaryAngles.at(batch.positions, self.inv_freq)
         for layer in self.layer_ids:
             x = self.layer(layer, x, batch, angles)
+        if batch.logit_rows is not None:
+            x = x[batch.logit_rows]
         x = rms_norm(x, self.weights["model.norm.weight"], self.eps)
         head = self.weights.get("lm_head.weight", self.weights["model.embed_tokens.weight"])
         return torch.nn.functional.linear(x, head).float()
 
-    def layer(self, layer: int, x: torch.Tensor, batch: DecodeBatch, angles: RotaryAngles) -> torch.Tensor:
+    def layer(self, layer: int, x: torch.Tensor, batch: ForwardBatch, angles: RotaryAngles) -> torch.Tensor:
         raise NotImplementedError
 
 
@@ -65,7 +67,7 @@ class GQADecoder(Decoder):
     def rotary_dim(self) -> int:
         return self.config.head_dim
 
-    def layer(self, layer: int, x: torch.Tensor, batch: DecodeBatch, angles: RotaryAngles) -> torch.Tensor:
+    def layer(self, layer: int, x: torch.Tensor, batch: ForwardBatch, angles: RotaryAngles) -> torch.Tensor:
         c, w, p = self.config, self.weights, f"model.layers.{layer}."
         bs, d = x.shape[0], c.head_dim
         h = rms_norm(x, w[f"{p}input_layernorm.weight"], self.eps)
@@ -86,14 +88,16 @@ class MLADecoder(Decoder):
     """DeepSeek-V2/V3: MLA attention (absorbed in the pool backend); dense MLP first, then routed + shared experts.
 
     Routing is the plain top-k softmax of SGLang's greedy path; DeepSeek-V3's grouped
-    sigmoid routing and YaRN's attention scale are not modelled (dummy weights).
+    sigmoid routing and YaRN's attention scale are not modelled (dummy weights). Experts run
+    densely inside a CUDA-graph capture (static shapes) and routed (each on its own tokens)
+    otherwise, so an eager prefill or a large eager decode costs what a fused MoE costs.
     """
 
     @property
     def rotary_dim(self) -> int:
         return int(self.hf["qk_rope_head_dim"])
 
-    def layer(self, layer: int, x: torch.Tensor, batch: DecodeBatch, angles: RotaryAngles) -> torch.Tensor:
+    def layer(self, layer: int, x: torch.Tensor, batch: ForwardBatch, angles: RotaryAngles) -> torch.Tensor:
         hf, w, p = self.hf, self.weights, f"model.layers.{layer}."
         bs = x.shape[0]
         nope, rope, v_dim = int(hf["qk_nope_head_dim"]), int(hf["qk_rope_head_dim"]), int(hf["v_head_dim"])
@@ -120,7 +124,9 @@ class MLADecoder(Decoder):
         if f"{p}experts.gate_up_proj" not in self.weights:
             return gated_mlp(h, self.weights, p)
         hf = self.hf
-        out = dense_moe(h, self.weights, p, top_k=int(hf.get("num_experts_per_tok", 1)),
+        static = h.device.type == "meta" or (h.is_cuda and torch.cuda.is_current_stream_capturing())
+        moe = dense_moe if static else routed_moe
+        out = moe(h, self.weights, p, top_k=int(hf.get("num_experts_per_tok", 1)),
                         renormalize=bool(hf.get("norm_topk_prob", False)),
                         scaling=float(hf.get("routed_scaling_factor", 1.0)))
         if f"{p}shared_experts.gate_proj.weight" in self.weights:

@@ -73,3 +73,30 @@ def dense_moe(x: torch.Tensor, weights: Mapping[str, torch.Tensor], prefix: str,
     g, u = h.chunk(2, dim=-1)
     y = torch.einsum("eni,ehi->enh", F.silu(g) * u, down)
     return torch.einsum("enh,ne->nh", y.float(), gates).to(x.dtype)
+
+
+def routed_moe(x: torch.Tensor, weights: Mapping[str, torch.Tensor], prefix: str, *, top_k: int,
+               renormalize: bool, scaling: float) -> torch.Tensor:
+    """The same mixture as dense_moe, each expert run only on the tokens routed to it (tokens sorted by
+    expert, as a fused MoE kernel groups them): activations grow with tokens x top_k, not tokens x experts.
+    The per-expert counts are read on the host, so it runs eagerly (CUDA graphs capture dense_moe)."""
+    router = F.linear(x.float(), weights[f"{prefix}gate.weight"].float()).softmax(-1)
+    top, idx = router.topk(top_k, dim=-1)
+    if renormalize:
+        top = top / top.sum(-1, keepdim=True)
+    gate_up = weights[f"{prefix}experts.gate_up_proj"]  # [experts, 2 * inter, hidden]
+    down = weights[f"{prefix}experts.down_proj"]  # [experts, hidden, inter]
+    flat = idx.reshape(-1)
+    order = flat.argsort(stable=True)
+    token = torch.arange(x.shape[0], device=x.device).repeat_interleave(top_k)[order]
+    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+    rows = x[token]
+    out = torch.empty_like(rows)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count:
+            g, u = F.linear(rows[start:start + count], gate_up[expert]).chunk(2, dim=-1)
+            out[start:start + count] = F.linear(F.silu(g) * u, down[expert])
+        start += count
+    weighted = out.float() * (top.reshape(-1)[order] * scaling)[:, None]
+    return torch.zeros(x.shape, dtype=torch.float32, device=x.device).index_add_(0, token, weighted).to(x.dtype)

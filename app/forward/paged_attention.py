@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 
 
-def _as_float(buffer: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """buffer[index] in float32; one-byte float formats are gathered as bytes (CPU indexing lacks FP8)."""
+def gather_rows(buffer: torch.Tensor, index: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """buffer[index] in `dtype`; one-byte float formats are gathered as bytes (CPU indexing lacks FP8)."""
     if buffer.dtype.itemsize == 1 and buffer.dtype.is_floating_point:
-        return buffer.view(torch.uint8)[index].view(buffer.dtype).float()
-    return buffer[index].float()
+        return buffer.view(torch.uint8)[index].view(buffer.dtype).to(dtype)
+    return buffer[index].to(dtype)
 
 
 def paged_decode_attention_torch(
@@ -32,8 +32,8 @@ def paged_decode_attention_torch(
     tokens = req_to_token[req_pool_indices.long()][:, :max_len].long()  # [bs, L]
     valid = positions[None, :] < seq_lens.long()[:, None]
     tokens = torch.where(valid, tokens, torch.zeros_like(tokens))
-    k = _as_float(k_buffer, tokens)  # [bs, L, kv_heads, dk]
-    v = _as_float(v_buffer, tokens)
+    k = gather_rows(k_buffer, tokens)  # [bs, L, kv_heads, dk]
+    v = gather_rows(v_buffer, tokens)
     group = heads // kv_heads
     qg = q.float().view(bs, kv_heads, group, -1)
     scores = torch.einsum("bkgd,blkd->bkgl", qg, k) * scale
