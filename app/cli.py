@@ -1,4 +1,5 @@
-"""The command line: `bootstrap` (the default), `plan` (a dry run for a card you do not have), `presets`.
+"""The command line: `bootstrap` (the default), `plan` (a dry run for a card you do not have), `fit` (which
+cards, TP sizes and KV dtypes serve a target: app/fit_command.py), `presets`.
 
 Flags carry SGLang's names and are generated from ServerArgs (app/server_args_flags.py).
 Exit codes: 0 success, 2 bad input, 3 does not fit, 1 a bug (see app/failures.py).
@@ -17,6 +18,7 @@ from typing import Any, NoReturn, Sequence
 
 
 from app.failures import UsageError, failure_of
+from app.fit_command import SWEPT_FIELDS, add_fit_flags, run_fit
 from app.flag_hints import BOOTSTRAP_ONLY_FIELDS, COMMANDS, unknown_command, unrecognized, value_read_as_flag
 from app.server_args_flags import add_server_args_flags, server_args_values, sizes_read
 from containers import EngineContainer
@@ -82,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     card = plan.add_mutually_exclusive_group(required=True)
     card.add_argument("--gpu-memory", metavar="SIZE", help="the card's capacity, e.g. 80GB (= 80GiB)")
     card.add_argument("--gpu", help=f"a named card: {', '.join(KNOWN_CARDS)}")
+    fit = sub.add_parser("fit", help="which card, TP size and KV dtype serve N requests of C tokens (a plan per cell)",
+                         epilog=SIZE_UNITS_HELP + ".")
+    _add_common(fit, leave_out=BOOTSTRAP_ONLY_FIELDS | SWEPT_FIELDS)
+    add_fit_flags(fit)
     sub.add_parser("presets", help="list the shipped model configs")
     return parser
 
@@ -130,6 +136,10 @@ def run(ns: argparse.Namespace) -> int:
     if command == "bootstrap" and ns.device == "meta":
         raise UsageError("--device meta is a dry run: use plan --gpu NAME or plan --gpu-memory SIZE "
                          "(bootstrap runs on this machine)")
+    if command == "fit":
+        settings: dict[str, Any] = sizes_read(read_settings_file(ns.config)) if ns.config is not None else {}
+        settings.update(server_args_values(ns))
+        return run_fit(ns, load_model_config(ns.model), settings)
     card = _card(ns) if command == "plan" else None
     server_args = server_args_from(ns, device="meta" if command == "plan" else None)
     model = load_model_config(ns.model)

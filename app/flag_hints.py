@@ -21,7 +21,7 @@ PLAN_ONLY_FLAGS = ("--gpu", "--gpu-memory")
 BOOTSTRAP_ONLY_FIELDS = frozenset({"memory_limit", "device"})  # plan sizes a named card on the meta device
 BOOTSTRAP_ONLY_FLAGS = tuple(sorted("--" + field.replace("_", "-") for field in BOOTSTRAP_ONLY_FIELDS))
 
-COMMANDS = ("bootstrap", "plan", "presets")
+COMMANDS = ("bootstrap", "plan", "fit", "presets")
 
 
 def _looks_like_a_model(word: str) -> bool:
@@ -38,7 +38,7 @@ def unknown_command(word: str) -> str:
     close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
     fix = (f"did you mean `{close[0]}`?" if close else "for help, --help" if word.lower() == "help" else
            f"a model is passed with --model {word}" if _looks_like_a_model(word) else "a model goes in --model NAME")
-    return f"unknown command {word!r}: the commands are bootstrap (the default), plan and presets; {fix}"
+    return f"unknown command {word!r}: the commands are bootstrap (the default), plan, fit and presets; {fix}"
 
 
 def _hint(flag: str, command: str, known: Sequence[str]) -> str:

@@ -231,3 +231,17 @@ def _check_windows_fit(req: PlanRequest, tokens: int, slots: int) -> None:
                 needed_bytes=plan_cost(req, tokens, slots) + (need - have) * p.bytes_per_token,
                 available_bytes=req.budget.budget_bytes,
             )
+
+
+def requests_at_context(req: PlanRequest, plan: MemoryPoolConfig) -> int:
+    """Requests of `req.context_length` tokens each that `plan` holds at once: its running-request cap (state slots
+    included), and every pool's tokens over what one such request takes there (plan_pool_sizes' one request in a
+    pool of every token; a window plus a page in a paired sliding-window pool, as _check_windows_fit counts it)."""
+    one_request = align_up(max(_one_request_tokens(req), 1), req.page_size)
+    held = plan.max_running_requests
+    for demand, pool in zip(req.kv_pools, plan.kv_pools, strict=True):
+        per_request = one_request
+        if demand.share == "swa" and demand.window is not None:
+            per_request = min(demand.window, req.context_length) + req.page_size
+        held = min(held, pool.num_tokens // per_request)
+    return held

@@ -1,0 +1,164 @@
+"""`kvcache fit`: which card, TP size and KV dtype serve N requests of C tokens (or T tokens in all).
+
+The swept flags take comma lists and keep ServerArgs' names (`--tp-size 1,2,4,8`); every other
+ServerArgs flag is passed to each cell as `plan` takes it. Exit 0 when a cell fits, 3 when none
+does (with the closest row and what it lacks), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, Callable, TextIO
+
+from app.failures import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, Failure
+from app.fit_plot import MISSING, have_matplotlib, plot_format, write_plot
+from app.fit_report import FIT_SCHEMA, FitResult, FitSpace, render_table
+from app.fit_sweep import FitSweep, FitTarget, closest, ordered, run_sweep
+from app.server_args_flags import server_args_fields
+from kvcache.errors import ConfigError
+from kvcache.inputs.cards import KNOWN_CARDS, SimulatedCard, card_named
+from kvcache.models.model_config import ModelConfig
+
+SWEPT_FIELDS = frozenset({"tp_size", "pp_size", "kv_cache_dtype"})
+DEFAULTS = {"tp_size": "1,2,4,8", "pp_size": "1", "kv_cache_dtype": "auto,fp8_e4m3"}
+PROGRESS_AFTER_S = 1.0  # a sweep shorter than this needs no progress line
+
+
+def add_fit_flags(p: argparse.ArgumentParser) -> None:
+    """The sweep's own flags; the caller adds --model, --config, --json and the other ServerArgs flags."""
+    group = p.add_argument_group("the target (one of) and the space to search")
+    group.add_argument("--requests", type=_positive("--requests"), metavar="N",
+                       help="requests to serve at once, each up to --context-length tokens")
+    group.add_argument("--tokens", type=_positive("--tokens"), metavar="T", help="KV tokens to hold in all")
+    group.add_argument("--gpu", default="all", metavar="NAMES",
+                       help=f"cards to try, comma-separated, or all (default): {', '.join(KNOWN_CARDS)}")
+    for f in server_args_fields():
+        if f.field in SWEPT_FIELDS:
+            group.add_argument(f.flag, *f.aliases, dest=f.field, default=DEFAULTS[f.field], metavar="LIST",
+                               help=f"{f.description}: values to try, comma-separated (default {DEFAULTS[f.field]})")
+    p.add_argument("--plot", metavar="FILE", help="also draw requests held at once vs context length (.png or .svg; "
+                                                  "needs the optional extra: pip install 'kvcache-configurator[plot]')")
+    p.add_argument("--all", action="store_true", dest="all_rows",
+                   help="list every row, those that do not hold the weights too (--json always does)")
+
+
+def _positive(flag: str) -> Callable[[str], int]:
+    def read(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        return value
+    return read
+
+
+def _listed(text: str, flag: str) -> list[str]:
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise ConfigError(f"{flag} {text!r}: give values separated by commas, e.g. {flag} {DEFAULTS.get(flag[2:].replace('-', '_'), 'a,b')}")
+    return list(dict.fromkeys(items))
+
+
+def _sizes(text: str, flag: str) -> list[int]:
+    out = []
+    for item in _listed(text, flag):
+        if not item.isdigit() or int(item) < 1:
+            raise ConfigError(f"{flag} {text!r}: {item!r} is not a positive integer; e.g. {flag} 1,2,4,8")
+        out.append(int(item))
+    return out
+
+
+def _dtypes(text: str) -> list[str]:
+    choices = next(f.kind.values for f in server_args_fields() if f.field == "kv_cache_dtype")  # type: ignore[attr-defined]
+    items = _listed(text, "--kv-cache-dtype")
+    for item in items:
+        if item not in choices:
+            raise ConfigError(f"--kv-cache-dtype {text!r}: {item!r} is not one of {', '.join(choices)}; "
+                              "e.g. --kv-cache-dtype auto,fp8_e4m3")
+    return items
+
+
+def _cards(text: str) -> list[SimulatedCard]:
+    if text.strip().lower() == "all":
+        return [card_named(name) for name in KNOWN_CARDS]
+    return [card_named(name) for name in _listed(text, "--gpu")]  # an unknown name: one line naming the known ones
+
+
+def fit_target(ns: argparse.Namespace, settings: dict[str, Any]) -> FitTarget:
+    """The one target the flags name; --requests needs --context-length."""
+    if (ns.requests is None) == (ns.tokens is None):
+        raise ConfigError("fit needs one target: --requests N --context-length C (N requests of C tokens at once) "
+                          "or --tokens T (T tokens in all), e.g. --requests 64 --context-length 32768")
+    if ns.requests is not None and settings.get("context_length") is None:
+        raise ConfigError(f"--requests {ns.requests} needs --context-length C, the tokens each request may reach "
+                          "(e.g. --context-length 32768)")
+    return FitTarget(requests=ns.requests, tokens=ns.tokens, context_length=settings.get("context_length"))
+
+
+class Progress:
+    """`fit: 40/96 cells` on stderr, rewritten in place, once the sweep has run a second; only on a terminal."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._on = stream.isatty()
+        self._start = time.perf_counter()
+        self._shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._on and time.perf_counter() - self._start >= PROGRESS_AFTER_S:
+            self._stream.write(f"\rfit: {done}/{total} cells")
+            self._stream.flush()
+            self._shown = True
+
+    def clear(self) -> None:
+        if self._shown:
+            self._stream.write("\r\033[K")
+            self._stream.flush()
+
+
+def run_fit(ns: argparse.Namespace, model: ModelConfig, settings: dict[str, Any]) -> int:
+    """Sweep, print the table (or JSON), draw the chart if asked; the exit code."""
+    target = fit_target(ns, settings)
+    cards, tp_sizes = _cards(ns.gpu), _sizes(ns.tp_size, "--tp-size")
+    pp_sizes, dtypes = _sizes(ns.pp_size, "--pp-size"), _dtypes(ns.kv_cache_dtype)
+    if ns.plot is not None:
+        plot_format(ns.plot)
+    sweep = FitSweep(model=model, settings={k: v for k, v in settings.items() if k not in SWEPT_FIELDS}, target=target)
+    progress = Progress(sys.stderr)
+    try:
+        rows = ordered(run_sweep(sweep, cards, tp_sizes, pp_sizes, dtypes, on_cell=progress))
+    finally:
+        progress.clear()
+    cheapest = next((r for r in rows if r.cheapest), None)
+    nearest = closest(rows) if cheapest is None else None
+    failure = None
+    if nearest is not None:
+        failure = Failure(kind="does_not_fit", exit_code=EXIT_DOES_NOT_FIT,
+                          message=f"no cell of the sweep serves {target.describe(rows[0].context_length)}; closest: "
+                                  f"{nearest.gpus} x {nearest.card} (TP {nearest.tp_size}, PP {nearest.pp_size}, KV "
+                                  f"{nearest.kv_cache_dtype}): {nearest.why_not}",
+                          suggestions=["more or larger cards (--gpu, --tp-size, --pp-size)"] + (
+                              ["fp8 KV (--kv-cache-dtype auto,fp8_e4m3)"]
+                              if nearest.outcome != "weights" and "fp8_e4m3" not in dtypes else []))
+    result = FitResult(schema=FIT_SCHEMA, model=model.name, target=target, context_length=rows[0].context_length,
+                       space=FitSpace(cards=[c.name for c in cards], tp_sizes=tp_sizes, pp_sizes=pp_sizes,
+                                      kv_cache_dtypes=dtypes),
+                       rows=rows, cheapest=cheapest, closest=nearest, error=failure)
+    print(result.json() if ns.json else render_table(result, show_all=ns.all_rows))
+    code = 0
+    if ns.plot is not None:
+        if have_matplotlib():
+            write_plot(ns.plot, sweep, rows, {c.name: c for c in cards})
+            if not ns.json:
+                print(f"chart: {ns.plot}")
+        else:
+            print(f"kvcache: error: {MISSING}", file=sys.stderr)
+            code = EXIT_BAD_INPUT
+    if failure is not None:
+        print(failure.line(), file=sys.stderr)
+        return EXIT_DOES_NOT_FIT
+    return code

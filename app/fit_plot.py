@@ -1,0 +1,99 @@
+"""`fit --plot FILE.png|svg`: requests held at once against context length, one line per card and TP.
+
+Each point is one more cell of the sweep at that --context-length (the same planner). matplotlib
+is an optional extra (`pip install 'kvcache-configurator[plot]'`); without it the table still
+prints and the command says how to get the chart.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from app.fit_sweep import FitRow, FitSweep
+from kvcache.errors import ConfigError
+from kvcache.inputs.cards import SimulatedCard
+
+PLOT_FORMATS = ("png", "svg")
+MAX_LINES = 10  # more lines than this is no longer a picture one reads
+SHORTEST_CONTEXT = 1024
+MISSING = "--plot needs matplotlib, an optional extra: pip install 'kvcache-configurator[plot]' (or pip install matplotlib)"
+
+
+def plot_format(path: str) -> str:
+    """The chart's format from FILE's suffix (png or svg); anything else is bad input."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in PLOT_FORMATS:
+        raise ConfigError(f"--plot {path}: the file must end in .png or .svg (e.g. --plot fit.png)")
+    return suffix
+
+
+def have_matplotlib() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def contexts(target_context: int, longest: int) -> list[int]:
+    """Powers of two from 1K up to the model's context, with the target's and the longest one."""
+    points = {target_context, longest}
+    n = SHORTEST_CONTEXT
+    while n < longest:
+        points.add(n)
+        n *= 2
+    return sorted(p for p in points if p <= longest)
+
+
+def lines_to_draw(rows: list[FitRow]) -> list[FitRow]:
+    """The rows that plan (fitting or short of the target), in the table's order, one per card/TP/PP/dtype."""
+    return [r for r in rows if r.outcome in ("fits", "target")][:MAX_LINES]
+
+
+def write_plot(path: str, sweep: FitSweep, rows: list[FitRow], cards: dict[str, SimulatedCard]) -> int:
+    """Plan every drawn line at each context length and save the chart; returns how many lines were drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display is needed or opened
+    import matplotlib.pyplot as plt
+
+    fmt = plot_format(path)
+    context = rows[0].context_length if rows else sweep.model.context_length(None)
+    xs = contexts(context, max(context, sweep.model.context_length(None)))
+    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    drawn = lines_to_draw(rows)
+    card_color = {name: colors[i % len(colors)] for i, name in enumerate(dict.fromkeys(r.card for r in drawn))}
+    for row in drawn:
+        points = []
+        for x in xs:
+            cell = sweep.cell(cards[row.card], row.tp_size, row.pp_size, row.kv_cache_dtype, context=x)
+            if cell.requests_at_context:
+                points.append((x, cell.requests_at_context))
+        if not points:
+            continue
+        label = (f"{row.card} TP{row.tp_size}" + (f" PP{row.pp_size}" if row.pp_size > 1 else "")
+                 + f" {row.kv_cache_dtype_resolved}" + (" (cheapest)" if row.cheapest else ""))
+        ax.plot(*zip(*points), marker="o", markersize=3, label=label, color=card_color[row.card],
+                linestyle="--" if (row.kv_cache_dtype_resolved or "").startswith("fp") else "-",
+                linewidth=2.5 if row.cheapest else 1.4)
+    t = sweep.target
+    if t.requests is not None:
+        ax.scatter([context], [t.requests], marker="*", s=260, color="black", zorder=5,
+                   label=f"target: {t.requests:,} requests of {context:,} tokens")
+        ax.axhline(t.requests, color="black", linestyle=":", linewidth=0.8)
+    else:
+        assert t.tokens is not None
+        ax.plot(xs, [t.tokens / x for x in xs], color="black", linestyle=":", linewidth=1.2,
+                label=f"target: {t.tokens:,} tokens in all")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [f"{x // 1024:,}K" if x % 1024 == 0 else f"{x:,}" for x in xs])
+    ax.minorticks_off()
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:,.0f}"))
+    ax.set_xlabel("context length (tokens per request)")
+    ax.set_ylabel("requests held at once")
+    ax.set_title(f"{sweep.model.name}: requests each card/TP holds at once (dashed: fp8 KV)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, format=fmt)
+    plt.close(fig)
+    return len(drawn)

@@ -1,0 +1,264 @@
+"""The operator's question: which card, TP size and KV dtype serve a target, one plan per cell.
+
+A cell is (card, --tp-size, --pp-size, --kv-cache-dtype). Every cell is planned by the planner
+`plan` uses, on the meta device, in this process: the EngineContainer wires the worker exactly as
+`plan` does (page size, speculative defaults, draft pools, parallel state), the card's
+FixedMemoryProbe is debited by each worker's weights as ModelRunner.load_weights debits it, and
+the configurator's budget and plan request go to `plan_pool_sizes`. What a dry run need not do for
+a yes/no answer is skipped: the weights' meta tensors, the pools' meta tensors, and the advice a
+refused plan would search for. One container (and one weight count) serves every card of a
+(TP, PP, KV dtype) combination, which is what makes a 96-cell sweep take well under a second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+import msgspec
+import torch
+
+from app.weights import DummyWeightLoader
+from containers import EngineContainer
+from kvcache.errors import (
+    ConfigError, DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError,
+)
+from kvcache.inputs.byte_units import GiB
+from kvcache.inputs.cards import SimulatedCard
+from kvcache.inputs.server_args import ServerArgs
+from kvcache.memory.memory_budget import compute_budget
+from kvcache.memory.memory_probe import probe_for_device
+from kvcache.models.model_config import ModelConfig
+from kvcache.configurator import KVCacheConfigurator
+from kvcache.sizing.planning import PlanRequest, plan_pool_sizes, requests_at_context
+from kvcache.sizing.pool_config import MemoryPoolConfig
+
+META = torch.device("meta")
+Outcome = Literal["fits", "target", "one_request", "weights", "invalid"]
+# How close a cell that does not fit came: it planned but misses the target, holds no full request, or
+# does not hold the weights; an invalid layout (a TP size the heads do not divide) comes last.
+CLOSENESS: dict[Outcome, int] = {"fits": 4, "target": 3, "one_request": 2, "weights": 1, "invalid": 0}
+
+
+class FitTarget(msgspec.Struct, frozen=True, kw_only=True):
+    """What the operator wants served: `requests` at once of `context_length` tokens each, or `tokens` in all."""
+
+    requests: int | None = None
+    tokens: int | None = None
+    context_length: int | None = None  # --context-length, which every cell plans with
+
+    def describe(self, context: int) -> str:
+        if self.requests is not None:
+            return f"{self.requests:,} requests of {context:,} tokens"
+        return f"{self.tokens:,} tokens"
+
+
+class FitRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One cell of the sweep. Keys are stable: scripts read them from `fit --json`."""
+
+    card: str
+    card_bytes: int
+    tp_size: int
+    pp_size: int
+    gpus: int  # tp_size x pp_size cards
+    kv_cache_dtype: str  # as asked: auto, fp8_e4m3, ...
+    kv_cache_dtype_resolved: str | None  # what auto means for this model (bfloat16, ...); None for an invalid cell
+    fits: bool
+    outcome: Outcome  # fits, or why not: target, one_request, weights, invalid
+    why_not: str  # one line; "" when it fits
+    needed_bytes: int | None  # a cell that does not plan: what it needed (the weights, one request) ...
+    available_bytes: int | None  # ... and what it had
+    weights_bytes: int | None  # per GPU
+    budget_bytes: int | None  # the KV budget per GPU
+    max_total_tokens: int | None
+    max_running_requests: int | None  # the plan's running-request cap
+    context_length: int  # the context every request of the target may reach
+    requests_at_context: int | None  # requests of context_length tokens the plan holds at once
+    headroom: float | None  # what the plan holds over what the target asks (1.0: exactly the target)
+    cheapest: bool = False
+
+    @property
+    def closeness(self) -> tuple[int, float]:
+        """How near the target: the outcome's rank, then the share of the target (or of what it needed) it had."""
+        if self.headroom is not None:
+            return CLOSENESS[self.outcome], self.headroom
+        share = self.available_bytes / self.needed_bytes if self.needed_bytes and self.available_bytes else 0.0
+        return CLOSENESS[self.outcome], share
+
+
+@dataclass(frozen=True, slots=True)
+class _Worker:
+    """One worker of a combination, as the cells need it: its weight bytes per GPU."""
+
+    weights_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Combination:
+    """A (TP, PP, KV dtype, context) point: the configurator `plan` would build, and each worker's weights."""
+
+    configurator: KVCacheConfigurator
+    workers: tuple[_Worker, ...]
+
+
+@dataclass(slots=True)
+class FitSweep:
+    """Plans cells for one model and one set of ServerArgs values; combinations are built once and reused."""
+
+    model: ModelConfig
+    settings: dict[str, Any]  # ServerArgs fields from --config and the flags, without the swept ones
+    target: FitTarget
+    _combinations: dict[tuple[int, int, str, int | None], _Combination | ConfigError] = field(default_factory=dict)
+    _weights: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
+
+    def combination(self, card: SimulatedCard, tp: int, pp: int, dtype: str,
+                    context: int | None) -> _Combination | ConfigError:
+        """The worker wiring for these values, or why the model cannot be laid out so (cached: every card of a
+        combination shares it; the container's probe is `card`'s, which no cell asks, each makes its own)."""
+        key = (tp, pp, dtype, context)
+        if key not in self._combinations:
+            self._combinations[key] = self._build(card, tp, pp, dtype, context)
+        return self._combinations[key]
+
+    def _build(self, card: SimulatedCard, tp: int, pp: int, dtype: str,
+               context: int | None) -> _Combination | ConfigError:
+        values = {**self.settings, "device": "meta", "tp_size": tp, "pp_size": pp, "kv_cache_dtype": dtype}
+        if context is not None:
+            values["context_length"] = context
+        server_args = ServerArgs.from_mapping(values)  # a bad flag value is bad input for every cell: exit 2
+        container = EngineContainer(server_args=server_args, model_config=self.model, card=card)
+        try:
+            container.draft_model_config()
+            engine = container.engine()
+            configurator = container.target.configurator()
+            configurator.layout()  # a TP size the heads do not divide, a dtype the head dims do not pack
+            weights = self._weights.get((tp, pp))
+            if weights is None:
+                weights = tuple(_weight_bytes(runner) for runner in engine.workers)
+                self._weights[(tp, pp)] = weights
+            return _Combination(configurator=configurator, workers=tuple(_Worker(w) for w in weights))
+        except ConfigError as exc:
+            return exc
+        finally:
+            container.shutdown_resources()
+
+    def cell(self, card: SimulatedCard, tp: int, pp: int, dtype: str, context: int | None = None) -> FitRow:
+        """One cell: does the model plan on `card` with these values, and does the plan meet the target."""
+        context = self.target.context_length if context is None else context
+        combination = self.combination(card, tp, pp, dtype, context)
+        row = dict(card=card.name, card_bytes=card.total_bytes, tp_size=tp, pp_size=pp, gpus=tp * pp,
+                   kv_cache_dtype=dtype, context_length=context or self.model.context_length(None))
+        if isinstance(combination, ConfigError):
+            return _refused(row, "invalid", str(combination).splitlines()[0])
+        configurator = combination.configurator
+        row["kv_cache_dtype_resolved"] = configurator.kv_cache_dtype.name
+        probe = probe_for_device(META, memory_limit=None, card=card)  # the card `plan --gpu` simulates
+        free_before = probe.free_bytes()
+        for worker in combination.workers:  # ModelRunner.load_weights' check and debit, worker by worker
+            if worker.weights_bytes > probe.free_bytes():
+                return _refused(row, "weights", f"weights {_gib(worker.weights_bytes)} per GPU, "
+                                f"{_gib(probe.free_bytes())} free", weights_bytes=combination.workers[0].weights_bytes,
+                                needed_bytes=worker.weights_bytes, available_bytes=probe.free_bytes())
+            probe.note_allocation(worker.weights_bytes)
+        row["weights_bytes"] = combination.workers[0].weights_bytes
+        try:
+            plan, request = plan_without_advice(configurator, total=probe.total_bytes(), free_before=free_before,
+                                                free_after=probe.free_bytes())
+        except (WeightsLeaveNoRoomError, KVCacheMemoryTooLargeError) as exc:
+            return _refused(row, "weights", f"{exc.what} (needed {_gib(exc.needed_bytes)}, "
+                            f"available {_gib(exc.available_bytes)})",
+                            needed_bytes=exc.needed_bytes, available_bytes=exc.available_bytes)
+        except DoesNotFitError as exc:
+            return _refused(row, "one_request", exc.what, budget_bytes=exc.available_bytes,
+                            needed_bytes=exc.needed_bytes, available_bytes=exc.available_bytes)
+        except ConfigError as exc:
+            return _refused(row, "invalid", str(exc).splitlines()[0])
+        held = requests_at_context(request, plan)
+        headroom, why = self._against_target(plan, held)
+        return FitRow(**row, fits=not why, outcome="target" if why else "fits", why_not=why,
+                      needed_bytes=None, available_bytes=None,
+                      budget_bytes=plan.budget.budget_bytes, max_total_tokens=plan.max_total_num_tokens,
+                      max_running_requests=plan.max_running_requests, requests_at_context=held, headroom=headroom)
+
+    def _against_target(self, plan: MemoryPoolConfig, held: int) -> tuple[float, str]:
+        """(what the plan holds over the target, why it falls short or "")."""
+        t = self.target
+        if t.requests is not None:
+            headroom = held / t.requests
+            if held >= t.requests:
+                return headroom, ""
+            cap = (f"; the running-request cap is {plan.max_running_requests:,} (--max-running-requests)"
+                   if plan.max_running_requests < t.requests else "")
+            return headroom, (f"holds {held:,} request{'s' if held != 1 else ''} of {plan.context_length:,} tokens, "
+                              f"{t.requests:,} wanted{cap}")
+        assert t.tokens is not None
+        headroom = plan.max_total_num_tokens / t.tokens
+        if plan.max_total_num_tokens >= t.tokens:
+            return headroom, ""
+        return headroom, f"holds {plan.max_total_num_tokens:,} tokens, {t.tokens:,} wanted"
+
+
+def plan_without_advice(configurator: KVCacheConfigurator, *, total: int, free_before: int,
+                        free_after: int) -> tuple[MemoryPoolConfig, PlanRequest]:
+    """The configurator's plan for one rank with this memory (KVCacheConfigurator._plan_this_rank's budget,
+    request and planner), raising its typed errors without searching for advice: a sweep only asks yes or no."""
+    s = configurator.settings
+    budget = compute_budget(
+        total_bytes=total, free_before_load=free_before, free_after_load=free_after,
+        mem_fraction_static=None if s.kv_cache_memory is not None else configurator.mem_fraction_static(total),
+        kv_cache_memory=s.kv_cache_memory,
+    )
+    request = configurator.plan_request(configurator.layout(), budget)
+    return plan_pool_sizes(request), request
+
+
+def _weight_bytes(runner: Any) -> int:
+    """The bytes ModelRunner.load_weights checks against free memory for this worker (its loader, its specs)."""
+    loader = DummyWeightLoader(device=runner.device, dtype=runner.model_dtype,
+                               quantization=runner.model_config.weights.quantization)
+    return loader.bytes_needed(runner.weight_specs())
+
+
+def _refused(row: dict[str, Any], outcome: Outcome, why: str, **known: Any) -> FitRow:
+    """A row that does not fit: the numbers it got as far as (`known`), the rest None."""
+    unknown = dict.fromkeys(("kv_cache_dtype_resolved", "weights_bytes", "budget_bytes", "max_total_tokens",
+                             "max_running_requests", "requests_at_context", "headroom", "needed_bytes",
+                             "available_bytes"))
+    return FitRow(**{**unknown, **row, **known}, fits=False, outcome=outcome, why_not=why)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def ordered(rows: list[FitRow]) -> list[FitRow]:
+    """Rows that fit first, by GPUs then the least headroom (the smallest setup that meets the target, the
+    cheapest, first); then the rest by GPUs, the closest first. The first row that fits is marked cheapest."""
+    fitting = sorted((r for r in rows if r.fits), key=lambda r: (r.gpus, r.headroom, r.card_bytes))
+    rest = sorted((r for r in rows if not r.fits),
+                  key=lambda r: (r.gpus, -r.closeness[0], -r.closeness[1], r.card_bytes))
+    if fitting:
+        fitting[0] = msgspec.structs.replace(fitting[0], cheapest=True)
+    return fitting + rest
+
+
+def closest(rows: list[FitRow]) -> FitRow | None:
+    """Of rows that do not fit, the one that came closest (planned and nearest the target; then fewest GPUs)."""
+    misses = [r for r in rows if not r.fits]
+    return max(misses, key=lambda r: (r.closeness, -r.gpus), default=None)
+
+
+def run_sweep(sweep: FitSweep, cards: list[SimulatedCard], tp_sizes: list[int], pp_sizes: list[int],
+              dtypes: list[str], on_cell: Callable[[int, int], None] = lambda done, total: None) -> list[FitRow]:
+    """Every cell, in order of the flags; `on_cell(done, total)` after each (the progress line)."""
+    cells = [(card, tp, pp, dtype) for tp in tp_sizes for pp in pp_sizes for dtype in dtypes for card in cards]
+    rows = []
+    for i, (card, tp, pp, dtype) in enumerate(cells):
+        rows.append(sweep.cell(card, tp, pp, dtype))
+        on_cell(i + 1, len(cells))
+    invalid = [r for r in rows if r.outcome == "invalid"]
+    if len(invalid) == len(rows):  # no cell could be laid out: the input, not the sweep, is wrong
+        first = sweep.combination(cards[0], tp_sizes[0], pp_sizes[0], dtypes[0], sweep.target.context_length)
+        raise first if isinstance(first, ConfigError) else ConfigError(invalid[0].why_not)
+    return rows
+
