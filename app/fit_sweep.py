@@ -4,7 +4,8 @@ A cell is (card, --tp-size, --pp-size, --kv-cache-dtype). Every cell is planned 
 `plan` uses, on the meta device, in this process: the EngineContainer wires the worker exactly as
 `plan` does (page size, speculative defaults, draft pools, parallel state), the card's
 FixedMemoryProbe is debited by each worker's weights as ModelRunner.load_weights debits it, and
-the configurator's budget and plan request go to `plan_pool_sizes`. What a dry run need not do for
+the configurator's WorkerSizing (kvcache.sizing.worker_sizing, the one planning entry point)
+makes the budget and the planner's request for `plan_pool_sizes`. What a dry run need not do for
 a yes/no answer is skipped: the weights' meta tensors, the pools' meta tensors, and the advice a
 refused plan would search for. One container (and one weight count) serves every card of a
 (TP, PP, KV dtype) combination, which is what makes a 96-cell sweep take well under a second.
@@ -20,18 +21,16 @@ import torch
 
 from app.weights import DummyWeightLoader
 from containers import EngineContainer
-from kvcache.errors import (
-    ConfigError, DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError,
-)
+from kvcache.errors import ConfigError, DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
 from kvcache.inputs.byte_units import GiB
 from kvcache.inputs.cards import SimulatedCard
 from kvcache.inputs.server_args import ServerArgs
-from kvcache.memory.memory_budget import compute_budget
 from kvcache.memory.memory_probe import probe_for_device
 from kvcache.models.model_config import ModelConfig
-from kvcache.configurator import KVCacheConfigurator
 from kvcache.sizing.planning import PlanRequest, plan_pool_sizes, requests_at_context
 from kvcache.sizing.pool_config import MemoryPoolConfig
+from kvcache.sizing.pool_layout import CacheLayout
+from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
 
 META = torch.device("meta")
 Outcome = Literal["fits", "target", "one_request", "weights", "invalid"]
@@ -95,9 +94,11 @@ class _Worker:
 
 @dataclass(frozen=True, slots=True)
 class _Combination:
-    """A (TP, PP, KV dtype, context) point: the configurator `plan` would build, and each worker's weights."""
+    """A (TP, PP, KV dtype, context) point: the target worker's sizing as `plan` wires it, its pools, and each
+    worker's weights."""
 
-    configurator: KVCacheConfigurator
+    sizing: WorkerSizing
+    layout: CacheLayout
     workers: tuple[_Worker, ...]
 
 
@@ -130,13 +131,13 @@ class FitSweep:
         try:
             container.draft_model_config()
             engine = container.engine()
-            configurator = container.target.configurator()
-            configurator.layout()  # a TP size the heads do not divide, a dtype the head dims do not pack
+            sizing = container.target.configurator().sizing
+            layout = sizing.layout()  # refuses a TP size the heads do not divide, a dtype the head dims do not pack
             weights = self._weights.get((tp, pp))
             if weights is None:
                 weights = tuple(_weight_bytes(runner) for runner in engine.workers)
                 self._weights[(tp, pp)] = weights
-            return _Combination(configurator=configurator, workers=tuple(_Worker(w) for w in weights))
+            return _Combination(sizing=sizing, layout=layout, workers=tuple(_Worker(w) for w in weights))
         except ConfigError as exc:
             return exc
         finally:
@@ -150,8 +151,7 @@ class FitSweep:
                    kv_cache_dtype=dtype, context_length=context or self.model.context_length(None))
         if isinstance(combination, ConfigError):
             return _refused(row, "invalid", str(combination).splitlines()[0])
-        configurator = combination.configurator
-        row["kv_cache_dtype_resolved"] = configurator.kv_cache_dtype.name
+        row["kv_cache_dtype_resolved"] = combination.sizing.kv_cache_dtype.name
         probe = probe_for_device(META, memory_limit=None, card=card)  # the card `plan --gpu` simulates
         free_before = probe.free_bytes()
         for worker in combination.workers:  # ModelRunner.load_weights' check and debit, worker by worker
@@ -162,8 +162,9 @@ class FitSweep:
             probe.note_allocation(worker.weights_bytes)
         row["weights_bytes"] = combination.workers[0].weights_bytes
         try:
-            plan, request = plan_without_advice(configurator, total=probe.total_bytes(), free_before=free_before,
-                                                free_after=probe.free_bytes())
+            memory = WorkerMemory(total_bytes=probe.total_bytes(), free_before_load=free_before,
+                                  free_after_load=probe.free_bytes())
+            plan, request = plan_without_advice(combination.sizing, combination.layout, memory)
         except (WeightsLeaveNoRoomError, KVCacheMemoryTooLargeError) as exc:
             return _refused(row, "weights", f"{exc.what} (needed {_gib(exc.needed_bytes)}, "
                             f"available {_gib(exc.available_bytes)})",
@@ -198,17 +199,11 @@ class FitSweep:
         return headroom, f"holds {plan.max_total_num_tokens:,} tokens, {t.tokens:,} wanted"
 
 
-def plan_without_advice(configurator: KVCacheConfigurator, *, total: int, free_before: int,
-                        free_after: int) -> tuple[MemoryPoolConfig, PlanRequest]:
-    """The configurator's plan for one rank with this memory (KVCacheConfigurator._plan_this_rank's budget,
-    request and planner), raising its typed errors without searching for advice: a sweep only asks yes or no."""
-    s = configurator.settings
-    budget = compute_budget(
-        total_bytes=total, free_before_load=free_before, free_after_load=free_after,
-        mem_fraction_static=None if s.kv_cache_memory is not None else configurator.mem_fraction_static(total),
-        kv_cache_memory=s.kv_cache_memory,
-    )
-    request = configurator.plan_request(configurator.layout(), budget)
+def plan_without_advice(sizing: WorkerSizing, layout: CacheLayout,
+                        memory: WorkerMemory) -> tuple[MemoryPoolConfig, PlanRequest]:
+    """WorkerSizing.plan's budget, request and planner for one rank with this memory, raising the same typed
+    errors without the advice a refused plan searches for (a sweep asks only yes or no, and why)."""
+    request = sizing.plan_request(layout, sizing.budget(memory))
     return plan_pool_sizes(request), request
 
 
