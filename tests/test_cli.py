@@ -97,7 +97,7 @@ def test_bad_input_exits_2_in_one_line_without_a_traceback(capsys: pytest.Captur
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["plan", "--gpu-memory", "80GiB", "--page-size", "0"], "argument --page-size: expected an integer >= 1, got '0'"),
+        (["plan", "--gpu-memory", "80GiB", "--page-size", "0"], "argument --page-size: expected an integer >= 1 and <= 2147483647, got '0'"),
         (["plan", "--gpu-memory", "80GiB", "--kv-cache-dtype", "fp7"], "argument --kv-cache-dtype: invalid choice: 'fp7'"),
         (["plan", "--gpu", "H300"], "unknown card 'H300'"),
         (["plan", "--gpu", ""], "unknown card ''"),
@@ -114,7 +114,7 @@ def test_malformed_config_json_exits_2(tmp_path: Path, capsys: pytest.CaptureFix
     bad = tmp_path / "config.json"
     bad.write_text("{ not json")
     assert main(["plan", "--gpu-memory", "80GiB", "--model", str(bad)]) == 2
-    assert "is not a valid config.json" in capsys.readouterr().err
+    assert "config.json is not valid JSON" in capsys.readouterr().err
     unknown = tmp_path / "m" / "config.json"
     unknown.parent.mkdir()
     unknown.write_text(json.dumps({"architectures": ["FancyNewForCausalLM"]}))

@@ -84,7 +84,7 @@ def test_gpu_memory_refuses_anything_else_with_exit_2(card: str, capsys: pytest.
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
-        ("--page-size", "0", "expected an integer >= 1, got '0'"),
+        ("--page-size", "0", "expected an integer >= 1 and <= 2147483647, got '0'"),
         ("--page-size", "1.5", "expected an integer, got '1.5'"),
         ("--cuda-graph-max-bs", "-1", "expected an integer >= 0"),
         ("--mem-fraction-static", "1", "expected a number > 0 and < 1, got '1'"),

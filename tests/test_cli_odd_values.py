@@ -37,7 +37,7 @@ def test_a_nul_byte_in_a_config_path_is_bad_input(capsys: pytest.CaptureFixture[
 
 def test_an_unreadable_model_config_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "config.json").mkdir()  # a directory where the file should be: EISDIR
-    assert "cannot read" in refused(["plan", "--gpu", "H200", "--model", str(tmp_path)], capsys)
+    assert "config.json is a directory, not a regular file" in refused(["plan", "--gpu", "H200", "--model", str(tmp_path)], capsys)
 
 
 @pytest.mark.parametrize("argv", [

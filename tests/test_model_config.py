@@ -285,9 +285,9 @@ def test_an_unknown_model_lists_the_presets(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("{not json", r"is not a valid config\.json"),
-        ("[1, 2, 3]", r"must hold a JSON object, not list"),
-        ("\xff\xfe", r"is not a valid config\.json"),
+        ("{not json", r"model config .*config\.json is not valid JSON"),
+        ("[1, 2, 3]", r"must hold a JSON object \(a TOML table\), not list"),
+        ("\xff\xfe", r"config\.json starts with a UTF-16 byte-order mark; save it as UTF-8 without one"),
     ],
 )
 def test_malformed_config_json(tmp_path: Path, content: str, message: str) -> None:

@@ -181,7 +181,7 @@ def test_read_settings_file_translates_dashes_in_keys(tmp_path: Path) -> None:
     [
         ("bad.toml", "page_size = = 3", r"config file .*bad\.toml is not valid TOML"),
         ("bad.json", "{page_size: 3", r"config file .*bad\.json is not valid JSON"),
-        ("list.json", "[1, 2]", r"must hold a table/object of server args, not list"),
+        ("list.json", "[1, 2]", r"list\.json must hold a JSON object \(a TOML table\), not list"),
         ("value.toml", "page_size = 0", r"Expected `int` >= 1 - at `\$\.page_size`"),
         ("unknown.json", '{"gpu-memory-utilization": 0.9}',
          r"unknown\.json: unknown setting 'gpu_memory_utilization' \(gpu_memory_utilization is vLLM's name; here use "

@@ -9,9 +9,8 @@ No environment variable changes any of this.
 from __future__ import annotations
 
 import difflib
-import json
+import math
 import re
-import tomllib
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Mapping
@@ -19,12 +18,16 @@ from typing import Annotated, Any, Iterable, Literal, Mapping
 import msgspec
 
 from kvcache.errors import ConfigError
+from kvcache.inputs.input_files import parse_json_object, parse_toml_table, read_input_text
 from kvcache.inputs.other_engines_flags import other_engines_hint
 from kvcache.sizing.planning import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
 from kvcache.runtime.rank_agreement import SGLANG_MIN_RANK_MEMORY_RATIO
 
-PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+# Every count here (tokens, requests, pages, steps, ranks) ends up as, or below, an int32 index on the device
+# (the request table maps positions to token indices in int32, as SGLang's does): larger is no setup at all.
+MAX_COUNT = 2**31 - 1
+PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 Fraction01 = Annotated[float, msgspec.Meta(gt=0, lt=1)]
 # A count of bytes; the CLI reads it as a size ("80GiB") because of the "unit" mark.
 MAX_BYTES = 2**63 - 1  # what a torch size holds; past it no memory exists (and GiB as a float overflows)
@@ -113,7 +116,7 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     speculative_num_draft_tokens: Annotated[PositiveInt, _doc("tokens verified per step")] | None = None
 
     def __post_init__(self) -> None:
-        for problem in _cross_field_problems(self):
+        for problem in [*_non_finite_problems(self), *_cross_field_problems(self)]:
             raise ConfigError(problem)
 
     # ---- construction -------------------------------------------------
@@ -170,13 +173,13 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
     if not str(path).strip():  # Path('') is '.', the working directory
         raise ConfigError("--config is empty: give a TOML or JSON settings file")
     p = Path(path)
-    try:
-        text = p.read_bytes()
-    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
-        raise ConfigError(f"cannot read config file {p}: {getattr(exc, 'strerror', None) or exc}") from None
     if p.suffix.lower() in (".yaml", ".yml"):
         raise ConfigError(f"config file {p} is YAML (SGLang's --config format), which is not read here: write the "
                           "same keys as TOML (page-size = 16) in a .toml file, or as JSON")
+    try:
+        text = read_input_text(p, what="config file")
+    except FileNotFoundError:
+        raise ConfigError(f"cannot read config file {p}: No such file or directory") from None
 
     def once(pairs: Iterable[tuple[Any, Any]]) -> dict[str, Any]:
         """Keys in flag spelling; one set twice with different values (tp-size and tp_size, or a JSON key
@@ -190,12 +193,10 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
             out[name] = value
         return out
 
-    try:
-        data = tomllib.loads(text.decode()) if p.suffix == ".toml" else json.loads(text, object_pairs_hook=once)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {p} is not valid {'TOML' if p.suffix == '.toml' else 'JSON'}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {p} must hold a table/object of server args, not {type(data).__name__}")
+    if p.suffix == ".toml":
+        data = parse_toml_table(text, p, what="config file")
+    else:
+        data = parse_json_object(text, p, what="config file", pairs=once)
     settings = once(data.items())
     _refuse_unknown_settings(p, settings)
     return settings
@@ -238,6 +239,14 @@ def _choices_of_failed_field(message: str) -> str:
     if typing.get_origin(hint) is not Literal:
         return ""
     return f" (--{match.group(1).replace('_', '-')}: one of {', '.join(map(str, typing.get_args(hint)))})"
+
+
+def _non_finite_problems(a: ServerArgs) -> list[str]:
+    """A ratio read from a file may be inf (JSON Infinity, TOML inf), which msgspec's lower bounds let through."""
+    return [f"--{f.name.replace('_', '-')} {value} is not a finite number; use one such as "
+            f"{f.default if isinstance(f.default, float) else 0.5}"
+            for f in msgspec.structs.fields(ServerArgs)
+            if isinstance(value := getattr(a, f.name), float) and not math.isfinite(value)]
 
 
 def _cross_field_problems(a: ServerArgs) -> list[str]:

@@ -111,7 +111,7 @@ def attention_layer_kinds(f: ConfigFields, n: int) -> tuple[LayerKind, ...]:
         return listed
     if not f.has("sliding_window"):
         return ("full_attention",) * n
-    pattern = f.optional_int("sliding_window_pattern", high=MAX_LAYERS)
+    pattern = f.optional_int("sliding_window_pattern", high=n)  # every pattern-th layer is full: one at least
     if pattern is not None:
         return tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n))
     if f.has("use_sliding_window"):
@@ -146,8 +146,28 @@ def experts_count(f: ConfigFields) -> int:
                  default=0, low=0, high=MAX_EXPERTS)
 
 
+TOP_K_ALIASES = ("num_experts_per_tok", "experts_per_token", "num_experts_per_token", "moe_k", "top_k_experts")
+
+
+def check_routing(f: ConfigFields, experts: int) -> None:
+    """The router's numbers against the experts it routes to: each token's top-k at most the experts there are;
+    grouped routing (DeepSeek-V3's n_group / topk_group) splits the experts evenly and picks top-k from the
+    chosen groups. Nothing here changes a byte; a config that breaks them is not one model."""
+    top_k = f.optional_int(*TOP_K_ALIASES, high=experts)
+    groups = f.optional_int("n_group", high=experts)
+    if groups is None:
+        return
+    if experts % groups:
+        f.fail("n_group", groups, f"a divisor of the {experts} routed experts (each group holds as many)")
+    chosen = f.int("topk_group", default=groups, high=groups)
+    if top_k is not None and top_k > chosen * (experts // groups):
+        f.fail("topk_group", chosen, f"enough groups of {experts // groups} experts for "
+                                     f"num_experts_per_tok {top_k} (at least {-(-top_k // (experts // groups))})")
+
+
 def moe_block(f: ConfigFields, hidden: int, experts: int, *, score_bias: bool = False, **names: Any) -> MoE:
     """Routed experts (moe_intermediate_size, else intermediate_size) and shared ones under their three spellings."""
+    check_routing(f, experts)
     inter = f.int("moe_intermediate_size", *INTERMEDIATE_ALIASES)
     shared = f.optional_int("shared_expert_intermediate_size", low=0)
     gate = shared is not None and shared > 0
@@ -162,23 +182,27 @@ def moe_block(f: ConfigFields, hidden: int, experts: int, *, score_bias: bool = 
                **({"shared_name": "shared_expert", "shared_gate": True} if gate else {}), **names)
 
 
-def moe_layers(f: ConfigFields, n: int) -> Callable[[int], bool]:
-    """Which layers route to experts: after first_k_dense_replace, every moe_layer_freq-th /
-    decoder_sparse_step-th / interleave_moe_layer_step-th, never the mlp_only_layers."""
-    first_dense = f.int("first_k_dense_replace", "moe_layer_start_index", default=0, low=0, high=MAX_LAYERS)
-    dense_only = set(f.int_list("mlp_only_layers") or ())
-    step = f.int("decoder_sparse_step", "interleave_moe_layer_step", default=1, high=MAX_LAYERS)
+def moe_layers(f: ConfigFields, n: int) -> tuple[bool, ...]:
+    """Which of the n layers route to experts: after first_k_dense_replace, every moe_layer_freq-th /
+    decoder_sparse_step-th / interleave_moe_layer_step-th, never the mlp_only_layers. A model given experts
+    routes to them in some layer: settings that leave every layer dense contradict the expert count."""
+    first_dense = f.int("first_k_dense_replace", "moe_layer_start_index", default=0, low=0, high=n - 1)
+    dense_only = set(f.int_list("mlp_only_layers", high=n - 1) or ())
+    step = f.int("decoder_sparse_step", "interleave_moe_layer_step", default=1, high=n)
     if isinstance(f.raw.get("moe_layer_freq"), list):  # one 0/1 flag per layer (MiniMax-M3, MiMo-V2)
         flags = f.int_list("moe_layer_freq", low=0, high=1) or ()
         if len(flags) != n:
             f.fail("moe_layer_freq", f"a list of {len(flags)}", f"one 0/1 flag per layer ({n})")
-        return lambda i: bool(flags[i]) and i not in dense_only
-    freq = f.int("moe_layer_freq", "moe_layer_interval", default=1, high=MAX_LAYERS)
-
-    def is_moe(i: int) -> bool:
-        return i >= first_dense and i not in dense_only and i % freq == 0 and (i + 1) % step == 0
-
-    return is_moe
+        routed = tuple(bool(flags[i]) and i not in dense_only for i in range(n))
+    else:
+        freq = f.int("moe_layer_freq", "moe_layer_interval", default=1, high=n)
+        routed = tuple(i >= first_dense and i not in dense_only and i % freq == 0 and (i + 1) % step == 0
+                       for i in range(n))
+    if not any(routed):
+        f.fail("mlp_only_layers" if dense_only else "first_k_dense_replace", sorted(dense_only) or first_dense,
+               f"settings that leave at least one of the {n} layers routing to the experts the config gives "
+               "(first_k_dense_replace, mlp_only_layers, moe_layer_freq and decoder_sparse_step leave none)")
+    return routed
 
 
 def ffn_blocks(f: ConfigFields, hidden: int, n: int, *, model_type: str, score_bias: bool = False,
@@ -188,9 +212,8 @@ def ffn_blocks(f: ConfigFields, hidden: int, n: int, *, model_type: str, score_b
     if experts == 0:
         dense = dense_mlp(f, hidden, model_type=model_type)
         return (dense,) * n
-    is_moe = moe_layers(f, n)
+    routed = moe_layers(f, n)
     moe = moe_block(f, hidden, experts, score_bias=score_bias, **moe_names)
-    routed = [is_moe(i) for i in range(n)]
     dense = dense_mlp(f, hidden, model_type=model_type) if not all(routed) else moe
     return tuple(moe if r else dense for r in routed)
 
@@ -251,17 +274,32 @@ def _rope_theta(t: ConfigFields) -> float:
     return t.number("rope_theta", default=10_000.0)
 
 
+def _check_rope_scaling(t: ConfigFields, positions: int) -> None:
+    """rope_scaling (or transformers 5's rope_parameters) stretches an original context to max_position_embeddings:
+    an object whose factor is a positive number and whose original context is not the longer one. Engines read
+    the factor for the context length (SGLang multiplies by it where no original is given), so a broken one is
+    refused rather than passed on."""
+    for name in ("rope_scaling", "rope_parameters"):
+        section = t.section(name)
+        if section is None:
+            continue
+        section.number("factor", default=1.0)
+        section.optional_int("original_max_position_embeddings", high=positions)
+
+
 def describe(src: ModelSource, *, kinds: tuple[LayerKind, ...], heads: Heads, weights: WeightLayout,
              **extra: Any) -> ModelConfig:
     """The ModelConfig: the common cache fields, this family's extras, and the weight layout."""
     t = src.text
+    positions = t.int("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx",
+                      "max_seq_len", high=MAX_POSITIONS)
+    _check_rope_scaling(t, positions)
     fields: dict[str, Any] = dict(
         name=src.name, architecture=src.architecture, model_type=src.model_type,
         hidden_size=heads.hidden, num_hidden_layers=len(kinds), num_attention_heads=heads.heads,
         num_key_value_heads=heads.kv_heads, head_dim=heads.head_dim, v_head_dim=heads.head_dim,
         vocab_size=weights.vocab,
-        max_position_embeddings=t.int("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length",
-                                      "n_ctx", "max_seq_len", high=MAX_POSITIONS),
+        max_position_embeddings=positions,
         checkpoint_dtype=src.top.dtype_name() or t.dtype_name(), layer_kinds=kinds, weights=weights,
         rms_norm_eps=t.number("rms_norm_eps", "layer_norm_epsilon", "norm_eps", "layernorm_epsilon", "layer_norm_eps",
                               default=1e-6),

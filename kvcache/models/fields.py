@@ -40,6 +40,9 @@ class ConfigFields:
     raw: Mapping[str, Any]
     model: str
     path: str = ""
+    # the whole file, when this is a multimodal wrapper's language-model section (text_config...): a number
+    # stated at the top too must agree with the section's, or the file says two things about one model
+    outer: Mapping[str, Any] | None = None
 
     # ---- lookup ---------------------------------------------------------------------------------
     def has(self, *names: str) -> bool:
@@ -50,8 +53,19 @@ class ConfigFields:
         for name in names:
             value = self.raw.get(name)
             if value is not None:
+                self._agrees_with_outer(name, value)
                 return name, value
         return None
+
+    def _agrees_with_outer(self, name: str, value: Any) -> None:
+        """A number or switch the wrapper's top level states too must be the same there (model_type and other
+        names differ by design between the two, so only numbers are compared)."""
+        if self.outer is None or isinstance(value, str):
+            return
+        top = self.outer.get(name)
+        if top is not None and not isinstance(top, str) and top != value:
+            self.fail(name, value, f"the value the top level of config.json gives '{name}' ({_shown(top)}): "
+                                   "one model cannot have both")
 
     def fail(self, name: str, value: Any, expected: str) -> NoReturn:
         """Refuse one field: its name (with the section it sits in), its value, what it must be."""
@@ -159,6 +173,9 @@ class ConfigFields:
         if found is None:
             return None
         name, value = found
+        other = self.raw.get("dtype")
+        if name == "torch_dtype" and other is not None and other != value:  # transformers 5 renamed it `dtype`
+            self.fail("dtype", other, f"the same as torch_dtype ({_shown(value)}), or only one of the two")
         text = value.removeprefix("torch.") if isinstance(value, str) else None
         if text is None or not isinstance(getattr(torch, text, None), torch.dtype):
             self.fail(name, value, "the name of a torch dtype such as 'bfloat16', 'float16' or 'float32'")

@@ -7,13 +7,13 @@ per-rank weight layout in `weights`. It keeps the raw HF dict it came from.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import msgspec
 
 from kvcache.errors import ConfigError
+from kvcache.inputs.input_files import parse_json_object, read_input_text
 
 from kvcache.models.weights_layout import WeightLayout
 
@@ -150,21 +150,16 @@ def _declared_mtp_field(hf: Mapping[str, Any]) -> str | None:
 
 
 def read_hf_config_file(path: str | Path) -> dict[str, Any]:
-    """Parse config.json (given the file or its directory). Python's json reads `Infinity`,
-    which some real configs hold (Nemotron-H), where strict decoders refuse it."""
+    """Parse config.json (given the file or its directory): bounded, UTF-8, one JSON object (input_files).
+    Python's json reads `Infinity`, which some real configs hold (Nemotron-H), where strict decoders refuse it."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
     try:
-        data = json.loads(p.read_text())
+        text = read_input_text(p, what="model config")
     except FileNotFoundError:
         raise ConfigError(f"no model config at {p}: pass a preset name, a model directory or a config.json") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p} is not a valid config.json: {exc}") from None
-    except OSError as exc:  # a directory named config.json, no permission, an I/O error
-        raise ConfigError(f"cannot read model config {p}: {exc.strerror}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p} must hold a JSON object, not {type(data).__name__}")
+    data = parse_json_object(text, p, what="model config")
     from kvcache.models.quantization import refuse_sidecar_quantization
 
     refuse_sidecar_quantization(p.parent, data)

@@ -23,7 +23,7 @@ def load_model_config(model: str) -> ModelConfig:
     try:
         if preset.is_file():
             return ModelConfig.from_hf_config(preset, name=model)
-        if path.is_dir() or path.is_file():
+        if path.exists():  # a FIFO or a device too: the reader refuses those by name, without reading them
             return ModelConfig.from_hf_config(path)
     except (OSError, ValueError) as exc:  # a name too long for a path, a NUL byte, an unreadable file
         if isinstance(exc, ConfigError):

@@ -23,7 +23,6 @@ directory whose hf_quant_config.json (ModelOpt) names a weight format config.jso
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -35,6 +34,7 @@ from typing import Any
 import torch
 
 from kvcache.errors import ConfigError
+from kvcache.inputs.input_files import parse_json_object, read_input_text
 from kvcache.models.fields import ConfigFields
 from kvcache.models.weight_blocks import ParamSpec
 
@@ -163,9 +163,9 @@ def refuse_sidecar_quantization(directory: Path, hf: Mapping[str, Any]) -> None:
     if not path.is_file():
         return
     try:
-        sidecar = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is not valid JSON ({exc}); it would name the checkpoint's weight format") from None
+        sidecar = parse_json_object(read_input_text(path, what="quantization sidecar"), path, what="quantization sidecar")
+    except FileNotFoundError:  # removed since is_file()
+        return
     section = sidecar.get("quantization", sidecar) if isinstance(sidecar, dict) else {}
     algo = section.get("quant_algo") if isinstance(section, dict) else None
     algo = algo or (sidecar.get("quant_method") if isinstance(sidecar, dict) else None)

@@ -119,7 +119,12 @@ def model_source(hf: Mapping[str, Any], *, name: str) -> ModelSource:
     top = ConfigFields(hf, name)
     arch = _architecture(top)
     _refuse_non_decoders(top, arch)
+    wrappers = [w for w in _WRAPPERS if top.has(w)]
+    if len(wrappers) > 1:
+        top.fail(wrappers[1], "a second language-model section", f"only one of {', '.join(wrappers)}: which is the model?")
     text = top.section(*_WRAPPERS)
+    if text is not None:
+        text = replace(text, outer=hf)
     return ModelSource(top=top, text=text or top, architecture=arch, model_type=top.text("model_type", default=""),
                        raw=dict(hf), wrapped=text is not None)
 

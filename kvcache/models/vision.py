@@ -37,7 +37,7 @@ def vision_tower(top: ConfigFields, text_hidden: int) -> tuple[tuple[Part, ...],
     channels = v.int("num_channels", "in_channels", "in_chans", default=3, high=64)
     temporal = v.int("temporal_patch_size", default=1, high=64)
     parts: list[Part] = [("vision_tower.patch_embed", Linear(hidden, channels * temporal * patch * patch, bias=True))]
-    image = v.optional_int("image_size", high=1 << 16)
+    image = v.optional_int("image_size", low=patch, high=1 << 16)  # an image holds at least one patch
     if image is not None:
         parts.append(("vision_tower.position_embedding", Linear(hidden, (image // patch) ** 2)))
     attention = Attention(hidden=hidden, heads=heads, kv_heads=heads, head_dim=hidden // heads, input_size=hidden,

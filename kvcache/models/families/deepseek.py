@@ -66,7 +66,7 @@ def _no_layer_shares(t: ConfigFields, name: str, shared: str, every_layer: str) 
 
 def mla_attention(t: ConfigFields, hidden: int, heads: int) -> MLAttention:
     """The MLA block, with V3.2's indexer when `index_topk` is set."""
-    q_rank = t.optional_int("q_lora_rank")
+    q_rank = t.optional_int("q_lora_rank", high=hidden)  # latents compress the hidden state: never wider
     indexer = None
     if t.has("index_topk"):
         t.int("index_topk")
@@ -79,7 +79,7 @@ def mla_attention(t: ConfigFields, hidden: int, heads: int) -> MLAttention:
         indexer = Indexer(hidden, q_rank, t.int("index_n_heads", high=MAX_HEADS), index_dim)
     return MLAttention(hidden=hidden, heads=heads, nope_dim=t.int("qk_nope_head_dim", high=MAX_HEAD_DIM),
                        rope_dim=t.int("qk_rope_head_dim", high=MAX_HEAD_DIM), v_dim=t.int("v_head_dim", high=MAX_HEAD_DIM),
-                       kv_lora_rank=t.int("kv_lora_rank"), q_lora_rank=q_rank, indexer=indexer)
+                       kv_lora_rank=t.int("kv_lora_rank", high=hidden), q_lora_rank=q_rank, indexer=indexer)
 
 
 def mla_cache_fields(attn: MLAttention) -> dict[str, int | None]:

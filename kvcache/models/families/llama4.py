@@ -9,7 +9,7 @@ intermediate_size; MoE every interleave_moe_layer_step-th layer.
 from __future__ import annotations
 
 from kvcache.models.model_config import LayerKind, ModelConfig
-from kvcache.models.decoder import ModelSource, describe, moe_layers, num_layers, read_heads, standard_layers, weight_layout
+from kvcache.models.decoder import ModelSource, check_routing, describe, moe_layers, num_layers, read_heads, standard_layers, weight_layout
 from kvcache.models.fields import MAX_EXPERTS, MAX_LAYERS, MAX_POSITIONS
 from kvcache.models.generic import attention_block, text_model_type
 from kvcache.models.weight_blocks import GatedMLP, MoE
@@ -31,11 +31,11 @@ def read_llama4(src: ModelSource) -> ModelConfig:
         "chunked_attention" if rope and chunk is not None else "full_attention" for rope in uses_rope)
     hidden = heads.hidden
     inter = t.int("intermediate_size")
-    experts = MoE(hidden, t.int("num_local_experts", high=MAX_EXPERTS), inter, shared_intermediate=inter,
-                  router_name="router", shared_name="shared_expert")
+    count = t.int("num_local_experts", high=MAX_EXPERTS)
+    check_routing(t, count)
+    experts = MoE(hidden, count, inter, shared_intermediate=inter, router_name="router", shared_name="shared_expert")
     dense = GatedMLP(hidden, t.int("intermediate_size_mlp", default=inter))
-    is_moe = moe_layers(t, n)
-    ffns = tuple(experts if is_moe(i) else dense for i in range(n))
+    ffns = tuple(experts if routed else dense for routed in moe_layers(t, n))
     layers = standard_layers(attention_block(t, heads, text_model_type(src), qk_norm=False), ffns, hidden)
     return describe(src, kinds=kinds, heads=heads, weights=weight_layout(src, layers, hidden),
                     attention_chunk_size=chunk if "chunked_attention" in kinds else None)

@@ -19,6 +19,7 @@ from kvcache.models.model_config import LayerKind, ModelConfig
 from kvcache.models.decoder import (
     Heads,
     ModelSource,
+    check_routing,
     describe,
     experts_count,
     hidden_size,
@@ -56,6 +57,9 @@ def _mamba2(t: ConfigFields, hidden: int) -> Mamba2Mixer:
         if inner % heads:
             t.fail("mamba_n_heads", heads, f"a divisor of the Mamba width {inner}")
         head_dim = inner // heads
+    elif t.has("mamba_d_ssm") and t.int("mamba_d_ssm") != heads * head_dim:  # both say how wide the state is
+        t.fail("mamba_d_ssm", t.int("mamba_d_ssm"), f"mamba_n_heads x mamba_d_head = {heads} x {head_dim} = "
+                                                    f"{heads * head_dim}")
     return mamba2_mixer(t, hidden, heads=heads, head_dim=head_dim)
 
 
@@ -76,6 +80,7 @@ def _ffn_granite(t: ConfigFields, hidden: int) -> Block:
     shared = t.int("shared_intermediate_size", default=0, low=0)
     if experts == 0:
         return GatedMLP(hidden, shared or t.int("intermediate_size"))
+    check_routing(t, experts)
     return MoE(hidden, experts, t.int("intermediate_size"), shared_intermediate=shared, shared_name="shared_mlp")
 
 
@@ -168,13 +173,15 @@ def read_jamba(src: ModelSource) -> ModelConfig:
     t = src.text
     heads, n = read_heads(t), num_layers(t)
     hidden = heads.hidden
-    period, offset = t.int("attn_layer_period", high=MAX_LAYERS), t.int("attn_layer_offset", low=0, high=MAX_LAYERS)
+    period = t.int("attn_layer_period", high=MAX_LAYERS)
+    offset = t.int("attn_layer_offset", low=0, high=period - 1)  # layer i attends when i % period == offset
     kinds = tuple[LayerKind, ...]("full_attention" if i % period == offset else "mamba2" for i in range(n))
     inner = t.int("mamba_expand", default=2, high=64) * hidden
     state, conv = t.int("mamba_d_state", high=MAX_HEAD_DIM), t.int("mamba_d_conv", high=64)
     mamba = Mamba1Mixer(hidden, inner, state, conv, t.int("mamba_dt_rank", default=-(-hidden // 16)))
     experts = t.int("num_experts", default=1, high=MAX_EXPERTS)
-    e_period, e_offset = t.int("expert_layer_period", default=1, high=MAX_LAYERS), t.int("expert_layer_offset", default=0, low=0, high=MAX_LAYERS)
+    e_period = t.int("expert_layer_period", default=1, high=MAX_LAYERS)
+    e_offset = t.int("expert_layer_offset", default=0, low=0, high=e_period - 1)
     dense = GatedMLP(hidden, t.int("intermediate_size"))
     moe = moe_block(t, hidden, experts, router_name="router") if experts > 1 else dense
     mixer = _mixer_of(mamba, attention_block(t, heads, text_model_type(src)))

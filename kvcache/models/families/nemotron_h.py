@@ -25,8 +25,10 @@ _LETTERS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
 
 def mamba2_mixer(t: ConfigFields, hidden: int, *, heads: int, head_dim: int) -> Mamba2Mixer:
     """A Mamba-2 mixer whose heads the caller read (families name them differently)."""
-    return Mamba2Mixer(hidden=hidden, heads=heads, head_dim=head_dim,
-                       groups=t.int("n_groups", "mamba_n_groups", "mamba_ngroups", high=MAX_HEADS),
+    groups = t.int("n_groups", "mamba_n_groups", "mamba_ngroups", high=MAX_HEADS)
+    if heads % groups:  # B and C are shared by heads // groups heads each
+        t.fail("n_groups" if t.has("n_groups") else "mamba_n_groups", groups, f"a divisor of the {heads} Mamba heads")
+    return Mamba2Mixer(hidden=hidden, heads=heads, head_dim=head_dim, groups=groups,
                        state=t.int("ssm_state_size", "mamba_d_state", "state_size", high=MAX_HEAD_DIM),
                        conv_kernel=t.int("conv_kernel", "mamba_d_conv", "mamba_conv_kernel", high=64),
                        conv_bias=t.flag("use_conv_bias", "mamba_conv_bias", default=True),
@@ -41,12 +43,16 @@ def mamba2_cache_fields(m: Mamba2Mixer) -> dict[str, int]:
 def _listed_pattern(t: ConfigFields, listed_name: str, pattern_name: str, n: int | None) -> str | None:
     """A layer pattern spelled as letters (`pattern_name`) or as a list of block types (`listed_name`)."""
     listed = t.text_list(listed_name, length=n)
-    if listed is not None and not t.has(pattern_name):  # Nemotron-3 Ultra spells it out
-        for i, b in enumerate(listed):
-            if b not in _LETTERS:
-                t.fail(f"{listed_name}[{i}]", b, "one of mamba, attention, mlp, moe")
-        return "".join(_LETTERS[b] for b in listed)
-    return t.text(pattern_name, default="") or None
+    pattern = t.text(pattern_name, default="") or None
+    if listed is None:
+        return pattern
+    for i, b in enumerate(listed):  # Nemotron-3 Ultra spells it out
+        if b not in _LETTERS:
+            t.fail(f"{listed_name}[{i}]", b, "one of mamba, attention, mlp, moe")
+    letters = "".join(_LETTERS[b] for b in listed)
+    if pattern is not None and pattern != letters:
+        t.fail(pattern_name, pattern, f"the layers {listed_name} lists ({letters}), when both are given")
+    return letters
 
 
 def read_nemotron_h(src: ModelSource) -> ModelConfig:

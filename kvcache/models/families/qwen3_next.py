@@ -28,8 +28,10 @@ _KINDS = frozenset({"full_attention", "linear_attention"})
 
 
 def gated_delta_net(t: ConfigFields, hidden: int) -> GatedDeltaNet:
-    return GatedDeltaNet(hidden=hidden, key_heads=t.int("linear_num_key_heads", high=MAX_HEADS),
-                         value_heads=t.int("linear_num_value_heads", high=MAX_HEADS),
+    key_heads, value_heads = t.int("linear_num_key_heads", high=MAX_HEADS), t.int("linear_num_value_heads", high=MAX_HEADS)
+    if value_heads % key_heads:  # each key head serves value_heads // key_heads value heads
+        t.fail("linear_num_value_heads", value_heads, f"a multiple of linear_num_key_heads ({key_heads})")
+    return GatedDeltaNet(hidden=hidden, key_heads=key_heads, value_heads=value_heads,
                          key_dim=t.int("linear_key_head_dim", high=MAX_HEAD_DIM),
                          value_dim=t.int("linear_value_head_dim", high=MAX_HEAD_DIM),
                          conv_kernel=t.int("linear_conv_kernel_dim", high=64))
