@@ -167,9 +167,9 @@ CONTRADICTIONS: list[tuple[str, dict[str, Any], str]] = [
      "field 'rope_scaling' is 'yarn'; expected a JSON object"),
     ("rope_scaling with a factor of 0", edited("Llama-3.1-8B-Instruct", rope_scaling={"rope_type": "yarn", "factor": 0}),
      "field 'rope_scaling.factor' is 0; expected a positive, finite number"),
-    ("rope_scaling whose original context is the longer", edited("Llama-3.1-8B-Instruct", rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 262144}),
-     "field 'rope_scaling.original_max_position_embeddings' is 262144; expected a positive integer (at most 131,072)"),
+    ("rope_scaling with an original context of -1", edited("Llama-3.1-8B-Instruct", rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": -1}),
+     "field 'rope_scaling.original_max_position_embeddings' is -1; expected a positive integer"),
 ]
 
 

@@ -274,17 +274,15 @@ def _rope_theta(t: ConfigFields) -> float:
     return t.number("rope_theta", default=10_000.0)
 
 
-def _check_rope_scaling(t: ConfigFields, positions: int) -> None:
-    """rope_scaling (or transformers 5's rope_parameters) stretches an original context to max_position_embeddings:
-    an object whose factor is a positive number and whose original context is not the longer one. Engines read
-    the factor for the context length (SGLang multiplies by it where no original is given), so a broken one is
-    refused rather than passed on."""
+def _check_rope_scaling(t: ConfigFields) -> None:
+    """rope_scaling (or transformers 5's rope_parameters) stretches the trained context: an object whose factor is
+    a positive number. Engines read the factor for the context length (SGLang multiplies by it where no original
+    context is given), so a broken one is refused rather than passed on."""
     for name in ("rope_scaling", "rope_parameters"):
         section = t.section(name)
-        if section is None:
-            continue
-        section.number("factor", default=1.0)
-        section.optional_int("original_max_position_embeddings", high=positions)
+        if section is not None:
+            section.number("factor", default=1.0)
+            section.optional_int("original_max_position_embeddings", high=MAX_POSITIONS)
 
 
 def describe(src: ModelSource, *, kinds: tuple[LayerKind, ...], heads: Heads, weights: WeightLayout,
@@ -293,7 +291,7 @@ def describe(src: ModelSource, *, kinds: tuple[LayerKind, ...], heads: Heads, we
     t = src.text
     positions = t.int("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx",
                       "max_seq_len", high=MAX_POSITIONS)
-    _check_rope_scaling(t, positions)
+    _check_rope_scaling(t)
     fields: dict[str, Any] = dict(
         name=src.name, architecture=src.architecture, model_type=src.model_type,
         hidden_size=heads.hidden, num_hidden_layers=len(kinds), num_attention_heads=heads.heads,
