@@ -39,9 +39,9 @@ from reference_allocators import _Anything, _definition_from, _placeholder, _Stu
 
 from app.cli import main as cli_main  # noqa: E402
 from kvcache.engines import vllm_rules  # noqa: E402
+from kvcache.engines.vllm_answer import vllm_answer  # noqa: E402
 from kvcache.engines.vllm_plan import (  # noqa: E402
-    VllmPlan, VllmSettings, estimated_runtime_bytes, plan_vllm, resolve_block_size, vllm_available_bytes,
-    vllm_layer_specs, vllm_layers,
+    VllmPlan, VllmSettings, plan_vllm, resolve_block_size, vllm_layer_specs, vllm_layers,
 )
 from kvcache.errors import BudgetBelowOneRequestError, UnsupportedModelError  # noqa: E402
 from kvcache.inputs.byte_units import GiB  # noqa: E402
@@ -232,21 +232,21 @@ def print_side_by_side(vllm: SimpleNamespace, gpu: str, max_model_len: int) -> N
             continue
         tp, sglang = found
         model, layers = corpus_layers(name, tp)
-        settings = VllmSettings(max_model_len=length, max_num_batched_tokens=vllm_rules.default_max_num_batched_tokens(total))
-        shape = RuntimeShape(cuda_graphs=True, uses_mla="mla" in model.layer_kinds, tp_size=tp)
-        available = vllm_available_bytes(total_bytes=total, gpu_memory_utilization=vllm_rules.DEFAULT_GPU_MEMORY_UTILIZATION,
-                                         weights_bytes=sglang["weights_bytes"],
-                                         runtime_bytes=estimated_runtime_bytes(total, shape))
+        dtype = resolve_model_dtype("auto", model.checkpoint_dtype)
         sgl = f"{tp} | {sglang['bytes_per_token']:,} | {sglang['max_total_num_tokens']:,} | {sglang['max_running_requests']:,}"
         try:
-            mine = plan_vllm(layers, model.layer_kinds, available_bytes=available, settings=settings)
+            answer = vllm_answer(model, ParallelState(tp_size=tp), resolve_kv_cache_dtype("auto", dtype),
+                                 model_dtype=dtype, total_bytes=total, weights_bytes=sglang["weights_bytes"],
+                                 runtime=RuntimeShape(cuda_graphs=True, uses_mla="mla" in model.layer_kinds, tp_size=tp),
+                                 max_model_len=length)
         except (UnsupportedModelError, BudgetBelowOneRequestError) as e:
-            print(f"{name} | {sgl} | {available / GiB:.1f} | vLLM refuses: {str(e).splitlines()[0][:70]}")
+            print(f"{name} | {sgl} | vLLM refuses: {str(e).splitlines()[0][:70]}")
             continue
-        theirs = vllm_code_plan(vllm, layers, model.layer_kinds, available, settings)
-        print(f"{name} | {sgl} | {available / GiB:.1f} | {mine.block_size} | {len(mine.groups)} | "
-              f"{mine.bytes_per_block:,} | {mine.num_blocks:,} | {theirs.num_blocks:,} | "
-              f"{mine.max_concurrency:.2f} | {theirs.max_concurrency:.2f} | {mine.kv_cache_tokens:,}")
+        settings = VllmSettings(max_model_len=length, max_num_batched_tokens=answer.max_num_batched_tokens)
+        theirs = vllm_code_plan(vllm, layers, model.layer_kinds, answer.available_bytes, settings)
+        print(f"{name} | {sgl} | {answer.available_bytes / GiB:.1f} | {answer.block_size} | {len(answer.groups)} | "
+              f"{answer.bytes_per_block:,} | {answer.num_gpu_blocks:,} | {theirs.num_blocks:,} | "
+              f"{answer.max_concurrency:.2f} | {theirs.max_concurrency:.2f} | {answer.kv_cache_tokens:,}")
 
 
 def main(argv: list[str] | None = None) -> int:

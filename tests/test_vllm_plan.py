@@ -13,11 +13,13 @@ import pytest
 import torch
 
 from kvcache.engines import vllm_rules
-from kvcache.engines.vllm_plan import VllmPlan, VllmSettings, plan_vllm, vllm_available_bytes, vllm_layer_specs
-from kvcache.errors import BudgetBelowOneRequestError, UnsupportedModelError
+from kvcache.engines.vllm_answer import vllm_answer, vllm_available_bytes
+from kvcache.engines.vllm_plan import VllmPlan, VllmSettings, plan_vllm, vllm_layer_specs
+from kvcache.errors import BudgetBelowOneRequestError, ConfigError, UnsupportedModelError
 from kvcache.inputs.byte_units import GiB
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.inputs.parallel import ParallelState
+from kvcache.memory.runtime_reserve import RuntimeShape
 from kvcache.models.model_config import ModelConfig
 
 CORPUS = Path(__file__).with_name("model_corpus")
@@ -100,9 +102,13 @@ def test_one_request_must_fit_besides_the_null_block() -> None:
     assert (e.value.needed_bytes, e.value.available_bytes) == (513 * block, 512 * block)
 
 
-def test_sparse_attention_mla_is_refused_not_guessed() -> None:
+def test_sparse_attention_mla_and_fp4_are_refused_not_guessed() -> None:
     with pytest.raises(UnsupportedModelError, match="indexer"):
         plan("DeepSeek-V3.2")
+    model = ModelConfig.from_hf_config(CORPUS / "Qwen3-0.6B.json", name="Qwen3-0.6B")
+    with pytest.raises(ConfigError, match="fp4_e2m1 is not modelled for --engine vllm"):
+        vllm_layer_specs(model, ParallelState(), resolve_kv_cache_dtype("fp4_e2m1", torch.bfloat16),
+                         model_dtype=torch.bfloat16)
 
 
 def test_budget_is_the_utilized_card_less_what_vllm_measures() -> None:
@@ -110,3 +116,16 @@ def test_budget_is_the_utilized_card_less_what_vllm_measures() -> None:
     assert vllm_available_bytes(total_bytes=total, gpu_memory_utilization=0.9, weights_bytes=10 * GiB,
                                 runtime_bytes=4 * GiB) == 135_098_892_288 - 14 * GiB
     assert vllm_rules.default_max_num_batched_tokens(total) == 8192
+
+
+def test_answer_on_an_h200_names_the_estimated_runtime() -> None:
+    # H200 150,109,880,320 B at utilization 1.0 (vLLM's default), Qwen3-0.6B's dummy weights 1,193,279,488 B;
+    # the runtime estimate is the project's reserve for the card: 512 + 1.5 x 8,192 + 128 + 2 x 256
+    # + 8 x 58 prefill graphs = 13,904 MiB = 14,579,400,704 B
+    model = ModelConfig.from_hf_config(CORPUS / "Qwen3-0.6B.json", name="Qwen3-0.6B")
+    answer = vllm_answer(model, ParallelState(), resolve_kv_cache_dtype("auto", torch.bfloat16),
+                         model_dtype=torch.bfloat16, total_bytes=150_109_880_320, weights_bytes=1_193_279_488,
+                         runtime=RuntimeShape(cuda_graphs=True), max_model_len=32768)
+    assert (answer.requested_bytes, answer.estimated_runtime_bytes) == (150_109_880_320, 14_579_400_704)
+    assert answer.available_bytes == 134_337_200_128 and answer.max_num_batched_tokens == 8192
+    assert (answer.num_gpu_blocks, answer.blocks_per_request, answer.kv_cache_tokens) == (18_301, 512, 1_171_264)

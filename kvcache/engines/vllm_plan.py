@@ -23,21 +23,18 @@ for the CUDA defaults `kvcache.engines.vllm_rules` states:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from math import ceil
 
 from kvcache.engines import vllm_rules
 import torch
 
 from kvcache.allocators.locations import ceil_div
-from kvcache.errors import BudgetBelowOneRequestError, UnsupportedModelError
-from kvcache.inputs.byte_units import MiB
+from kvcache.errors import BudgetBelowOneRequestError, ConfigError, UnsupportedModelError
 from kvcache.inputs.dtypes import KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.layer_specs import (
     FullAttentionSpec, LayerPlacement, MLASpec, RecurrentStateSpec, SlidingWindowSpec, model_layer_specs,
 )
-from kvcache.memory.runtime_reserve import RuntimeShape, runtime_reserve_mib
 from kvcache.sizing.planning import align_up
 
 ATTENTION_KINDS = ("full", "sliding", "chunked", "mla")
@@ -135,6 +132,9 @@ class VllmPlan:
 def vllm_layer_specs(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDtype, *,
                      model_dtype: torch.dtype) -> tuple[LayerPlacement, ...]:
     """The project's layer specs of this rank with the recurrent state dtypes vLLM keeps (vllm_rules)."""
+    if kv_dtype.bits < 8:
+        raise ConfigError(f"--kv-cache-dtype {kv_dtype.name} is not modelled for --engine vllm (vLLM 0.34.0 packs "
+                          "FP4 its own way, nvfp4); use --kv-cache-dtype fp8_e4m3 or auto")
     state_kind = "kda" if "kda" in model.layer_kinds else "mamba"
     ssm = vllm_rules.ssm_state_dtype(model.architecture, model.hf_config, state_kind, model_dtype)
     return model_layer_specs(model, parallel, kv_dtype, model_dtype=model_dtype, ssm_dtype=ssm)
@@ -249,22 +249,6 @@ def kv_cache_groups(layers: list[VllmLayer], settings: VllmSettings) -> tuple[Vl
         count = ceil_div(len(bucket), group_size)
         groups.extend(_group(bucket[i::count], settings) for i in range(count))
     return tuple(groups)
-
-
-def vllm_available_bytes(*, total_bytes: int, gpu_memory_utilization: float, weights_bytes: int,
-                         runtime_bytes: int) -> int:
-    """vLLM's KV budget: ceil(total * gpu_memory_utilization) (its request_memory, in its float arithmetic)
-    less what it measured besides the cache: weights, then the activation peak, non-torch memory and CUDA
-    graphs (`runtime_bytes`, which a dry run can only estimate)."""
-    return ceil(total_bytes * gpu_memory_utilization) - weights_bytes - runtime_bytes
-
-
-def estimated_runtime_bytes(total_bytes: int, shape: RuntimeShape) -> int:
-    """What vLLM measures at start-up besides weights and the cache -- the activation peak of its profile run,
-    non-torch memory (CUDA context, NCCL) and its CUDA graph estimate -- which a dry run cannot measure: taken
-    as the project's runtime reserve for the card (kvcache.memory.runtime_reserve, SGLang 0.5.23's rule:
-    chunked-prefill activations, communication, CUDA graphs, at least 10 GiB above 60 GiB)."""
-    return ceil(runtime_reserve_mib(total_bytes, shape) * MiB)
 
 
 def plan_vllm(placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, ...], *,

@@ -1,0 +1,95 @@
+"""vLLM 0.34.0's answer for one rank of a dry run: its KV budget (which part is estimated) and its block plan.
+
+vLLM gives the KV cache `ceil(total x gpu_memory_utilization)` (vllm/v1/worker/utils.py request_memory)
+less what it measures at start-up (vllm/v1/worker/gpu_worker.py determine_available_memory): the
+weights, the activation peak of its profile run, memory outside torch, and its CUDA graph estimate.
+A dry run has the weights; the rest is estimated (`estimated_runtime_bytes`) and the answer says so.
+"""
+
+from __future__ import annotations
+
+from math import ceil
+
+import msgspec
+import torch
+
+from kvcache.engines import vllm_rules
+from kvcache.engines.vllm_plan import VllmSettings, plan_vllm, vllm_layer_specs
+from kvcache.inputs.byte_units import MiB
+from kvcache.inputs.dtypes import KVCacheDtype
+from kvcache.inputs.parallel import ParallelState
+from kvcache.memory.runtime_reserve import RuntimeShape, runtime_reserve_mib
+from kvcache.models.model_config import ModelConfig
+
+
+def vllm_available_bytes(*, total_bytes: int, gpu_memory_utilization: float, weights_bytes: int,
+                         runtime_bytes: int) -> int:
+    """vLLM's KV budget: ceil(total * gpu_memory_utilization) (its request_memory, in its float arithmetic)
+    less what it measured besides the cache: weights, then the activation peak, non-torch memory and CUDA
+    graphs (`runtime_bytes`, which a dry run can only estimate)."""
+    return ceil(total_bytes * gpu_memory_utilization) - weights_bytes - runtime_bytes
+
+
+def estimated_runtime_bytes(total_bytes: int, shape: RuntimeShape) -> int:
+    """What vLLM measures at start-up besides weights and the cache -- the activation peak of its profile run,
+    non-torch memory (CUDA context, NCCL) and its CUDA graph estimate -- which a dry run cannot measure: taken
+    as the project's runtime reserve for the card (kvcache.memory.runtime_reserve, SGLang 0.5.23's rule:
+    chunked-prefill activations, communication, CUDA graphs, at least 10 GiB above 60 GiB)."""
+    return ceil(runtime_reserve_mib(total_bytes, shape) * MiB)
+
+
+class VllmGroupReport(msgspec.Struct, frozen=True, kw_only=True):
+    """One KV cache group as the report shows it."""
+
+    kind: str  # full, sliding, chunked, mla, mamba
+    layers: int
+    window: int  # sliding window or chunk (0: none)
+    block_size: int  # tokens per block of this group (a smaller page takes more tokens)
+    blocks_per_request: int
+
+
+class VllmAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """What vLLM 0.34.0 would allocate on one rank, and the numbers it came from (bytes are integers)."""
+
+    version: str
+    total_bytes: int
+    gpu_memory_utilization: float
+    requested_bytes: int  # ceil(total x gpu_memory_utilization)
+    weights_bytes: int  # measured here (dummy weights)
+    estimated_runtime_bytes: int  # ESTIMATED: activation peak + non-torch + CUDA graphs
+    available_bytes: int  # requested - weights - runtime: vLLM's "Available KV cache memory"
+    max_model_len: int
+    max_num_batched_tokens: int
+    block_size: int
+    groups: tuple[VllmGroupReport, ...]
+    bytes_per_block: int
+    num_gpu_blocks: int
+    blocks_per_request: int
+    max_concurrency: float
+    kv_cache_tokens: int
+
+
+def vllm_answer(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDtype, *, model_dtype: torch.dtype,
+                total_bytes: int, weights_bytes: int, runtime: RuntimeShape, max_model_len: int,
+                gpu_memory_utilization: float | None = None, block_size: int | None = None,
+                max_num_batched_tokens: int | None = None) -> VllmAnswer:
+    """vLLM's answer for this rank (None: vLLM's default); BudgetBelowOneRequestError where vLLM refuses to start."""
+    utilization = vllm_rules.DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
+    batched = max_num_batched_tokens or vllm_rules.default_max_num_batched_tokens(total_bytes)
+    runtime_bytes = estimated_runtime_bytes(total_bytes, runtime)
+    available = vllm_available_bytes(total_bytes=total_bytes, gpu_memory_utilization=utilization,
+                                     weights_bytes=weights_bytes, runtime_bytes=runtime_bytes)
+    settings = VllmSettings(max_model_len=max_model_len, block_size=block_size, max_num_batched_tokens=batched,
+                            max_concurrent_batches=parallel.pp_size + vllm_rules.ASYNC_SCHEDULING_EXTRA_BATCHES)
+    layers = vllm_layer_specs(model, parallel, kv_dtype, model_dtype=model_dtype)
+    plan = plan_vllm(layers, model.layer_kinds, available_bytes=available, settings=settings)
+    return VllmAnswer(
+        version=plan.version, total_bytes=total_bytes, gpu_memory_utilization=utilization,
+        requested_bytes=ceil(total_bytes * utilization), weights_bytes=weights_bytes,
+        estimated_runtime_bytes=runtime_bytes, available_bytes=available, max_model_len=max_model_len,
+        max_num_batched_tokens=batched, block_size=plan.block_size,
+        groups=tuple(VllmGroupReport(kind=g.kind, layers=len(g.layer_pages), window=g.window, block_size=g.block_size,
+                                     blocks_per_request=g.blocks_per_request) for g in plan.groups),
+        bytes_per_block=plan.bytes_per_block, num_gpu_blocks=plan.num_blocks, blocks_per_request=plan.blocks_per_request,
+        max_concurrency=plan.max_concurrency, kv_cache_tokens=plan.kv_cache_tokens,
+    )
