@@ -15,7 +15,7 @@ from kvcache.errors import ConfigError
 from kvcache.inputs.cards import SimulatedCard
 
 PLOT_FORMATS = ("png", "svg")
-MAX_LINES = 10  # more lines than this is no longer a picture one reads
+MAX_PAIRS = 6  # card/TP pairs drawn (each in one colour, a line per KV dtype): more is no longer a picture
 SHORTEST_CONTEXT = 1024
 MISSING = "--plot needs matplotlib, an optional extra: pip install 'kvcache-configurator[plot]' (or pip install matplotlib)"
 
@@ -43,8 +43,11 @@ def contexts(target_context: int, longest: int) -> list[int]:
 
 
 def lines_to_draw(rows: list[FitRow]) -> list[FitRow]:
-    """The rows that plan (fitting or short of the target), in the table's order, one per card/TP/PP/dtype."""
-    return [r for r in rows if r.outcome in ("fits", "target")][:MAX_LINES]
+    """The rows that plan (fitting or short of the target) of the first card/TP/PP pairs in the table's order,
+    every KV dtype of each pair."""
+    planned = [r for r in rows if r.outcome in ("fits", "target")]
+    pairs = list(dict.fromkeys((r.card, r.tp_size, r.pp_size) for r in planned))[:MAX_PAIRS]
+    return [r for pair in pairs for r in planned if (r.card, r.tp_size, r.pp_size) == pair]
 
 
 def write_plot(path: str, sweep: FitSweep, rows: list[FitRow], cards: dict[str, SimulatedCard]) -> int:
@@ -57,10 +60,11 @@ def write_plot(path: str, sweep: FitSweep, rows: list[FitRow], cards: dict[str, 
     fmt = plot_format(path)
     context = rows[0].context_length if rows else sweep.model.context_length(None)
     xs = contexts(context, max(context, sweep.model.context_length(None)))
-    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     drawn = lines_to_draw(rows)
-    card_color = {name: colors[i % len(colors)] for i, name in enumerate(dict.fromkeys(r.card for r in drawn))}
+    pairs = list(dict.fromkeys((r.card, r.tp_size, r.pp_size) for r in drawn))
+    pair_color = {pair: colors[i % len(colors)] for i, pair in enumerate(pairs)}
     for row in drawn:
         points = []
         for x in xs:
@@ -71,7 +75,7 @@ def write_plot(path: str, sweep: FitSweep, rows: list[FitRow], cards: dict[str, 
             continue
         label = (f"{row.card} TP{row.tp_size}" + (f" PP{row.pp_size}" if row.pp_size > 1 else "")
                  + f" {row.kv_cache_dtype_resolved}" + (" (cheapest)" if row.cheapest else ""))
-        ax.plot(*zip(*points), marker="o", markersize=3, label=label, color=card_color[row.card],
+        ax.plot(*zip(*points), marker="o", markersize=3, label=label, color=pair_color[(row.card, row.tp_size, row.pp_size)],
                 linestyle="--" if (row.kv_cache_dtype_resolved or "").startswith("fp") else "-",
                 linewidth=2.5 if row.cheapest else 1.4)
     t = sweep.target
@@ -90,9 +94,9 @@ def write_plot(path: str, sweep: FitSweep, rows: list[FitRow], cards: dict[str, 
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:,.0f}"))
     ax.set_xlabel("context length (tokens per request)")
     ax.set_ylabel("requests held at once")
-    ax.set_title(f"{sweep.model.name}: requests each card/TP holds at once (dashed: fp8 KV)")
+    ax.set_title(f"{sweep.model.name}: requests held at once, per card and TP (dashed: fp8 KV)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, format=fmt)
     plt.close(fig)

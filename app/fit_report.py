@@ -51,10 +51,9 @@ def _count(n: int | None) -> str:
 
 
 def _status(row: FitRow) -> str:
-    if row.fits:
-        return "yes"
-    return {"target": "no: target", "one_request": "no: one request", "weights": "no: weights",
-            "invalid": "no: layout"}[row.outcome] + f" ({row.why_not})"
+    """yes, or no and the short why (the whole line is the row's why_not, in --json)."""
+    return "yes" if row.fits else {"target": "no: target", "one_request": "no: one request", "weights": "no: weights",
+                                   "invalid": "no: layout"}[row.outcome]
 
 
 def render_table(result: FitResult, *, show_all: bool) -> str:

@@ -214,3 +214,17 @@ def test_progress_shows_on_a_terminal_once_the_sweep_is_slow(monkeypatch: pytest
     quick(1, 2)
     quick.clear()
     assert terminal.getvalue() == ""
+
+
+# ---- the README's example ---------------------------------------------------------------------------------------
+
+def test_the_readmes_fit_example_is_what_fit_prints(capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = Path(__file__).parents[1]
+    monkeypatch.chdir(repo)  # the example's --model is a path from the repository's root
+    readme = (repo / "README.md").read_text()
+    block = readme.split("$ python -m app fit ", 1)[1].split("```", 1)[0]
+    command, printed = block.split("\n", 2)[:2], block.split("\n", 2)[2]
+    args = " ".join(line.strip().rstrip("\\") for line in command).split()
+    assert main(["fit", *args]) == 0
+    assert capsys.readouterr().out == printed
