@@ -22,7 +22,7 @@ from app.fit_command import SWEPT_FIELDS, add_fit_flags, run_fit
 from app.flag_hints import BOOTSTRAP_ONLY_FIELDS, COMMANDS, unknown_command, unrecognized, value_read_as_flag
 from app.server_args_flags import add_server_args_flags, server_args_values, sizes_read
 from containers import EngineContainer
-from kvcache.inputs.byte_units import SIZE_UNITS_HELP
+from kvcache.byte_units import SIZE_UNITS_HELP
 from kvcache.inputs.cards import KNOWN_CARDS, SimulatedCard, card_named, card_of_size
 from kvcache.models.presets import DEFAULT_PRESET, load_model_config, preset_names
 from kvcache.inputs.server_args import ServerArgs, read_settings_file

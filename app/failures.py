@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from kvcache.inputs.byte_units import format_bytes
+from kvcache.byte_units import format_bytes
 from kvcache.errors import ConfigError, DoesNotFitError, PoolOutOfMemoryError
 from kvcache.memory.out_of_memory import is_out_of_memory
 

@@ -10,7 +10,7 @@ import msgspec
 
 from app.failures import Failure
 from app.fit_sweep import FitRow, FitTarget
-from kvcache.inputs.byte_units import GiB
+from kvcache.byte_units import GiB
 
 FIT_SCHEMA = "kvcache-fit/1"  # bump when a key changes meaning or goes away
 CLOSEST_SHOWN = 5  # rows that miss the target, shown beside those that meet it (all of them with --all)

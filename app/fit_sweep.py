@@ -22,7 +22,7 @@ import torch
 from app.weights import DummyWeightLoader
 from containers import EngineContainer
 from kvcache.errors import ConfigError, DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
-from kvcache.inputs.byte_units import GiB
+from kvcache.byte_units import GiB
 from kvcache.inputs.cards import SimulatedCard
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.memory.memory_probe import probe_for_device

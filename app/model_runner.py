@@ -22,14 +22,14 @@ from app.forward.post_capture import apply_post_capture_resize
 from kvcache.memory.device_buffers import cuda_backing
 from kvcache.runtime.resize import PostCaptureKVResize
 from kvcache.memory.vmm_storage import VmmBacking
-from kvcache.inputs.byte_units import MiB, format_bytes
+from kvcache.byte_units import MiB, format_bytes
 from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.errors import KVCacheError, WeightsDoNotFitError
 from kvcache.sizing.tp_advice import tp_size_that_fits
 from kvcache.memory.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
 from kvcache.memory.host_memory import host_memory_bytes
-from kvcache.sizing.planning import align_up
+from kvcache.arithmetic import align_up
 from kvcache.memory.memory_probe import MemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState

@@ -13,7 +13,7 @@ import torch
 
 from app.engine import Engine
 from app.report import BootstrapReport, render_text
-from kvcache.inputs.byte_units import format_bytes
+from kvcache.byte_units import format_bytes
 
 
 class RankPlan(msgspec.Struct, frozen=True, kw_only=True):

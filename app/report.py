@@ -8,7 +8,7 @@ import msgspec
 
 from app.engine import Engine
 from app.model_runner import ModelRunner
-from kvcache.inputs.byte_units import format_bytes
+from kvcache.byte_units import format_bytes
 from kvcache.inputs.dtypes import model_dtype_name
 
 

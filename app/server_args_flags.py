@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from msgspec import inspect as mi
 
-from kvcache.inputs.byte_units import parse_bytes
+from kvcache.byte_units import parse_bytes
 from kvcache.errors import ConfigError
 from kvcache.inputs.server_args import ServerArgs
 

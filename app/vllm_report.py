@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from kvcache.engines.vllm_answer import VllmAnswer
-from kvcache.inputs.byte_units import format_bytes
+from kvcache.byte_units import format_bytes
 
 ESTIMATED_NOTE = ("ESTIMATED: vLLM measures its activation peak, non-torch memory and CUDA graphs at start-up; "
                   "a dry run takes the project's runtime reserve for the card")

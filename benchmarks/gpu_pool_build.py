@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from containers import EngineContainer  # noqa: E402
-from kvcache.inputs.byte_units import GiB  # noqa: E402
+from kvcache.byte_units import GiB  # noqa: E402
 from kvcache.models.presets import load_model_config  # noqa: E402
 from kvcache.inputs.server_args import ServerArgs  # noqa: E402
 

@@ -44,7 +44,7 @@ from kvcache.engines.vllm_plan import (  # noqa: E402
     VllmPlan, VllmSettings, plan_vllm, resolve_block_size, vllm_layer_specs, vllm_layers,
 )
 from kvcache.errors import BudgetBelowOneRequestError, UnsupportedModelError  # noqa: E402
-from kvcache.inputs.byte_units import GiB  # noqa: E402
+from kvcache.byte_units import GiB  # noqa: E402
 from kvcache.inputs.cards import KNOWN_CARDS  # noqa: E402
 from kvcache.memory.runtime_reserve import RuntimeShape  # noqa: E402
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype  # noqa: E402
@@ -53,6 +53,7 @@ from kvcache.models.model_config import ModelConfig  # noqa: E402
 from kvcache.sizing.layer_specs import (  # noqa: E402
     FullAttentionSpec, LayerPlacement, MLASpec, RecurrentStateSpec, SlidingWindowSpec,
 )
+from kvcache.models.hf_config import model_config_from_hf  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "model_corpus"
 PLANNER_FILES = {
@@ -180,7 +181,7 @@ def vllm_code_plan(vllm: SimpleNamespace, placements: tuple[LayerPlacement, ...]
 
 def corpus_layers(name: str, tp_size: int = 1) -> tuple[ModelConfig, tuple[LayerPlacement, ...]]:
     """A corpus model's layer specs on one rank as vLLM keeps them: KV in the model dtype, vLLM's SSM dtype."""
-    model = ModelConfig.from_hf_config(CORPUS / f"{name}.json", name=name)
+    model = model_config_from_hf(CORPUS / f"{name}.json", name=name)
     model_dtype = resolve_model_dtype("auto", model.checkpoint_dtype)
     placements = vllm_layer_specs(model, ParallelState(tp_size=tp_size), resolve_kv_cache_dtype("auto", model_dtype),
                                   model_dtype=model_dtype)

@@ -12,7 +12,7 @@ from kvcache.models.draft_pairing import paired_draft
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.memory.memory_probe import probe_for_device
 from kvcache.models.model_config import ModelConfig
-from kvcache.models.model_page_size import note_on_page_size, with_model_page_size
+from kvcache.models.model_page_size import forced_page_size, note_on_page_size
 from kvcache.sizing.pool_layout import DRAFT_POOL_PREFIX, draft_cache_layout
 from kvcache.models.presets import load_model_config
 from kvcache.inputs.server_args import ServerArgs
@@ -29,11 +29,9 @@ class EngineContainer(containers.DeclarativeContainer):
     card = providers.Object(None)  # a SimulatedCard for dry-run plans on the meta device
 
     # What the workers size with: the draft shape filled in from the target, as SGLang's launcher does,
-    # and the page size the target sets (a DSA model pages at 64; the draft shares the target's pages).
-    worker_server_args = providers.Callable(
-        with_model_page_size,
-        providers.Callable(with_speculative_defaults, server_args, model_config.provided.architecture), model_config,
-    )
+    # and the page size the target forces, if any (a DSA model pages at 64; the draft shares the target's pages).
+    worker_server_args = providers.Callable(with_speculative_defaults, server_args, model_config.provided.architecture)
+    model_page_size = providers.Callable(forced_page_size, model_config)
     page_size_note = providers.Callable(note_on_page_size, server_args.provided.page_size, model_config)
     parallel_state = providers.Resource(parallel_state_resource, server_args)
     device = providers.ThreadSafeSingleton(resolve_device, server_args.provided.device, parallel_state.provided.local_rank)
@@ -66,14 +64,14 @@ class EngineContainer(containers.DeclarativeContainer):
         role=providers.Object("target"),
         server_args=worker_server_args, model_config=model_config, parallel_state=parallel_state,
         device=device, memory_probe=memory_probe, model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype,
-        draft_layout=draft_layout,
+        draft_layout=draft_layout, forced_page_size=model_page_size,
     )
     draft = providers.Container(
         WorkerContainer,
         role=providers.Object("draft"),
         server_args=worker_server_args, model_config=draft_model_config, parallel_state=parallel_state,
         device=device, memory_probe=memory_probe, model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype,
-        pool_name_prefix=providers.Object(DRAFT_POOL_PREFIX),
+        pool_name_prefix=providers.Object(DRAFT_POOL_PREFIX), forced_page_size=model_page_size,
         shared=providers.Factory(
             SharedTargetCache,
             req_to_token_pool=target.model_runner.provided.req_to_token_pool,

@@ -35,8 +35,9 @@ class WorkerContainer(containers.DeclarativeContainer):
     pool_name_prefix = providers.Object("")
     draft_layout = providers.Object(None)  # a target with a draft pays for the draft's pools
     shared = providers.Object(None)  # a draft gets the target's request table, allocator and plan
+    forced_page_size = providers.Object(None)  # the page size the target model imposes (DSA: 64), if any
 
-    settings = providers.Callable(SizingSettings.from_server_args, server_args)
+    settings = providers.Callable(SizingSettings.from_server_args, server_args, forced_page_size=forced_page_size)
     layer_range = providers.Callable(parallel_state.provided.layer_range.call(model_config.provided.num_hidden_layers))
     forward_stream = providers.ThreadSafeSingleton(forward_stream_for, device)
     allocator_factory = providers.Callable(allocator_for_plan)  # called as (plan=..., device=...)

@@ -3,5 +3,6 @@
 The domain package: plain Python, torch and msgspec. It never imports
 dependency_injector, app or containers (see DESIGN.md). One folder per stage, in the order
 start-up runs them: inputs, models, memory, sizing, pools, allocators, runtime; the configurator
-on top (README's Layout says what each holds).
+on top, the ground floor (errors, arithmetic, byte_units) below (README's Layout says what each holds;
+tests/test_import_floors.py keeps imports flowing down).
 """

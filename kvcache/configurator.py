@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import msgspec
 import torch
 
-from kvcache.allocators.protocol import AllocatorFactory, TokenAllocator
+from kvcache.pools.allocator_protocol import AllocatorFactory, TokenAllocator
 from kvcache.errors import ConfigError
 from kvcache.inputs.dtypes import KVCacheDtype
 from kvcache.inputs.parallel import ParallelState

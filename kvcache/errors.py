@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvcache.inputs.byte_units import format_bytes
+from kvcache.byte_units import format_bytes
 
 
 class KVCacheError(Exception):
@@ -96,3 +96,11 @@ class UnbalancedMemoryError(DoesNotFitError):
 
 class RankFailedError(KVCacheError):
     """Another rank failed with an error that is not one of ours; this rank stopped with it."""
+
+
+class VmmError(KVCacheError):
+    """A virtual-memory driver call failed (out of memory, or VMM unsupported)."""
+
+
+class VmmOutOfMemoryError(VmmError):
+    """The driver refused physical memory (CUDA_ERROR_OUT_OF_MEMORY): the plan does not fit, no bug."""

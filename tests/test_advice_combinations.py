@@ -13,7 +13,7 @@ import pytest
 
 from app.cli import main
 from kvcache.sizing.advice import round_shorter_contexts
-from kvcache.inputs.byte_units import GiB
+from kvcache.byte_units import GiB
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.sizing.planning import KVPoolDemand, PlanRequest
 

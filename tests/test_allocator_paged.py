@@ -7,7 +7,8 @@ import random
 import pytest
 import torch
 
-from kvcache.allocators import PagedTokenToKVPoolAllocator, allocator_index_bytes
+from kvcache.allocators import PagedTokenToKVPoolAllocator
+from kvcache.sizing.allocator_footprint import allocator_index_bytes
 from sglang_calls import decode, extend
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcache.allocators import SWATokenToKVPoolAllocator, allocator_index_bytes
+from kvcache.allocators import SWATokenToKVPoolAllocator
+from kvcache.sizing.allocator_footprint import allocator_index_bytes
 from sglang_calls import decode, extend
 from kvcache.memory.device_buffers import allocation_size
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from kvcache.memory import device_buffers
-from kvcache.allocators import TokenToKVPoolAllocator, allocator_index_bytes
-from kvcache.inputs.byte_units import MiB
+from kvcache.allocators import TokenToKVPoolAllocator
+from kvcache.sizing.allocator_footprint import allocator_index_bytes
+from kvcache.byte_units import MiB
 from kvcache.memory.device_buffers import Arena
 
 CPU = torch.device("cpu")

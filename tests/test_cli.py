@@ -14,7 +14,7 @@ import torch
 import app.cli as cli
 
 from app.cli import main
-from kvcache.inputs.byte_units import GiB
+from kvcache.byte_units import GiB
 from kvcache.inputs.devices import resolve_device
 
 REPO = Path(__file__).resolve().parents[1]

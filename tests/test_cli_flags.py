@@ -16,7 +16,7 @@ import kvcache.memory.memory_probe as memory_probe
 from app.cli import build_parser, main
 from app.server_args_flags import server_args_fields
 from containers import EngineContainer
-from kvcache.inputs.byte_units import GiB, MiB, parse_bytes
+from kvcache.byte_units import GiB, MiB, parse_bytes
 from kvcache.errors import ConfigError, DoesNotFitError
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.inputs.server_args import ServerArgs

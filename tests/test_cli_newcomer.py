@@ -11,7 +11,7 @@ import kvcache.sizing.worker_sizing as worker_sizing
 from app.cli import main
 from containers import EngineContainer
 from kvcache.errors import DoesNotFitError
-from kvcache.inputs.byte_units import MiB, parse_bytes
+from kvcache.byte_units import MiB, parse_bytes
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.models.presets import PRESET_DIR

@@ -9,7 +9,7 @@ import torch
 from dependency_injector import errors, providers
 
 from containers import EngineContainer, WorkerContainer
-from kvcache.inputs.byte_units import GiB, MiB
+from kvcache.byte_units import GiB, MiB
 from kvcache.configurator import KVCacheConfigurator
 from kvcache.memory.memory_probe import FixedMemoryProbe, HostMemoryProbe, MemoryProbe
 from kvcache.inputs.parallel import ParallelState

@@ -65,7 +65,8 @@ def test_an_engine_bootstrap_with_the_knob_on_captures_and_resizes(max_bs):
 
 def test_a_remap_that_fails_on_the_driver_leaves_every_byte_mapped_and_the_kept_bytes_intact():
     from kvcache.memory.cuda_virtual_memory import CudaVirtualMemory
-    from kvcache.memory.vmm_storage import VmmAllocation, VmmError
+    from kvcache.errors import VmmError
+    from kvcache.memory.vmm_storage import VmmAllocation
 
     class FailingMap(CudaVirtualMemory):
         armed = False

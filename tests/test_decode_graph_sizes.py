@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from app.forward.graphs import decode_graph_batch_sizes
-from kvcache.inputs.byte_units import GiB, MiB
+from kvcache.byte_units import GiB, MiB
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.memory.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
 

@@ -14,6 +14,7 @@ from kvcache.errors import ConfigError
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.presets import PRESET_DIR, load_model_config
 from kvcache.inputs.server_args import ServerArgs
+from kvcache.models.hf_config import model_config_from_hf
 
 EAGLE3_HEAD = "EAGLE3-LLaMA3.1-Instruct-8B"  # hidden 4,096, vocab 128,256, draft_vocab_size 32,000
 
@@ -29,7 +30,7 @@ QWEN25_05B: dict[str, Any] = {
 
 def preset_with(name: str, **changes: Any) -> ModelConfig:
     hf = json.loads((PRESET_DIR / f"{name}.json").read_text())
-    return ModelConfig.from_hf_config({**hf, **changes}, name=f"{name}*")
+    return model_config_from_hf({**hf, **changes}, name=f"{name}*")
 
 
 def test_a_head_trained_for_the_target_pairs() -> None:
@@ -42,7 +43,7 @@ def test_a_head_trained_for_the_target_pairs() -> None:
 
 def test_a_smaller_model_of_the_family_pairs_standalone() -> None:
     check_draft_pairing(algorithm="STANDALONE", target=load_model_config("Qwen2.5-7B-Instruct"),
-                        draft=ModelConfig.from_hf_config(QWEN25_05B, name="Qwen2.5-0.5B-Instruct"))
+                        draft=model_config_from_hf(QWEN25_05B, name="Qwen2.5-0.5B-Instruct"))
     check_draft_pairing(algorithm="STANDALONE", target=load_model_config("Llama-3.1-8B-Instruct"),
                         draft=load_model_config("Llama-3.2-1B-Instruct"))
 

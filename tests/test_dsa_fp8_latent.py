@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from containers import EngineContainer
-from kvcache.inputs.byte_units import GiB
+from kvcache.byte_units import GiB
 from kvcache.sizing.dsa_latent import DSAFp8Latent
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.errors import ConfigError
@@ -24,13 +24,14 @@ from kvcache.inputs.parallel import ParallelState
 from kvcache.sizing.pool_layout import worker_cache_layout
 from kvcache.pools import MLATokenToKVPool
 from kvcache.inputs.server_args import ServerArgs
+from kvcache.models.hf_config import model_config_from_hf
 
 CORPUS = Path(__file__).with_name("model_corpus")
 CPU = torch.device("cpu")
 
 
 def corpus(name: str) -> ModelConfig:
-    return ModelConfig.from_hf_config(CORPUS / f"{name}.json", name=name)
+    return model_config_from_hf(CORPUS / f"{name}.json", name=name)
 
 
 def mla_spec(name: str, kv: str) -> MLASpec:

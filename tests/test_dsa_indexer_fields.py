@@ -16,7 +16,7 @@ import pytest
 
 from app.cli import main
 from kvcache.errors import ModelConfigFieldError
-from kvcache.models.model_config import ModelConfig
+from kvcache.models.hf_config import model_config_from_hf
 
 V32 = json.loads((Path(__file__).with_name("model_corpus") / "DeepSeek-V3.2.json").read_text())
 LAYERS = V32["num_hidden_layers"]
@@ -41,7 +41,7 @@ SAME_AS_DEFAULT = [  # written out, the default values change nothing
 def test_an_indexer_setting_that_changes_the_key_cache_is_refused_naming_it(field: str, value: Any,
                                                                             supported: str) -> None:
     with pytest.raises(ModelConfigFieldError) as caught:
-        ModelConfig.from_hf_config(V32 | {field: value})
+        model_config_from_hf(V32 | {field: value})
     message = str(caught.value)
     assert f"config.json field '{field}' is " in message and supported in message, message
     assert str(value)[:20] in message
@@ -49,7 +49,7 @@ def test_an_indexer_setting_that_changes_the_key_cache_is_refused_naming_it(fiel
 
 @pytest.mark.parametrize(("field", "value"), SAME_AS_DEFAULT, ids=lambda v: str(v)[:20])
 def test_the_default_indexer_settings_written_out_plan_as_before(field: str, value: Any) -> None:
-    model = ModelConfig.from_hf_config(V32 | {field: value})
+    model = model_config_from_hf(V32 | {field: value})
     assert model.index_head_dim == 128 and model.layer_kinds == ("mla",) * LAYERS
 
 
@@ -74,7 +74,7 @@ def test_which_layers_reuse_top_k_is_decided_by_the_field_sglang_reads_first(ext
     """SGLang 0.5.23 reads indexer_types, then cli_factor > 1, then index_topk_pattern, then index_topk_freq; a field
     it never reads must not refuse a config whose deciding field says every layer keeps its key."""
     if refused_field is None:
-        assert ModelConfig.from_hf_config(V32 | extra).layer_kinds == ("mla",) * LAYERS
+        assert model_config_from_hf(V32 | extra).layer_kinds == ("mla",) * LAYERS
         return
     with pytest.raises(ModelConfigFieldError, match=f"'{refused_field}'"):
-        ModelConfig.from_hf_config(V32 | extra)
+        model_config_from_hf(V32 | extra)

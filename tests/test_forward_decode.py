@@ -23,6 +23,7 @@ from kvcache.models.model_config import ModelConfig
 from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from kvcache.models.presets import load_model_config
 from kvcache.testing import TINY_MODEL_HF_CONFIG, tiny_model_config
+from kvcache.models.hf_config import model_config_from_hf
 
 CPU = torch.device("cpu")
 POOL_TOKENS = 256
@@ -39,7 +40,7 @@ MODELS = {
     "qwen2": lambda: tiny_model_config(architectures=["Qwen2ForCausalLM"], model_type="qwen2"),
     "qwen3": lambda: tiny_model_config(architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=16),
     "mistral": lambda: tiny_model_config(architectures=["MistralForCausalLM"], model_type="mistral"),
-    "deepseek": lambda: ModelConfig.from_hf_config(TINY_MLA, name="tiny-mla"),
+    "deepseek": lambda: model_config_from_hf(TINY_MLA, name="tiny-mla"),
 }
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from kvcache.inputs.cards import card_named
-from kvcache.runtime.rank_agreement import RankAgreement
+from kvcache.inputs.rank_agreement import RankAgreement
 
 
 def test_the_derived_fraction_uses_the_ranks_smallest_card(make_engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,8 +17,8 @@ from app.cli import main
 from kvcache.errors import ConfigError, ModelConfigFieldError
 from kvcache.inputs.input_files import MAX_INPUT_FILE_BYTES, MAX_NESTING
 from kvcache.inputs.server_args import MAX_COUNT, ServerArgs
-from kvcache.models.model_config import ModelConfig
 from kvcache.models.presets import PRESET_DIR
+from kvcache.models.hf_config import model_config_from_hf
 
 CORPUS = Path(__file__).resolve().parent / "model_corpus"
 LLAMA_TEXT = (PRESET_DIR / "Llama-3.1-8B-Instruct.json").read_text()
@@ -176,7 +176,7 @@ CONTRADICTIONS: list[tuple[str, dict[str, Any], str]] = [
 @pytest.mark.parametrize(("hf", "message"), [c[1:] for c in CONTRADICTIONS], ids=[c[0] for c in CONTRADICTIONS])
 def test_a_config_that_contradicts_itself_is_refused(hf: dict[str, Any], message: str) -> None:
     with pytest.raises(ModelConfigFieldError) as info:
-        ModelConfig.from_hf_config(hf, name="m")
+        model_config_from_hf(hf, name="m")
     assert message in str(info.value) and "\n" not in str(info.value)
 
 

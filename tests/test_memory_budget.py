@@ -6,9 +6,10 @@ from fractions import Fraction
 
 import pytest
 
-from kvcache.inputs.byte_units import GiB, MiB
+from kvcache.byte_units import GiB, MiB
 from kvcache.errors import DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
-from kvcache.memory.memory_budget import compute_budget, derive_mem_fraction_static, exact_fraction
+from kvcache.arithmetic import exact_fraction
+from kvcache.memory.memory_budget import compute_budget, derive_mem_fraction_static
 
 
 def budget(free_before: int, free_after: int, fraction: float | None = None, kv: int | None = None,

@@ -14,6 +14,7 @@ from kvcache.models.registry import FAMILIES
 from kvcache.errors import ConfigError, UnsupportedModelError
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.presets import PRESET_DIR, load_model_config, preset_names
+from kvcache.models.hf_config import model_config_from_hf
 
 # name: (layers, {kind: count}, head_dim, kv heads, max_position_embeddings, checkpoint dtype, window)
 # all taken from the published config.json files in kvcache/models/presets/
@@ -132,14 +133,14 @@ def test_eagle_head_is_a_draft_head() -> None:
     ],
 )
 def test_head_dim_rules(overrides: dict[str, Any], head_dim: int) -> None:
-    m = ModelConfig.from_hf_config({**raw_preset("Llama-3.1-8B-Instruct"), **overrides})
+    m = model_config_from_hf({**raw_preset("Llama-3.1-8B-Instruct"), **overrides})
     assert m.head_dim == m.v_head_dim == head_dim
 
 
 def test_missing_num_key_value_heads_means_mha() -> None:
     hf = raw_preset("Llama-3.1-8B-Instruct")
     del hf["num_key_value_heads"]
-    assert ModelConfig.from_hf_config(hf).num_key_value_heads == 32
+    assert model_config_from_hf(hf).num_key_value_heads == 32
 
 
 @pytest.mark.parametrize(
@@ -149,7 +150,7 @@ def test_missing_num_key_value_heads_means_mha() -> None:
 def test_qwen2_slides_from_max_window_layers_when_turned_on(max_window_layers: int, full: int, sliding: int) -> None:
     hf = {**raw_preset("Qwen2.5-7B-Instruct"), "use_sliding_window": True, "max_window_layers": max_window_layers,
           "sliding_window": 4096}
-    kinds = ModelConfig.from_hf_config(hf).layer_kinds
+    kinds = model_config_from_hf(hf).layer_kinds
     assert Counter(kinds)["full_attention"] == full and Counter(kinds)["sliding_attention"] == sliding
     assert all(k == "full_attention" for k in kinds[:max_window_layers])
 
@@ -157,7 +158,7 @@ def test_qwen2_slides_from_max_window_layers_when_turned_on(max_window_layers: i
 def test_gemma3_style_pattern() -> None:
     hf = {**raw_preset("gemma-2-9b-it"), "architectures": ["Gemma3ForCausalLM"], "sliding_window_pattern": 6,
           "num_hidden_layers": 12}
-    kinds = ModelConfig.from_hf_config(hf).layer_kinds
+    kinds = model_config_from_hf(hf).layer_kinds
     assert [i for i, k in enumerate(kinds) if k == "full_attention"] == [5, 11]  # every 6th layer is global
 
 
@@ -183,12 +184,12 @@ def test_a_missing_field_is_named(name: str, field: str) -> None:
     hf = raw_preset(name)
     del hf[field]
     with pytest.raises(UnsupportedModelError, match=f"{re.escape(name)}: config.json has no '{field}'"):
-        ModelConfig.from_hf_config(hf, name=name)
+        model_config_from_hf(hf, name=name)
 
 
 def test_an_unknown_decoder_architecture_goes_to_the_generic_reader() -> None:
     hf = {**raw_preset("Llama-3.1-8B-Instruct"), "architectures": ["SomeNewForCausalLM"]}
-    assert ModelConfig.from_hf_config(hf).layer_kinds == load_model_config("Llama-3.1-8B-Instruct").layer_kinds
+    assert model_config_from_hf(hf).layer_kinds == load_model_config("Llama-3.1-8B-Instruct").layer_kinds
 
 
 @pytest.mark.parametrize(
@@ -201,7 +202,7 @@ def test_an_unknown_decoder_architecture_goes_to_the_generic_reader() -> None:
 def test_an_unsupported_architecture_is_named(arch: str, message: str) -> None:
     hf = {**raw_preset("Llama-3.1-8B-Instruct"), "architectures": [arch]}
     with pytest.raises(UnsupportedModelError, match=message) as info:
-        ModelConfig.from_hf_config(hf)
+        model_config_from_hf(hf)
     if arch == "BertModel":
         for family in FAMILIES:
             assert family in str(info.value)
@@ -211,7 +212,7 @@ def test_a_config_without_architectures_is_refused() -> None:
     hf = raw_preset("Llama-3.1-8B-Instruct")
     del hf["architectures"]
     with pytest.raises(UnsupportedModelError, match="has no 'architectures' list"):
-        ModelConfig.from_hf_config(hf, name="x")
+        model_config_from_hf(hf, name="x")
 
 
 @pytest.mark.parametrize(
@@ -225,7 +226,7 @@ def test_a_config_without_architectures_is_refused() -> None:
 )
 def test_nemotron_pattern_errors(edit: dict[str, Any], message: str) -> None:
     with pytest.raises(UnsupportedModelError, match=message):
-        ModelConfig.from_hf_config({**raw_preset("Nemotron-H-56B-Base-8K"), **edit})
+        model_config_from_hf({**raw_preset("Nemotron-H-56B-Base-8K"), **edit})
 
 
 def test_an_unknown_layer_type_is_named() -> None:
@@ -233,7 +234,7 @@ def test_an_unknown_layer_type_is_named() -> None:
     hf["layer_types"] = ["full_attention"] * 23 + ["mamba"]
     with pytest.raises(UnsupportedModelError, match=r"field 'layer_types\[23\]' is 'mamba'; expected one of .*"
                                                     r"sliding_attention \(this layer type is not supported\)"):
-        ModelConfig.from_hf_config(hf)
+        model_config_from_hf(hf)
 
 
 def test_layer_kinds_must_match_the_layer_count() -> None:
@@ -294,19 +295,19 @@ def test_malformed_config_json(tmp_path: Path, content: str, message: str) -> No
     path = tmp_path / "config.json"
     path.write_bytes(content.encode("latin-1"))
     with pytest.raises(ConfigError, match=message):
-        ModelConfig.from_hf_config(path)
+        model_config_from_hf(path)
 
 
 def test_a_directory_without_config_json(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"no model config at .*config\.json"):
-        ModelConfig.from_hf_config(tmp_path)
+        model_config_from_hf(tmp_path)
 
 
 def test_from_a_mapping_takes_its_name_from_the_config() -> None:
     hf = raw_preset("Llama-3.2-1B-Instruct")
-    assert ModelConfig.from_hf_config(hf).name == "LlamaForCausalLM"  # no _name_or_path: the architecture
-    assert ModelConfig.from_hf_config({**hf, "_name_or_path": "meta/llama"}).name == "meta/llama"
-    assert ModelConfig.from_hf_config(hf, name="given").name == "given"
+    assert model_config_from_hf(hf).name == "LlamaForCausalLM"  # no _name_or_path: the architecture
+    assert model_config_from_hf({**hf, "_name_or_path": "meta/llama"}).name == "meta/llama"
+    assert model_config_from_hf(hf, name="given").name == "given"
 
 
 # ---- NEXTN draft ------------------------------------------------------------------------

@@ -15,13 +15,14 @@ import pytest
 from app.cli import main
 from app.weights import count_parameters
 from containers import EngineContainer
-from kvcache.inputs.byte_units import GiB
+from kvcache.byte_units import GiB
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.sizing.layer_specs import RecurrentStateSpec, model_layer_specs
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.server_args import ServerArgs
+from kvcache.models.hf_config import model_config_from_hf
 
 CORPUS = Path(__file__).with_name("model_corpus")
 REFUSED = {"DeepSeek-V4-Flash": "compressed sparse attention", "gemma-4-26B-A4B": "own head_dim and KV sharing"}
@@ -29,7 +30,7 @@ SUPPORTED = sorted(p.stem for p in CORPUS.glob("*.json") if p.stem not in REFUSE
 
 
 def corpus(name: str) -> ModelConfig:
-    return ModelConfig.from_hf_config(CORPUS / f"{name}.json", name=name)
+    return model_config_from_hf(CORPUS / f"{name}.json", name=name)
 
 
 def test_the_corpus_spans_forty_families() -> None:

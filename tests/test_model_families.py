@@ -13,12 +13,13 @@ from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
 from kvcache.sizing.pool_layout import worker_cache_layout
 from kvcache.pools import MLATokenToKVPool
+from kvcache.models.hf_config import model_config_from_hf
 
 CORPUS = Path(__file__).with_name("model_corpus")
 
 
 def corpus(name: str) -> ModelConfig:
-    return ModelConfig.from_hf_config(CORPUS / f"{name}.json", name=name)
+    return model_config_from_hf(CORPUS / f"{name}.json", name=name)
 
 
 def layout(m: ModelConfig):  # type: ignore[no-untyped-def]

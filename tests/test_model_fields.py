@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from app.cli import main
 from kvcache.errors import ConfigError, ModelConfigFieldError, UnsupportedModelError
-from kvcache.models.model_config import ModelConfig
 from kvcache.models.presets import PRESET_DIR, preset_names
+from kvcache.models.hf_config import model_config_from_hf
 
 LLAMA = "Llama-3.1-8B-Instruct"
 
@@ -34,6 +34,8 @@ def edited(name: str, edit: dict[str, Any]) -> dict[str, Any]:
     return hf
 
 
+_CONV_KERNEL_1 = ("field '{}' is 1; expected an integer from 2 to 64: the conv state keeps kernel - 1 columns, "
+                  "so a kernel of 1 leaves nothing to cache")
 CASES: list[tuple[str, dict[str, Any], str]] = [
     (LLAMA, {"num_hidden_layers": ...}, "config.json has no 'num_hidden_layers' (nor 'n_layer', 'num_layers', 'n_layers'); "
                                         "expected a positive integer"),
@@ -67,6 +69,9 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("DeepSeek-V3", {"index_topk": 2048, "index_head_dim": 100, "index_n_heads": 64},
      "field 'index_head_dim' is 100; expected a multiple of 128"),
     ("Qwen3-Next-80B-A3B-Thinking", {"linear_conv_kernel_dim": 0}, "field 'linear_conv_kernel_dim' is 0"),
+    # a conv kernel of 1 would cache an empty conv state (it used to plan, then fail to build: exit 1)
+    ("Qwen3-Next-80B-A3B-Thinking", {"linear_conv_kernel_dim": 1}, _CONV_KERNEL_1.format("linear_conv_kernel_dim")),
+    ("Nemotron-H-56B-Base-8K", {"conv_kernel": 1}, _CONV_KERNEL_1.format("conv_kernel")),
     ("Nemotron-H-56B-Base-8K", {"mamba_num_heads": [256]}, "field 'mamba_num_heads' is [256]; expected a positive integer"),
     ("gpt-oss-20b", {"layer_types": None, "sliding_window": "128"}, "field 'sliding_window' is '128'"),
     (LLAMA, {"quantization_config": {"quant_method": "fp8", "ignore": ["lm_head", "re:.*mlp(.*"]}},
@@ -77,7 +82,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
 @pytest.mark.parametrize(("name", "edit", "message"), CASES, ids=[f"{n}-{','.join(e)}" for n, e, _ in CASES])
 def test_a_bad_field_is_refused_naming_field_value_and_need(name: str, edit: dict[str, Any], message: str) -> None:
     with pytest.raises(UnsupportedModelError) as info:
-        ModelConfig.from_hf_config(edited(name, edit), name=name)
+        model_config_from_hf(edited(name, edit), name=name)
     assert message in str(info.value)
     assert str(info.value).startswith(f"{name}: ") and "\n" not in str(info.value)
 
@@ -92,10 +97,23 @@ def test_the_cli_exits_2_with_the_same_line(name: str, edit: dict[str, Any], mes
 
 
 def test_numerics_for_the_forward_pass_are_read_once() -> None:
-    m = ModelConfig.from_hf_config(raw(LLAMA))
+    m = model_config_from_hf(raw(LLAMA))
     assert (m.rms_norm_eps, m.rope_theta) == (1e-5, 500000.0)
     nested = edited(LLAMA, {"rope_theta": ..., "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}})
-    assert ModelConfig.from_hf_config(nested).rope_theta == 1e6
+    assert model_config_from_hf(nested).rope_theta == 1e6
+
+
+@pytest.mark.parametrize(("corpus", "field"), [("Jamba-v0.1", "mamba_d_conv"), ("Falcon-H1-0.5B-Base", "mamba_d_conv"),
+                                               ("Kimi-Linear-48B-A3B-Instruct", "short_conv_kernel_size")])
+def test_every_family_refuses_a_conv_kernel_of_1(corpus: str, field: str) -> None:
+    hf = json.loads((_CORPUS / f"{corpus}.json").read_text())
+    section = hf.get("linear_attn_config") if field == "short_conv_kernel_size" else hf
+    assert section is not None and section[field] >= 2
+    section[field] = 1
+    with pytest.raises(ModelConfigFieldError) as info:
+        model_config_from_hf(hf, name=corpus)
+    path = "linear_attn_config." if section is not hf else ""
+    assert _CONV_KERNEL_1.format(path + field) in str(info.value)
 
 
 def test_field_errors_are_config_errors() -> None:
@@ -109,7 +127,7 @@ def test_field_errors_are_config_errors() -> None:
     ({"num_key_value_heads": ..., "num_kv_heads": 4}, 4),  # Falcon's alias
 ])
 def test_tolerated_spellings(edit: dict[str, Any], value: int) -> None:
-    assert ModelConfig.from_hf_config(edited(LLAMA, edit)).num_key_value_heads == value
+    assert model_config_from_hf(edited(LLAMA, edit)).num_key_value_heads == value
 
 
 # ---- random mutations never escape as anything but exit 0, 2 or 3 -----------------------------------------
@@ -139,6 +157,7 @@ def mutated_configs(draw: st.DrawFn) -> dict[str, Any]:
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(hf=mutated_configs(), tp=st.sampled_from(["1", "2", "8"]))
+@example(hf=edited("Nemotron-H-56B-Base-8K", {"conv_kernel": 1}), tp="2")  # planned, then exit 1 at build
 def test_mutated_configs_plan_or_are_refused(hf: dict[str, Any], tp: str, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "config.json").write_text(json.dumps(hf))

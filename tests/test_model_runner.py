@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvcache.memory import device_buffers
-from kvcache.inputs.byte_units import GiB, MiB
+from kvcache.byte_units import GiB, MiB
 from kvcache.errors import KVCacheError, PoolBuildError, WeightsDoNotFitError
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.models.presets import load_model_config

@@ -19,8 +19,8 @@ import pytest
 from app.cli import main
 from app.weights import count_parameters, parameter_specs
 from kvcache.errors import ConfigError, ModelConfigFieldError
-from kvcache.models.model_config import ModelConfig
 from kvcache.models.presets import load_model_config
+from kvcache.models.hf_config import model_config_from_hf
 
 CORPUS = Path(__file__).with_name("model_corpus")
 
@@ -66,9 +66,9 @@ def nemotron_3_super_mtp() -> int:
 
 MTP = [  # (config, MTP parameters by hand, the draft's cache kinds)
     (lambda: load_model_config("Qwen3-Next-80B-A3B-Thinking"), qwen3_next_80b_mtp(), ("full_attention",)),
-    (lambda: ModelConfig.from_hf_config(corpus("Qwen3.5-27B")), qwen3_5_27b_mtp(), ("full_attention",)),
-    (lambda: ModelConfig.from_hf_config(corpus("MiMo-7B-Base")), mimo_7b_mtp(), ("full_attention",)),
-    (lambda: ModelConfig.from_hf_config(corpus("NVIDIA-Nemotron-3-Super-120B-A12B-FP8")), nemotron_3_super_mtp(),
+    (lambda: model_config_from_hf(corpus("Qwen3.5-27B")), qwen3_5_27b_mtp(), ("full_attention",)),
+    (lambda: model_config_from_hf(corpus("MiMo-7B-Base")), mimo_7b_mtp(), ("full_attention",)),
+    (lambda: model_config_from_hf(corpus("NVIDIA-Nemotron-3-Super-120B-A12B-FP8")), nemotron_3_super_mtp(),
      ("full_attention", "mlp")),
 ]
 
@@ -90,11 +90,11 @@ def test_the_published_totals_include_the_mtp_layer() -> None:
 
 
 def test_nemotron_3_mtp_eh_proj_is_column_parallel_and_named_as_the_checkpoint() -> None:
-    model = ModelConfig.from_hf_config(corpus("NVIDIA-Nemotron-3-Super-120B-A12B-FP8"))
+    model = model_config_from_hf(corpus("NVIDIA-Nemotron-3-Super-120B-A12B-FP8"))
     specs = {s.name: s.shape for s in parameter_specs(model, nextn=True, tp_size=8)}
     assert specs["mtp.layers.0.eh_proj.weight"] == (4096 // 8, 2 * 4096)
     assert "mtp.layers.1.final_layernorm.weight" in specs and "mtp.layers.1.mixer.experts.up_proj" in specs
-    ultra = ModelConfig.from_hf_config(corpus("NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"))  # mtp_layers_block_type
+    ultra = model_config_from_hf(corpus("NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"))  # mtp_layers_block_type
     assert ultra.nextn_layer_kinds == ("full_attention", "mlp")
 
 
@@ -135,11 +135,11 @@ def test_nextn_plans_the_draft_from_the_models_own_mtp_layer(model: str, draft_b
 ])
 def test_an_mtp_config_sglang_cannot_draft_with_is_refused_naming_the_field(name: str, field: str, value: Any) -> None:
     with pytest.raises(ModelConfigFieldError, match=re.escape(f"'{field}' is {value!r}; expected")):
-        ModelConfig.from_hf_config(corpus(name) | {field: value})
+        model_config_from_hf(corpus(name) | {field: value})
 
 
 def test_a_qwen3_5_checkpoint_without_mtp_layers_has_no_nextn_draft() -> None:
-    model = ModelConfig.from_hf_config(corpus("Qwen3.5-27B") | {"text_config": corpus("Qwen3.5-27B")["text_config"]
+    model = model_config_from_hf(corpus("Qwen3.5-27B") | {"text_config": corpus("Qwen3.5-27B")["text_config"]
                                                                 | {"mtp_num_hidden_layers": 0}})
     with pytest.raises(ConfigError, match="has no next-token-prediction layers"):
         model.nextn_draft()
@@ -149,4 +149,4 @@ def test_nextn_for_mtp_layers_no_reader_models_says_so_not_that_there_are_none()
     """Step-3.7-Flash declares three MTP layers; the message said it had none."""
     with pytest.raises(ConfigError, match=r"declares MTP layers \(num_nextn_predict_layers 3\) that this engine does "
                                           r"not model for Step3p7FlashForCausalLM; .*use EAGLE"):
-        ModelConfig.from_hf_config(corpus("Step-3.7-Flash")).nextn_draft()
+        model_config_from_hf(corpus("Step-3.7-Flash")).nextn_draft()

@@ -11,7 +11,7 @@ import torch
 
 from kvcache.memory import device_buffers
 from kvcache.allocators import TokenToKVPoolAllocator
-from kvcache.inputs.byte_units import GiB, MiB
+from kvcache.byte_units import GiB, MiB
 from kvcache.memory.device_buffers import Arena, arena_size
 from kvcache.errors import ConfigError, PlanMismatchError
 from kvcache.memory.memory_probe import FixedMemoryProbe

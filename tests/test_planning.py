@@ -17,7 +17,7 @@ import msgspec
 import pytest
 import torch
 
-from kvcache.inputs.byte_units import GiB, MiB, parse_bytes
+from kvcache.byte_units import GiB, MiB, parse_bytes
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.errors import (

@@ -20,8 +20,8 @@ import torch
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from kvcache.allocators.footprint import allocator_index_bytes
-from kvcache.inputs.byte_units import GiB, KiB, MiB
+from kvcache.sizing.allocator_footprint import allocator_index_bytes
+from kvcache.byte_units import GiB, KiB, MiB
 from kvcache.configurator import KVCacheConfigurator
 from kvcache.memory.device_buffers import LARGE_ROUND
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvcache.memory import device_buffers
-from kvcache.inputs.byte_units import GiB, MiB
+from kvcache.byte_units import GiB, MiB
 from kvcache.errors import PoolBuildError, PoolOutOfMemoryError
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.testing import FailingAllocatorFactory

@@ -33,6 +33,7 @@ from app.weights import DummyWeightLoader, ParamSpec, parameter_specs, storage_o
 from kvcache.errors import ModelConfigFieldError
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.quantization import PackedIntWeights, Quantization
+from kvcache.models.hf_config import model_config_from_hf
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "model_corpus"
@@ -45,7 +46,7 @@ INT4 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "confi
 
 
 def kimi_k25() -> ModelConfig:
-    return ModelConfig.from_hf_config(CORPUS / "Kimi-K2.5.json", name="Kimi-K2.5")
+    return model_config_from_hf(CORPUS / "Kimi-K2.5.json", name="Kimi-K2.5")
 
 
 def test_kimi_k25_int4_weights_per_rank_at_tp8_by_hand() -> None:
@@ -106,7 +107,7 @@ def _group(**weights: Any) -> dict[str, Any]:
 )
 def test_an_unmodelled_weight_format_is_refused_in_one_line(quantization: dict[str, Any], message: str) -> None:
     with pytest.raises(ModelConfigFieldError) as caught:
-        ModelConfig.from_hf_config(_with_quantization(quantization), name="q")
+        model_config_from_hf(_with_quantization(quantization), name="q")
     assert message in str(caught.value) and "\n" not in str(caught.value)
 
 
@@ -125,7 +126,7 @@ QUANTIZED = [p for p in SHIPPED if "quantization_config" in p.read_text() and p.
 def test_every_shipped_quantized_config_is_sized_in_its_format(path: Path) -> None:
     """DeepSeek-V3/V3.2, Kimi-K2 and MiniMax-M2.5 (fp8 blocks), gpt-oss (mxfp4), Kimi-K2.5 (int4); DeepSeek-V4's
     cache is refused before its weights matter."""
-    assert ModelConfig.from_hf_config(path).weights.quantization.weights is not None
+    assert model_config_from_hf(path).weights.quantization.weights is not None
 
 
 def test_a_model_directory_quantized_by_hf_quant_config_is_refused_with_exit_2(
@@ -143,7 +144,7 @@ def test_a_model_directory_quantized_by_hf_quant_config_is_refused_with_exit_2(
 def test_packed_int_weights_load_on_the_cpu() -> None:
     """The int32 packed weights and zero points get random bits like the uint8 formats: filling them with
     uniform floats raised (an internal error, exit 1, for `bootstrap --device cpu` of an int4 checkpoint)."""
-    model = ModelConfig.from_hf_config(_with_quantization(_group(symmetric=False)), name="int4")
+    model = model_config_from_hf(_with_quantization(_group(symmetric=False)), name="int4")
     loader = DummyWeightLoader(device=torch.device("cpu"), dtype=torch.bfloat16, quantization=model.weights.quantization)
     weights = loader.load(parameter_specs(model, tp_size=1))
     packed = weights.tensors["model.layers.0.mlp.down_proj.weight_packed"]
@@ -157,7 +158,7 @@ def test_the_reference_decode_refuses_packed_int_weights_in_one_line() -> None:
     from app.forward import build_decoder
     from kvcache.errors import UnsupportedModelError
 
-    model = ModelConfig.from_hf_config(_with_quantization(INT4), name="int4")
+    model = model_config_from_hf(_with_quantization(INT4), name="int4")
     loader = DummyWeightLoader(device=META, dtype=torch.bfloat16, quantization=model.weights.quantization)
     weights = loader.load(parameter_specs(model, tp_size=1))
     with pytest.raises(UnsupportedModelError, match="runs unquantized weights; .*_packed is stored as torch.int32"):

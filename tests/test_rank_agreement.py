@@ -9,12 +9,12 @@ import pytest
 
 from app.parallel_setup import check_layout, check_local_rank, parallel_state_resource
 from kvcache.runtime.agreed_resize import agree_on_resize, capped_resize
-from kvcache.inputs.byte_units import GiB, MiB
+from kvcache.byte_units import GiB, MiB
 from kvcache.errors import ConfigError, DoesNotFitError, RankFailedError, UnbalancedMemoryError
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.inputs.parallel import ParallelState, group_ranks
 from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_pool_sizes
-from kvcache.runtime.rank_agreement import RankAgreement, _failure_of, check_memory_balance
+from kvcache.inputs.rank_agreement import RankAgreement, _failure_of, check_memory_balance
 from kvcache.runtime.resize import compute_post_capture_kv_resize
 from kvcache.inputs.server_args import ServerArgs
 

@@ -1,7 +1,7 @@
 """The README's test example, verbatim in spirit: it must keep working."""
 
 from containers import EngineContainer
-from kvcache.inputs.byte_units import GiB
+from kvcache.byte_units import GiB
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.testing import FixedMemoryProbe, tiny_model_config
 

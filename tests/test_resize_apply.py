@@ -8,7 +8,7 @@ import torch
 from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool
-from kvcache.memory.vmm_storage import VmmError
+from kvcache.errors import VmmError
 from kvcache.runtime.shrink import (
     LiveTokensInTailError, complement, pool_buffers, released_address_ranges, shrink_allocator,
 )

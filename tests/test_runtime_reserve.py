@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import pytest
 
-from kvcache.inputs.byte_units import GiB, MiB
+from kvcache.byte_units import GiB, MiB
 from kvcache.inputs.cards import KNOWN_CARDS
 from kvcache.memory.runtime_reserve import (
     RuntimeShape, decode_cuda_graph_max_bs, default_chunked_prefill_size, default_cuda_graph_max_bs,

@@ -273,7 +273,7 @@ def test_server_args_round_trip_through_json() -> None:
 
 def test_the_rank_memory_ratio_default_is_the_one_sglang_constant() -> None:
     from kvcache.inputs.parallel import ParallelState
-    from kvcache.runtime.rank_agreement import SGLANG_MIN_RANK_MEMORY_RATIO
+    from kvcache.inputs.sglang_ratios import SGLANG_MIN_RANK_MEMORY_RATIO
 
     assert ServerArgs().min_rank_memory_ratio == ParallelState().min_rank_memory_ratio == SGLANG_MIN_RANK_MEMORY_RATIO == 0.9
 
@@ -283,7 +283,8 @@ def test_the_hybrid_ratio_defaults_are_the_one_sglang_constant_each() -> None:
     constants, which are SGLang 0.5.23's fallbacks 0.8 and 0.9."""
     from fractions import Fraction
 
-    from kvcache.sizing.planning import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO, PlanRequest
+    from kvcache.inputs.sglang_ratios import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
+    from kvcache.sizing.planning import PlanRequest
     from kvcache.inputs.sizing_settings import SizingSettings
 
     assert (SGLANG_SWA_FULL_TOKENS_RATIO, SGLANG_MAMBA_FULL_MEMORY_RATIO) == (Fraction(4, 5), Fraction(9, 10))

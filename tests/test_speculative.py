@@ -10,7 +10,7 @@ import torch
 from dependency_injector import providers
 
 from containers import EngineContainer
-from kvcache.inputs.byte_units import GiB, MiB
+from kvcache.byte_units import GiB, MiB
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.errors import ConfigError
 from kvcache.memory.memory_probe import FixedMemoryProbe

@@ -13,7 +13,7 @@ import pytest
 
 from containers import EngineContainer
 from kvcache.allocators import SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvcache.inputs.byte_units import GiB
+from kvcache.byte_units import GiB
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.pools import HybridSWAKVPool, MHATokenToKVPool
 from kvcache.models.presets import load_model_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvcache.runtime.tail_release import Block, chunk_blocks, plan_tail_release
+from kvcache.memory.tail_release import Block, chunk_blocks, plan_tail_release
 
 G = 2 << 20  # 2 MiB, an H200's VMM granularity
 

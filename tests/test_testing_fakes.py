@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kvcache.allocators import TokenToKVPoolAllocator
-from kvcache.inputs.byte_units import GiB
+from kvcache.byte_units import GiB
 from kvcache.memory.memory_probe import FixedMemoryProbe, MemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.testing import RecordingAllocator, fixed_card_probe, tiny_model_config

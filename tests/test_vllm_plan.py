@@ -16,18 +16,18 @@ from kvcache.engines import vllm_rules
 from kvcache.engines.vllm_answer import vllm_answer, vllm_available_bytes
 from kvcache.engines.vllm_plan import VllmPlan, VllmSettings, plan_vllm, vllm_layer_specs
 from kvcache.errors import BudgetBelowOneRequestError, ConfigError, UnsupportedModelError
-from kvcache.inputs.byte_units import GiB
+from kvcache.byte_units import GiB
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.memory.runtime_reserve import RuntimeShape
-from kvcache.models.model_config import ModelConfig
+from kvcache.models.hf_config import model_config_from_hf
 
 CORPUS = Path(__file__).with_name("model_corpus")
 HUNDRED_GIB = 100 * GiB
 
 
 def plan(name: str, available: int = HUNDRED_GIB, **settings: int) -> VllmPlan:
-    model = ModelConfig.from_hf_config(CORPUS / f"{name}.json", name=name)
+    model = model_config_from_hf(CORPUS / f"{name}.json", name=name)
     dtype = resolve_model_dtype("auto", model.checkpoint_dtype)
     layers = vllm_layer_specs(model, ParallelState(), resolve_kv_cache_dtype("auto", dtype), model_dtype=dtype)
     return plan_vllm(layers, model.layer_kinds, available_bytes=available,
@@ -105,7 +105,7 @@ def test_one_request_must_fit_besides_the_null_block() -> None:
 def test_sparse_attention_mla_and_fp4_are_refused_not_guessed() -> None:
     with pytest.raises(UnsupportedModelError, match="indexer"):
         plan("DeepSeek-V3.2")
-    model = ModelConfig.from_hf_config(CORPUS / "Qwen3-0.6B.json", name="Qwen3-0.6B")
+    model = model_config_from_hf(CORPUS / "Qwen3-0.6B.json", name="Qwen3-0.6B")
     with pytest.raises(ConfigError, match="fp4_e2m1 is not modelled for --engine vllm"):
         vllm_layer_specs(model, ParallelState(), resolve_kv_cache_dtype("fp4_e2m1", torch.bfloat16),
                          model_dtype=torch.bfloat16)
@@ -122,7 +122,7 @@ def test_answer_on_an_h200_names_the_estimated_runtime() -> None:
     # H200 150,109,880,320 B at utilization 1.0 (vLLM's default), Qwen3-0.6B's dummy weights 1,193,279,488 B;
     # the runtime estimate is the project's reserve for the card: 512 + 1.5 x 8,192 + 128 + 2 x 256
     # + 8 x 58 prefill graphs = 13,904 MiB = 14,579,400,704 B
-    model = ModelConfig.from_hf_config(CORPUS / "Qwen3-0.6B.json", name="Qwen3-0.6B")
+    model = model_config_from_hf(CORPUS / "Qwen3-0.6B.json", name="Qwen3-0.6B")
     answer = vllm_answer(model, ParallelState(), resolve_kv_cache_dtype("auto", torch.bfloat16),
                          model_dtype=torch.bfloat16, total_bytes=150_109_880_320, weights_bytes=1_193_279_488,
                          runtime=RuntimeShape(cuda_graphs=True), max_model_len=32768)

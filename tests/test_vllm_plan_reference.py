@@ -17,7 +17,7 @@ import pytest
 
 from kvcache.engines.vllm_plan import VllmSettings
 from kvcache.errors import UnsupportedModelError
-from kvcache.inputs.byte_units import GiB
+from kvcache.byte_units import GiB
 
 REFERENCE_SRC = Path(os.environ.get("KVCACHE_REFERENCE_SRC", "/work/ref/src"))
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

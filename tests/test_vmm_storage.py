@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcache.runtime.tail_release import Block
+from kvcache.memory.tail_release import Block
 from kvcache.testing.virtual_memory import POISON, FakeVirtualMemory
-from kvcache.memory.vmm_storage import VmmAllocation, VmmBacking, VmmError
+from kvcache.errors import VmmError
+from kvcache.memory.vmm_storage import VmmAllocation, VmmBacking
 
 G = 4096
 CPU = torch.device("cpu")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvcache.inputs.byte_units import MiB
+from kvcache.byte_units import MiB
 
 import app.weights.loader as loader_module
 from app.weights import (
@@ -24,6 +24,7 @@ from app.weights import (
 )
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.quantization import Fp8Weights, Mxfp4Weights, Quantization
+from kvcache.models.hf_config import model_config_from_hf
 
 PRESETS = Path(__file__).resolve().parents[1] / "kvcache" / "models" / "presets"
 CPU, META = torch.device("cpu"), torch.device("meta")
@@ -56,7 +57,7 @@ def test_loaded_weights_are_read_only() -> None:
 
 
 def test_meta_load_of_deepseek_v3_fp8_allocates_nothing() -> None:
-    model = ModelConfig.from_hf_config(preset("DeepSeek-V3"))
+    model = model_config_from_hf(preset("DeepSeek-V3"))
     specs = parameter_specs(model)
     quantization = model.weights.quantization
     assert quantization.weights == Fp8Weights((128, 128))
@@ -76,7 +77,7 @@ def test_meta_load_of_deepseek_v3_fp8_allocates_nothing() -> None:
 def test_gpt_oss_mxfp4_experts_are_about_the_checkpoint_size() -> None:
     # The published checkpoint is ~13.8 GB: experts in MXFP4 (4.25 bits an element with
     # their scales), everything else in bf16. We compute 13.76 GB.
-    model = ModelConfig.from_hf_config(preset("gpt-oss-20b"))
+    model = model_config_from_hf(preset("gpt-oss-20b"))
     specs = parameter_specs(model)
     quantization = model.weights.quantization
     assert quantization.weights == Mxfp4Weights()
@@ -120,7 +121,7 @@ def test_quantized_storage_only_applies_to_quantized_specs() -> None:
 ])
 def test_the_model_description_names_the_weight_format(quantization: dict[str, Any] | None, expected: Any) -> None:
     cfg = preset("SmolLM2-135M") | ({} if quantization is None else {"quantization_config": quantization})
-    assert ModelConfig.from_hf_config(cfg).weights.quantization.weights == expected
+    assert model_config_from_hf(cfg).weights.quantization.weights == expected
 
 
 @pytest.mark.parametrize("error", [
@@ -167,7 +168,7 @@ def test_the_runner_sizes_fp8_scales_by_the_checkpoint_block_size(make_engine) -
     from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG
 
     fp8 = {"quant_method": "fp8", "weight_block_size": [32, 32]}
-    model = ModelConfig.from_hf_config({**TINY_MODEL_HF_CONFIG, "quantization_config": fp8})
+    model = model_config_from_hf({**TINY_MODEL_HF_CONFIG, "quantization_config": fp8})
     runner = make_engine(model=model, device="meta", card=card_named("H100-80GB")).engine().target
     runner.load_weights()
 
@@ -188,7 +189,7 @@ def test_the_runner_takes_the_weight_format_from_the_model_description_alone(mak
     from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG
 
     fp8 = {"quant_method": "fp8", "weight_block_size": [32, 32]}
-    model = ModelConfig.from_hf_config({**TINY_MODEL_HF_CONFIG, "quantization_config": fp8})
+    model = model_config_from_hf({**TINY_MODEL_HF_CONFIG, "quantization_config": fp8})
     runner = make_engine(model=msgspec.structs.replace(model, hf_config={}), device="meta",
                          card=card_named("H100-80GB")).engine().target
     runner.load_weights()

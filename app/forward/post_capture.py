@@ -3,7 +3,7 @@
 Measure what is free after capture, decide the smaller plan, rebuild the allocator with
 the same tokens in use (refused if any sit in the tail), then unmap every per-layer
 buffer's tail in the VMM allocations. Addresses do not move, so captured graphs stay valid.
-On several ranks every step ends with the ranks agreeing (kvcache.runtime.rank_agreement): they
+On several ranks every step ends with the ranks agreeing (kvcache.inputs.rank_agreement): they
 agree on the decision and the smallest token count, then all rebuild their allocators
 before any releases a byte, then all release; a failure on any rank leaves every rank's
 old allocator and every mapped byte as they were, and every rank raises the same error.

@@ -11,12 +11,13 @@ from typing import Any
 
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.weight_blocks import ParamSpec
+from kvcache.models.hf_config import model_config_from_hf
 
 __all__ = ["ParamSpec", "count_parameters", "parameter_specs"]
 
 
 def _model(source: ModelConfig | Mapping[str, Any]) -> ModelConfig:
-    return source if isinstance(source, ModelConfig) else ModelConfig.from_hf_config(source)
+    return source if isinstance(source, ModelConfig) else model_config_from_hf(source)
 
 
 def parameter_specs(

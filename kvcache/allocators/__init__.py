@@ -6,7 +6,6 @@ set-shaped paged frees: see free_log.FreeLog and paged.
 
 from kvcache.allocators.base import AllocatorState
 from kvcache.allocators.eviction import EvictParams
-from kvcache.allocators.footprint import allocator_index_bytes
 from kvcache.allocators.paged import PagedTokenToKVPoolAllocator
 from kvcache.allocators.swa import SWAAllocatorState, SWATokenToKVPoolAllocator
 from kvcache.allocators.token import TokenToKVPoolAllocator
@@ -18,5 +17,4 @@ __all__ = [
     "SWAAllocatorState",
     "SWATokenToKVPoolAllocator",
     "TokenToKVPoolAllocator",
-    "allocator_index_bytes",
 ]

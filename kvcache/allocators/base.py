@@ -143,7 +143,7 @@ class FreeListAllocator(SharedAllocatorAPI):
 
     @property
     def nbytes(self) -> int:
-        """Device bytes of the index buffers (kvcache.allocators.footprint states the formula)."""
+        """Device bytes of the index buffers (kvcache.sizing.allocator_footprint states the formula)."""
         return self._log.nbytes
 
     def get_kvcache(self) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvcache.allocators.protocol import TokenAllocator
+from kvcache.pools.allocator_protocol import TokenAllocator
 from kvcache.sizing.pool_config import MemoryPoolConfig
 
 

@@ -42,11 +42,10 @@ from dataclasses import dataclass
 import torch
 
 from kvcache.memory import device_buffers
+from kvcache.sizing.allocator_footprint import FREE_LOGS, LOG_LENGTH_FACTOR
 
 _serials = itertools.count(1)
 
-LOG_LENGTH_FACTOR = 2  # log entries per id: room for `capacity` frees between compactions
-FREE_LOGS = 2  # the active log and the one a compaction copies into
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +106,7 @@ class FreeLog:
 
     @property
     def nbytes(self) -> int:
-        """Device bytes held for the life of the log (kvcache.allocators.footprint states the formula)."""
+        """Device bytes held for the life of the log (kvcache.sizing.allocator_footprint states the formula)."""
         return device_buffers.tensor_bytes(t for t in (*self._logs, self._is_free) if t is not None)
 
     def free_ids(self) -> torch.Tensor:

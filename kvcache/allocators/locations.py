@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from kvcache.arithmetic import ceil_div
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +40,6 @@ class ExtendPlan:
         """packed (or its copy on the device) split into its five parts."""
         b, n, t = self.batch, self.num_new_pages, self.num_tokens
         return torch.split(packed, (b, b, n, t, t))
-
-
-def ceil_div(a: Any, b: int) -> Any:
-    """ceil(a / b) for an int or an integer tensor a and b >= 1."""
-    return (a + (b - 1)) // b
 
 
 def host_lengths(lengths: torch.Tensor, what: str) -> torch.Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvcache.allocators.eviction import evict_shortfall
-from kvcache.allocators.locations import ceil_div
+from kvcache.arithmetic import ceil_div
 
 
 class SchedulerCapacityHooks:

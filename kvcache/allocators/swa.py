@@ -111,7 +111,7 @@ class SWATokenToKVPoolAllocator(SWAFrees, SWACapacityHooks, SharedAllocatorAPI):
 
     @property
     def nbytes(self) -> int:
-        """Device bytes of both free lists and the map (kvcache.allocators.footprint states the formula)."""
+        """Device bytes of both free lists and the map (kvcache.sizing.allocator_footprint states the formula)."""
         return self.full_attn_allocator.nbytes + self.swa_attn_allocator.nbytes + self._map.nbytes
 
     def get_kvcache(self) -> Any:

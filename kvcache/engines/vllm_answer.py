@@ -15,7 +15,7 @@ import torch
 
 from kvcache.engines import vllm_rules
 from kvcache.engines.vllm_plan import VllmSettings, plan_vllm, vllm_layer_specs
-from kvcache.inputs.byte_units import MiB
+from kvcache.byte_units import MiB
 from kvcache.inputs.dtypes import KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.memory.runtime_reserve import RuntimeShape, runtime_reserve_mib

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from kvcache.engines import vllm_rules
 import torch
 
-from kvcache.allocators.locations import ceil_div
+from kvcache.arithmetic import align_up, ceil_div
 from kvcache.errors import BudgetBelowOneRequestError, ConfigError, UnsupportedModelError
 from kvcache.inputs.dtypes import KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
@@ -35,7 +35,6 @@ from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.layer_specs import (
     FullAttentionSpec, LayerPlacement, MLASpec, RecurrentStateSpec, SlidingWindowSpec, model_layer_specs,
 )
-from kvcache.sizing.planning import align_up
 
 ATTENTION_KINDS = ("full", "sliding", "chunked", "mla")
 

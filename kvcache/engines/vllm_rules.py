@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kvcache.inputs.byte_units import GiB
+from kvcache.byte_units import GiB
 
 VLLM_VERSION = "0.34.0"
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvcache.inputs.byte_units import GiB, MiB, parse_bytes
+from kvcache.byte_units import GiB, MiB, parse_bytes
 from kvcache.errors import ConfigError
 
 CUDA_CONTEXT_BYTES = 650_969_088

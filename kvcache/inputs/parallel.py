@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcache.errors import ConfigError
-from kvcache.runtime.rank_agreement import SGLANG_MIN_RANK_MEMORY_RATIO, RankAgreement
+from kvcache.inputs.rank_agreement import RankAgreement
+from kvcache.inputs.sglang_ratios import SGLANG_MIN_RANK_MEMORY_RATIO
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,8 @@ import msgspec
 from kvcache.errors import ConfigError
 from kvcache.inputs.input_files import parse_json_object, parse_toml_table, read_input_text
 from kvcache.inputs.other_engines_flags import other_engines_hint
-from kvcache.sizing.planning import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
-from kvcache.runtime.rank_agreement import SGLANG_MIN_RANK_MEMORY_RATIO
+from kvcache.arithmetic import align_up
+from kvcache.inputs.sglang_ratios import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_MIN_RANK_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
 
 # Every count here (tokens, requests, pages, steps, ranks) ends up as, or below, an int32 index on the device
 # (the request table maps positions to token indices in int32, as SGLang's does): larger is no setup at all.
@@ -249,6 +249,13 @@ def _non_finite_problems(a: ServerArgs) -> list[str]:
             if isinstance(value := getattr(a, f.name), float) and not math.isfinite(value)]
 
 
+def token_cap_below_one_page(max_total_tokens: int | None, page_size: int) -> str | None:
+    """The refusal of a --max-total-tokens below one page (the flag's page size or the one a model forces)."""
+    if max_total_tokens is None or max_total_tokens >= page_size:
+        return None
+    return f"--max-total-tokens {max_total_tokens} is below one page (--page-size {page_size}); use at least {page_size}"
+
+
 def _cross_field_problems(a: ServerArgs) -> list[str]:
     """Rules that tie fields together; each message names the flags and a fix."""
     problems: list[str] = []
@@ -257,18 +264,15 @@ def _cross_field_problems(a: ServerArgs) -> list[str]:
             "--mem-fraction-static and --kv-cache-memory both set the KV budget: give only one "
             f"(got {a.mem_fraction_static} and {a.kv_cache_memory} bytes)"
         )
-    if a.max_total_tokens is not None and a.page_size is not None and a.max_total_tokens < a.page_size:
-        problems.append(
-            f"--max-total-tokens {a.max_total_tokens} is below one page (--page-size {a.page_size}); "
-            f"use at least {a.page_size}"
-        )
+    if a.page_size is not None and (below := token_cap_below_one_page(a.max_total_tokens, a.page_size)):
+        problems.append(below)
     if a.enable_dp_attention:
         if a.dp_size < 2:
             problems.append("--enable-dp-attention needs --dp-size of at least 2")
         elif a.tp_size % a.dp_size:
             divisor = _largest_divisor_at_most(a.tp_size, a.dp_size)
             fix = (f"try --dp-size {divisor}" if divisor >= 2 else
-                   f"try --tp-size {-(-a.tp_size // a.dp_size) * a.dp_size}, or drop --enable-dp-attention")
+                   f"try --tp-size {align_up(a.tp_size, a.dp_size)}, or drop --enable-dp-attention")
             problems.append(
                 f"--tp-size {a.tp_size} must be a multiple of --dp-size {a.dp_size} with --enable-dp-attention; {fix}"
             )

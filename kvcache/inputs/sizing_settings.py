@@ -11,10 +11,21 @@ from fractions import Fraction
 
 import msgspec
 
-from kvcache.memory.memory_budget import exact_fraction
-from kvcache.models.model_page_size import DEFAULT_PAGE_SIZE, flag_page_size
-from kvcache.sizing.planning import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
-from kvcache.inputs.server_args import ServerArgs
+from kvcache.arithmetic import exact_fraction
+from kvcache.errors import ConfigError
+from kvcache.inputs.server_args import ServerArgs, token_cap_below_one_page
+from kvcache.inputs.sglang_ratios import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
+
+
+DEFAULT_PAGE_SIZE = 1  # SGLang 0.5.23's page_size when neither the flag nor the model sets one
+
+
+def resolved_page_size(requested: int | None, forced: int | None = None) -> int:
+    """The page size a worker runs at, decided once: the model's when it forces one (DSA pages at 64,
+    kvcache.models.model_page_size), else --page-size, else 1."""
+    if forced is not None:
+        return forced
+    return DEFAULT_PAGE_SIZE if requested is None else requested
 
 
 class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,9 +52,13 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
     enable_post_capture_kv_resize: bool = False
 
     @classmethod
-    def from_server_args(cls, a: ServerArgs) -> "SizingSettings":
+    def from_server_args(cls, a: ServerArgs, *, forced_page_size: int | None = None) -> "SizingSettings":
+        """The knobs of `a`; `forced_page_size` is the page size the (target) model imposes, if any."""
+        page_size = resolved_page_size(a.page_size, forced_page_size)
+        if below := token_cap_below_one_page(a.max_total_tokens, page_size):
+            raise ConfigError(below)
         return cls(
-            page_size=flag_page_size(a.page_size), context_length=a.context_length, allow_long_context=a.allow_long_context,
+            page_size=page_size, context_length=a.context_length, allow_long_context=a.allow_long_context,
             max_total_tokens=a.max_total_tokens, max_running_requests=a.max_running_requests,
             mem_fraction_static=a.mem_fraction_static, kv_cache_memory=a.kv_cache_memory,
             chunked_prefill_size=a.chunked_prefill_size, cuda_graph_max_bs=a.cuda_graph_max_bs,

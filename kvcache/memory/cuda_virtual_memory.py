@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from kvcache.memory.vmm_storage import VmmError, VmmOutOfMemoryError
+from kvcache.errors import VmmError, VmmOutOfMemoryError
 
 CUDA_ERROR_OUT_OF_MEMORY = 2  # CUresult
 

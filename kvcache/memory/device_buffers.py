@@ -26,8 +26,9 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from kvcache.inputs.byte_units import MiB
+from kvcache.byte_units import MiB
 from kvcache.errors import PlanMismatchError
+from kvcache.arithmetic import align_up
 
 BLOCK_ROUND = 512
 LARGE_ROUND = 2 * MiB
@@ -41,20 +42,20 @@ def allocation_size(nbytes: int) -> int:
     """Bytes a buffer of `nbytes` really occupies (the formula every plan uses)."""
     if nbytes <= 0:
         return 0
-    rounded = -(-nbytes // BLOCK_ROUND) * BLOCK_ROUND
-    return -(-rounded // LARGE_ROUND) * LARGE_ROUND if rounded > SMALL_UP_TO else rounded
+    rounded = align_up(nbytes, BLOCK_ROUND)
+    return align_up(rounded, LARGE_ROUND) if rounded > SMALL_UP_TO else rounded
 
 
 def arena_size(slot_bytes: int) -> int:
     """Bytes of one arena holding `slot_bytes` of slots: a 2 MiB multiple, at least 10 MiB (0 for none)."""
     if slot_bytes <= 0:
         return 0
-    return max(-(-slot_bytes // LARGE_ROUND) * LARGE_ROUND, OWN_SEGMENT_FROM)
+    return max(align_up(slot_bytes, LARGE_ROUND), OWN_SEGMENT_FROM)
 
 
 def slot_size(nbytes: int) -> int:
     """Bytes a buffer takes inside an arena: packed back to back, each 512-byte aligned."""
-    return -(-nbytes // SLOT_ALIGN) * SLOT_ALIGN
+    return align_up(nbytes, SLOT_ALIGN)
 
 
 CudaBacking = Callable[[int, torch.device], torch.Tensor]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvcache.inputs.byte_units import MiB, format_bytes
+from kvcache.byte_units import MiB, format_bytes
 from kvcache.errors import ConfigError
 
 CGROUP_LIMIT_FILES = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))

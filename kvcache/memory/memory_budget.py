@@ -12,8 +12,9 @@ from fractions import Fraction
 
 import msgspec
 
-from kvcache.inputs.byte_units import MiB, format_bytes
+from kvcache.byte_units import MiB, format_bytes
 from kvcache.errors import KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
+from kvcache.arithmetic import exact_fraction
 
 
 class MemoryBudget(msgspec.Struct, frozen=True, kw_only=True):
@@ -30,11 +31,6 @@ class MemoryBudget(msgspec.Struct, frozen=True, kw_only=True):
     def weights_and_load_bytes(self) -> int:
         """What loading took (weights, plus anything else allocated in between)."""
         return self.free_before_load_bytes - self.free_after_load_bytes
-
-
-def exact_fraction(x: float) -> Fraction:
-    """0.88 -> 22/25: a decimal knob as the exact ratio a person meant, not its binary float."""
-    return Fraction(repr(x))
 
 
 def derive_mem_fraction_static(total_bytes: int, reserve_mib: Fraction) -> float:

@@ -13,7 +13,7 @@ import errno
 
 import torch
 
-from kvcache.memory.vmm_storage import VmmOutOfMemoryError
+from kvcache.errors import VmmOutOfMemoryError
 
 HOST_ALLOCATOR_REFUSALS = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 

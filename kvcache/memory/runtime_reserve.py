@@ -27,7 +27,7 @@ from fractions import Fraction
 
 import msgspec
 
-from kvcache.inputs.byte_units import MiB
+from kvcache.byte_units import MiB
 from kvcache.memory.memory_budget import derive_mem_fraction_static
 
 GiB_IN_MIB = 1024

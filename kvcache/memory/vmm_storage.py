@@ -4,7 +4,7 @@ A `VmmAllocation` reserves one address range and maps physical blocks into it (o
 handle per block, so a block can be unmapped alone). Tensors over it keep their
 addresses for life, so CUDA graphs captured against the pools stay valid after
 `keep_only` unmaps everything outside the byte ranges still needed
-(kvcache.runtime.tail_release decides which blocks). A failed `keep_only` leaves every
+(kvcache.memory.tail_release decides which blocks). A failed `keep_only` leaves every
 byte mapped again and the kept bytes unchanged. `VmmBacking` is the allocation function
 `kvcache.memory.device_buffers.cuda_backing` takes.
 
@@ -20,18 +20,9 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from kvcache.errors import KVCacheError
-from kvcache.runtime.tail_release import Block, chunk_blocks, plan_tail_release
+from kvcache.memory.tail_release import Block, chunk_blocks, plan_tail_release
 
 DEFAULT_CHUNK_BYTES = 64 << 20  # handles per GiB stay few; boundary chunks are remapped finer at release
-
-
-class VmmError(KVCacheError):
-    """A virtual-memory driver call failed (out of memory, or VMM unsupported)."""
-
-
-class VmmOutOfMemoryError(VmmError):
-    """The driver refused physical memory (CUDA_ERROR_OUT_OF_MEMORY): the plan does not fit, no bug."""
 
 
 class VirtualMemory(Protocol):

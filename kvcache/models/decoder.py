@@ -18,6 +18,7 @@ from kvcache.models.fields import MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYE
 from kvcache.models.weight_blocks import Block, GatedMLP, Layer, MoE, Norm, Part, PlainMLP
 from kvcache.models.quantization import Quantization, read_quantization
 from kvcache.models.weights_layout import WeightLayout
+from kvcache.arithmetic import ceil_div
 
 LAYER_ALIASES = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 HIDDEN_ALIASES = ("hidden_size", "n_embd", "d_model", "model_dim")
@@ -162,7 +163,7 @@ def check_routing(f: ConfigFields, experts: int) -> None:
     chosen = f.int("topk_group", default=groups, high=groups)
     if top_k is not None and top_k > chosen * (experts // groups):
         f.fail("topk_group", chosen, f"enough groups of {experts // groups} experts for "
-                                     f"num_experts_per_tok {top_k} (at least {-(-top_k // (experts // groups))})")
+                                     f"num_experts_per_tok {top_k} (at least {ceil_div(top_k, experts // groups)})")
 
 
 def moe_block(f: ConfigFields, hidden: int, experts: int, *, score_bias: bool = False, **names: Any) -> MoE:

@@ -24,6 +24,10 @@ MAX_HEAD_DIM = 1 << 14
 MAX_VOCAB = 1 << 24
 MAX_POSITIONS = 1 << 31
 MAX_EXPERTS = 1 << 14
+# A causal conv's state keeps kernel - 1 columns per channel: a kernel of 1 would cache an empty tensor,
+# so it is refused here, before anything is sized (no real model has one).
+MIN_CONV_KERNEL = 2
+MAX_CONV_KERNEL = 64
 
 _MISSING: Any = object()
 
@@ -104,6 +108,18 @@ class ConfigFields:
         if not low <= value <= high:
             self.fail(name, value, _int_range(low, high))
         return value
+
+    def conv_kernel(self, *names: str) -> int:
+        """A causal conv's kernel width (Mamba, gated delta net, KDA): its state keeps kernel - 1 columns."""
+        found = self._find(names)
+        if found is None:
+            self._missing(names, _int_range(MIN_CONV_KERNEL, MAX_CONV_KERNEL))
+        name, value = found
+        kernel = self._checked_int(name, value, 1, MAX_CONV_KERNEL)
+        if kernel < MIN_CONV_KERNEL:
+            self.fail(name, value, f"{_int_range(MIN_CONV_KERNEL, MAX_CONV_KERNEL)}: the conv state keeps "
+                                   "kernel - 1 columns, so a kernel of 1 leaves nothing to cache")
+        return kernel
 
     def number(self, *names: str, default: float) -> float:
         """A positive, finite real number (norm epsilons, RoPE bases); `default` when all are absent."""

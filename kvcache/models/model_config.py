@@ -1,19 +1,18 @@
 """ModelConfig: what KV sizing needs from a Hugging Face config.json, read once.
 
-`ModelConfig.from_hf_config(path or dict)` reads it once through `kvcache.models` (the
-family registry, or the generic decoder reader): the cache description here and the
-per-rank weight layout in `weights`. It keeps the raw HF dict it came from.
+`kvcache.models.hf_config.model_config_from_hf(path or dict)` reads it once through the family
+registry (or the generic decoder reader): the cache description here and the per-rank weight
+layout in `weights`. It keeps the raw HF dict it came from. This module imports no reader, so the
+readers can build a ModelConfig without an import circle.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import msgspec
 
 from kvcache.errors import ConfigError
-from kvcache.inputs.input_files import parse_json_object, read_input_text
 
 from kvcache.models.weights_layout import WeightLayout
 
@@ -25,10 +24,13 @@ KV_LAYER_KINDS: frozenset[str] = frozenset(
     {"full_attention", "sliding_attention", "chunked_attention", "mla", "attention_mamba2"})
 STATE_LAYER_KINDS: frozenset[str] = frozenset({"linear_attention", "kda", "mamba2", "attention_mamba2"})
 VisionWeights = Literal["none", "counted", "not_counted"]
+# the DSA indexer key's fp8 values per float32 scale: the reader refuses an index_head_dim that is not a
+# multiple of it, and the indexer key cache is sized by it (kvcache.sizing.layer_specs)
+INDEX_SCALE_BLOCK = 128
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One model's shape, as far as caching goes. Built by `from_hf_config`."""
+    """One model's shape, as far as caching goes. Built by `kvcache.models.hf_config.model_config_from_hf`."""
 
     name: str
     architecture: str
@@ -85,19 +87,6 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
                 f"{self.name}: {len(self.nextn_layer_kinds)} NEXTN layer kinds for {len(self.weights.nextn_layers)} layers"
             )
 
-    @classmethod
-    def from_hf_config(cls, source: str | Path | Mapping[str, Any], *, name: str | None = None) -> "ModelConfig":
-        """Read a HF config.json (a path to the file or its directory, or the parsed dict)."""
-        from kvcache.models.registry import read_model
-
-        if isinstance(source, Mapping):
-            hf = dict(source)
-            label = name or str(hf.get("_name_or_path") or _first_architecture(hf))
-        else:
-            hf = read_hf_config_file(source)
-            label = name or _label_for_path(Path(source))
-        return read_model(hf, name=label)
-
     def nextn_draft(self) -> "ModelConfig":
         """The model's own next-token-prediction layers as a draft model (NEXTN / MTP)."""
         kinds = self.nextn_layer_kinds
@@ -147,31 +136,3 @@ def _declared_mtp_field(hf: Mapping[str, Any]) -> str | None:
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return f"{name} {value}"
     return None
-
-
-def read_hf_config_file(path: str | Path) -> dict[str, Any]:
-    """Parse config.json (given the file or its directory): bounded, UTF-8, one JSON object (input_files).
-    Python's json reads `Infinity`, which some real configs hold (Nemotron-H), where strict decoders refuse it."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    try:
-        text = read_input_text(p, what="model config")
-    except FileNotFoundError:
-        raise ConfigError(f"no model config at {p}: pass a preset name, a model directory or a config.json") from None
-    data = parse_json_object(text, p, what="model config")
-    from kvcache.models.quantization import refuse_sidecar_quantization
-
-    refuse_sidecar_quantization(p.parent, data)
-    return data
-
-
-def _first_architecture(hf: Mapping[str, Any]) -> str:
-    archs = hf.get("architectures") or [hf.get("model_type", "model")]
-    return str(archs[0])
-
-
-def _label_for_path(p: Path) -> str:
-    if p.is_dir():
-        return p.name
-    return p.parent.name if p.name == "config.json" else p.stem

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from kvcache.errors import ConfigError
 from kvcache.models.model_config import ModelConfig
+from kvcache.models.hf_config import model_config_from_hf
 
 PRESET_DIR = Path(__file__).with_name("presets")
 DEFAULT_PRESET = "SmolLM2-135M"
@@ -22,9 +23,9 @@ def load_model_config(model: str) -> ModelConfig:
     preset, path = PRESET_DIR / f"{model}.json", Path(model)
     try:
         if preset.is_file():
-            return ModelConfig.from_hf_config(preset, name=model)
+            return model_config_from_hf(preset, name=model)
         if path.exists():  # a FIFO or a device too: the reader refuses those by name, without reading them
-            return ModelConfig.from_hf_config(path)
+            return model_config_from_hf(path)
     except (OSError, ValueError) as exc:  # a name too long for a path, a NUL byte, an unreadable file
         if isinstance(exc, ConfigError):
             raise

@@ -37,6 +37,7 @@ from kvcache.errors import ConfigError
 from kvcache.inputs.input_files import parse_json_object, read_input_text
 from kvcache.models.fields import ConfigFields
 from kvcache.models.weight_blocks import ParamSpec
+from kvcache.arithmetic import ceil_div
 
 MXFP4_GROUP = 32
 
@@ -62,7 +63,7 @@ class Fp8Weights:
 
     def stored(self, spec: ParamSpec, dtype: torch.dtype) -> tuple[StoredTensor, ...]:
         *lead, rows, cols = spec.shape
-        scales = tuple(lead) if self.block is None else (*lead, -(-rows // self.block[0]), -(-cols // self.block[1]))
+        scales = tuple(lead) if self.block is None else (*lead, ceil_div(rows, self.block[0]), ceil_div(cols, self.block[1]))
         return (StoredTensor(spec.name, spec.shape, torch.uint8),
                 StoredTensor(f"{spec.name}_scale_inv", scales, torch.float32))
 
@@ -73,8 +74,8 @@ class Mxfp4Weights:
 
     def stored(self, spec: ParamSpec, dtype: torch.dtype) -> tuple[StoredTensor, ...]:
         *lead, rows, cols = spec.shape
-        return (StoredTensor(spec.name, (*lead, rows, -(-cols // 2)), torch.uint8),
-                StoredTensor(f"{spec.name}_scales", (*lead, rows, -(-cols // MXFP4_GROUP)), torch.uint8))
+        return (StoredTensor(spec.name, (*lead, rows, ceil_div(cols, 2)), torch.uint8),
+                StoredTensor(f"{spec.name}_scales", (*lead, rows, ceil_div(cols, MXFP4_GROUP)), torch.uint8))
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,12 +89,12 @@ class PackedIntWeights:
 
     def stored(self, spec: ParamSpec, dtype: torch.dtype) -> tuple[StoredTensor, ...]:
         *lead, rows, cols = spec.shape
-        groups = 1 if self.group_size is None else -(-cols // self.group_size)
-        out = (StoredTensor(f"{spec.name}_packed", (*lead, rows, -(-cols * self.bits // 32)), torch.int32),
+        groups = 1 if self.group_size is None else ceil_div(cols, self.group_size)
+        out = (StoredTensor(f"{spec.name}_packed", (*lead, rows, ceil_div(cols * self.bits, 32)), torch.int32),
                StoredTensor(f"{spec.name}_scale", (*lead, rows, groups), dtype))
         if self.symmetric:
             return out
-        return out + (StoredTensor(f"{spec.name}_zero_point", (*lead, -(-rows * self.bits // 32), groups), torch.int32),)
+        return out + (StoredTensor(f"{spec.name}_zero_point", (*lead, ceil_div(rows * self.bits, 32), groups), torch.int32),)
 
 
 WeightFormat = Fp8Weights | Mxfp4Weights | PackedIntWeights

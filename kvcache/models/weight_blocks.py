@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Protocol
+from kvcache.arithmetic import ceil_div
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,7 @@ class Shard:
 
     def split(self, n: int) -> int:
         """A column-, row- or vocab-parallel dimension: ceil(n / tp)."""
-        return -(-n // self.tp)
+        return ceil_div(n, self.tp)
 
     def kv_heads(self, n: int) -> int:
         """KV heads per rank; replicated to one when there are fewer heads than ranks."""

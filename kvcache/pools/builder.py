@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from kvcache.allocators.protocol import AllocatorFactory, TokenAllocator
-from kvcache.inputs.byte_units import format_bytes
+from kvcache.pools.allocator_protocol import AllocatorFactory, TokenAllocator
+from kvcache.byte_units import format_bytes
 from kvcache.memory.device_buffers import Arena
 from kvcache.errors import PlanMismatchError, PoolBuildError, PoolOutOfMemoryError
 from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec, SlidingWindowSpec

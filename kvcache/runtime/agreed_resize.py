@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from kvcache.sizing.planning import plan_pool_sizes
-from kvcache.runtime.rank_agreement import RankAgreement
+from kvcache.inputs.rank_agreement import RankAgreement
 from kvcache.runtime.resize import PostCaptureKVResize, resized_plan_request
 
 

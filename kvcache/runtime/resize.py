@@ -16,10 +16,11 @@ from fractions import Fraction
 
 import msgspec
 
-from kvcache.inputs.byte_units import MiB, format_bytes
+from kvcache.byte_units import MiB, format_bytes
 from kvcache.errors import DoesNotFitError
 from kvcache.memory.memory_budget import headroom_bytes
-from kvcache.sizing.planning import KVPoolDemand, PlanRequest, align_up, plan_cost, plan_pool_sizes
+from kvcache.arithmetic import align_up
+from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_cost, plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
 
 

@@ -12,10 +12,11 @@ from typing import Callable
 
 import msgspec
 
-from kvcache.inputs.byte_units import MiB
+from kvcache.byte_units import MiB
 from kvcache.errors import DoesNotFitError
 from kvcache.memory.memory_budget import MemoryBudget, compute_budget
-from kvcache.sizing.planning import PlanRequest, align_down, align_up, plan_pool_sizes, state_slots
+from kvcache.arithmetic import align_down, align_up
+from kvcache.sizing.planning import PlanRequest, plan_pool_sizes, state_slots
 
 
 def fits(req: PlanRequest) -> bool:

@@ -15,11 +15,11 @@ import torch
 from kvcache.sizing.dsa_latent import DSAFp8Latent
 from kvcache.inputs.dtypes import KVCacheDtype
 from kvcache.errors import ConfigError, ModelConfigFieldError, UnsupportedModelError
-from kvcache.models.model_config import STATE_LAYER_KINDS, ModelConfig
+from kvcache.models.model_config import INDEX_SCALE_BLOCK, STATE_LAYER_KINDS, ModelConfig
 from kvcache.inputs.parallel import ParallelState
+from kvcache.arithmetic import ceil_div
 
 
-INDEX_SCALE_BLOCK = 128  # the DSA indexer key's fp8 values per float32 scale
 
 
 def kv_bytes_per_token(kv_heads: int, head_dim: int, v_head_dim: int, dtype: KVCacheDtype) -> int:
@@ -265,7 +265,7 @@ def _mamba2_spec(m: ModelConfig, p: ParallelState, conv_dtype: torch.dtype, ssm_
     head_dim, state = _needed(m, "mamba_head_dim"), _needed(m, "ssm_state_size")
     # groups that do not split over TP are extended to one per rank and sharded, as SGLang and vLLM do;
     # 0 for Mamba-1: B and C come after the conv, so it convolves x only
-    groups = -(-_needed(m, "mamba_n_groups", low=0) // p.attention_tp_size)
+    groups = ceil_div(_needed(m, "mamba_n_groups", low=0), p.attention_tp_size)
     conv_dim = heads * head_dim + 2 * groups * state
     return RecurrentStateSpec(
         kind="mamba2",

@@ -24,15 +24,12 @@ from typing import Literal
 
 import msgspec
 
-from kvcache.inputs.byte_units import format_bytes
+from kvcache.byte_units import format_bytes
 from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, DoesNotFitError
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.sizing.pool_config import KVPoolPlan, MemoryPoolConfig, PoolKind, StatePoolPlan
-
-# SGLang 0.5.23's fallbacks for the two hybrid ratios (srt/arg_groups/fields/schedule.py), as exact
-# fractions; ServerArgs' flag defaults and SizingSettings' are these, nowhere written again.
-SGLANG_SWA_FULL_TOKENS_RATIO = Fraction(4, 5)  # --swa-full-tokens-ratio: sliding-window pool tokens per full-pool token
-SGLANG_MAMBA_FULL_MEMORY_RATIO = Fraction(9, 10)  # --mamba-full-memory-ratio: state bytes per KV byte of the budget
+from kvcache.arithmetic import align_down, align_up
+from kvcache.inputs.sglang_ratios import SGLANG_SWA_FULL_TOKENS_RATIO
 
 DEFAULT_REQUESTS_PER_CONTEXT = 512
 MIN_DEFAULT_RUNNING_REQUESTS = 2048
@@ -73,14 +70,6 @@ class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
     max_total_tokens: int | None = None
     max_running_requests: int | None = None
     attention_dp_size: int = 1
-
-
-def align_down(n: int, page: int) -> int:
-    return n // page * page
-
-
-def align_up(n: int, page: int) -> int:
-    return -(-n // page) * page
 
 
 def _pool_tokens(req: PlanRequest, pool: KVPoolDemand, tokens: int) -> int:

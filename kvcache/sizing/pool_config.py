@@ -10,7 +10,7 @@ from typing import Literal
 
 import msgspec
 
-from kvcache.allocators.footprint import allocator_index_bytes
+from kvcache.sizing.allocator_footprint import allocator_index_bytes
 from kvcache.memory.device_buffers import arena_size, slot_size
 from kvcache.memory.memory_budget import MemoryBudget
 

@@ -7,11 +7,12 @@ from typing import Any
 import torch
 
 from kvcache.allocators.factory import allocator_for_plan
-from kvcache.inputs.byte_units import GiB
+from kvcache.byte_units import GiB
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.runtime.streams import HostStream
+from kvcache.models.hf_config import model_config_from_hf
 
 # A two-layer Llama-shaped model: 2 KV heads of 16, so 2 * 2 * (16 + 16) * 2 = 256 bytes/token in bf16.
 TINY_MODEL_HF_CONFIG: dict[str, Any] = {
@@ -31,7 +32,7 @@ TINY_MODEL_HF_CONFIG: dict[str, Any] = {
 
 def tiny_model_config(**overrides: Any) -> ModelConfig:
     """The tiny model, with any HF fields changed."""
-    return ModelConfig.from_hf_config({**TINY_MODEL_HF_CONFIG, **overrides}, name="tiny-llama")
+    return model_config_from_hf({**TINY_MODEL_HF_CONFIG, **overrides}, name="tiny-llama")
 
 
 def fixed_card_probe(total_gib: int = 1, free_gib: int | None = None) -> FixedMemoryProbe:

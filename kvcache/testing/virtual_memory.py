@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kvcache.memory.vmm_storage import VmmError, VmmOutOfMemoryError
+from kvcache.errors import VmmError, VmmOutOfMemoryError
 
 POISON = 0xA5
 

@@ -10,8 +10,7 @@ are numbered after the main ones, as in the checkpoint.
 
 from __future__ import annotations
 
-from kvcache.sizing.layer_specs import INDEX_SCALE_BLOCK
-from kvcache.models.model_config import ModelConfig
+from kvcache.models.model_config import INDEX_SCALE_BLOCK, ModelConfig
 from kvcache.models.decoder import (
     Heads,
     ModelSource,

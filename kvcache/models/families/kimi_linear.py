@@ -62,7 +62,7 @@ def read_kimi_linear(src: ModelSource) -> ModelConfig:
     heads = t.int("num_attention_heads", high=MAX_HEADS)
     mla = mla_attention(t, hidden, heads)
     delta = KimiDeltaAttention(hidden, lin.int("num_heads", high=MAX_HEADS), lin.int("head_dim", high=MAX_HEAD_DIM),
-                               lin.int("short_conv_kernel_size", high=64))
+                               lin.conv_kernel("short_conv_kernel_size"))
     ffns = ffn_blocks(t, hidden, n, model_type="kimi_linear", score_bias=True)
     mixers = tuple(("self_attn", mla if k == "mla" else delta) for k in kinds)
     weights = weight_layout(src, mixed_layers(mixers, ffns, hidden), hidden)

@@ -46,6 +46,7 @@ from kvcache.models.weight_blocks import (
     Shard,
     linear,
 )
+from kvcache.arithmetic import ceil_div
 
 
 def _mamba2(t: ConfigFields, hidden: int) -> Mamba2Mixer:
@@ -177,8 +178,8 @@ def read_jamba(src: ModelSource) -> ModelConfig:
     offset = t.int("attn_layer_offset", low=0, high=period - 1)  # layer i attends when i % period == offset
     kinds = tuple[LayerKind, ...]("full_attention" if i % period == offset else "mamba2" for i in range(n))
     inner = t.int("mamba_expand", default=2, high=64) * hidden
-    state, conv = t.int("mamba_d_state", high=MAX_HEAD_DIM), t.int("mamba_d_conv", high=64)
-    mamba = Mamba1Mixer(hidden, inner, state, conv, t.int("mamba_dt_rank", default=-(-hidden // 16)))
+    state, conv = t.int("mamba_d_state", high=MAX_HEAD_DIM), t.conv_kernel("mamba_d_conv")
+    mamba = Mamba1Mixer(hidden, inner, state, conv, t.int("mamba_dt_rank", default=ceil_div(hidden, 16)))
     experts = t.int("num_experts", default=1, high=MAX_EXPERTS)
     e_period = t.int("expert_layer_period", default=1, high=MAX_LAYERS)
     e_offset = t.int("expert_layer_offset", default=0, low=0, high=e_period - 1)

@@ -30,7 +30,7 @@ def mamba2_mixer(t: ConfigFields, hidden: int, *, heads: int, head_dim: int) -> 
         t.fail("n_groups" if t.has("n_groups") else "mamba_n_groups", groups, f"a divisor of the {heads} Mamba heads")
     return Mamba2Mixer(hidden=hidden, heads=heads, head_dim=head_dim, groups=groups,
                        state=t.int("ssm_state_size", "mamba_d_state", "state_size", high=MAX_HEAD_DIM),
-                       conv_kernel=t.int("conv_kernel", "mamba_d_conv", "mamba_conv_kernel", high=64),
+                       conv_kernel=t.conv_kernel("conv_kernel", "mamba_d_conv", "mamba_conv_kernel"),
                        conv_bias=t.flag("use_conv_bias", "mamba_conv_bias", default=True),
                        proj_bias=t.flag("mamba_proj_bias", "use_bias"))
 

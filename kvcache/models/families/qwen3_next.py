@@ -34,7 +34,7 @@ def gated_delta_net(t: ConfigFields, hidden: int) -> GatedDeltaNet:
     return GatedDeltaNet(hidden=hidden, key_heads=key_heads, value_heads=value_heads,
                          key_dim=t.int("linear_key_head_dim", high=MAX_HEAD_DIM),
                          value_dim=t.int("linear_value_head_dim", high=MAX_HEAD_DIM),
-                         conv_kernel=t.int("linear_conv_kernel_dim", high=64))
+                         conv_kernel=t.conv_kernel("linear_conv_kernel_dim"))
 
 
 def linear_state_fields(gdn: GatedDeltaNet) -> dict[str, int]:

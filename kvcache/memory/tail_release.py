@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
+from kvcache.arithmetic import align_up
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,5 +95,5 @@ def chunk_blocks(nbytes: int, chunk_bytes: int, granularity: int) -> tuple[Block
     """How an allocation of nbytes is first mapped: chunk_bytes blocks, the last rounded up to the granularity."""
     if chunk_bytes % granularity:
         raise ValueError(f"chunk size {chunk_bytes} is not a multiple of the granularity {granularity}")
-    total = -(-nbytes // granularity) * granularity
+    total = align_up(nbytes, granularity)
     return tuple(Block(off, min(chunk_bytes, total - off)) for off in range(0, total, chunk_bytes))

@@ -3,7 +3,8 @@
 Token, paged and SWA allocators all satisfy it (as does kvcache.testing.RecordingAllocator);
 an `AllocatorFactory` builds one from the plan, so a container can provide the factory
 and a test can swap it. Index operations (alloc, free, backup) are the scheduler's
-business and are not part of this protocol.
+business and are not part of this protocol. It lives with the builder that consumes it, one floor
+below the allocators that satisfy it.
 """
 
 from __future__ import annotations

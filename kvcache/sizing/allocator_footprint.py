@@ -1,6 +1,6 @@
 """The device bytes an allocator's own index buffers take: stated once, used by the planner.
 
-A token allocator keeps two free logs (kvcache.allocators.free_log ping-pongs between
+Stated in sizing so the planner need not import the allocators above it. A token allocator keeps two free logs (kvcache.allocators.free_log ping-pongs between
 them on compaction) of two int64 entries per token each, a paged one per page (plus,
 with check_frees, one bool per id and one for the padding id); an SWA allocator keeps
 both sides' free logs and an int64 full -> SWA map with a row per full-pool row (tokens +
@@ -15,9 +15,10 @@ between backup and restore.
 
 from __future__ import annotations
 
-from kvcache.allocators.free_log import FREE_LOGS, LOG_LENGTH_FACTOR
 from kvcache.memory.device_buffers import slot_size
 
+LOG_LENGTH_FACTOR = 2  # free-log entries per id: room for `capacity` frees between compactions
+FREE_LOGS = 2  # the active log and the one a compaction copies into
 INDEX_BYTES = 8  # torch.int64
 FLAG_BYTES = 1  # torch.bool
 

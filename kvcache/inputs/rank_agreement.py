@@ -21,12 +21,13 @@ from typing import Any, Callable, Sequence, TypeVar
 import torch
 import torch.distributed as dist
 
-from kvcache.inputs.byte_units import format_bytes
+from kvcache.byte_units import format_bytes
 from kvcache.errors import KVCacheError, RankFailedError, UnbalancedMemoryError
+from kvcache.arithmetic import ceil_div
+from kvcache.inputs.sglang_ratios import SGLANG_MIN_RANK_MEMORY_RATIO
 
 T = TypeVar("T")
 
-SGLANG_MIN_RANK_MEMORY_RATIO = 0.9  # SGLang 0.5.23's _check_tp_memory_balance threshold
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,7 +162,7 @@ def check_memory_balance(free_by_rank: Sequence[int], min_ratio: float, rank_nam
         f"free memory before loading weights is unbalanced across ranks: {per_rank}; the smallest is "
         f"{percent}% of the largest, under --min-rank-memory-ratio {min_ratio} (another process may hold "
         f"memory on {rank_names[low]})",
-        needed_bytes=-(-largest * ratio.numerator // ratio.denominator), available_bytes=smallest,
+        needed_bytes=ceil_div(largest * ratio.numerator, ratio.denominator), available_bytes=smallest,
         suggestions=(f"free the memory held on {rank_names[low]}",
                      f"--min-rank-memory-ratio {percent / 100:g} (every rank then plans with the smallest)"),
     )
