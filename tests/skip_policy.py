@@ -28,7 +28,7 @@ ALLOWED_SKIP_REASONS = (
     r"compiles, not interprets",
     r"this torch build has no gloo",
     # reference engines' source trees (SGLang, vLLM) live outside the project, fetched by hand
-    r"no (SGLang|vLLM) reference tree",
+    r"no (SGLang|vLLM)( [\w.]+)? reference tree",
     # an optional package, not a dependency (transformers, triton, numpy, matplotlib, cuda-bindings, ...)
     r"could not import '(?!(%s)[.']).*'" % "|".join(REQUIRED_PACKAGES),
     r"transformers [\w.+-]+ does not know model_type",
