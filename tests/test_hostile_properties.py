@@ -17,8 +17,8 @@ from app.cli import main
 from kvcache.errors import ModelConfigFieldError
 from kvcache.inputs.input_files import MAX_NESTING
 from kvcache.inputs.server_args import MAX_COUNT, ServerArgs
-from kvcache.models.model_config import ModelConfig
 from kvcache.models.presets import PRESET_DIR
+from kvcache.models.hf_config import model_config_from_hf
 
 CORPUS = Path(__file__).resolve().parent / "model_corpus"
 QUICK = settings(max_examples=30, deadline=None, derandomize=True,
@@ -132,7 +132,7 @@ CONTRADICTIONS = [_top_k_past_experts, _groups_not_splitting, _dense_past_the_en
 def test_a_contradiction_is_refused_naming_its_field(data: st.DataObject) -> None:
     hf, field = data.draw(st.sampled_from(CONTRADICTIONS)).__call__(data.draw)
     with pytest.raises(ModelConfigFieldError) as info:
-        ModelConfig.from_hf_config(hf, name="m")
+        model_config_from_hf(hf, name="m")
     assert f"field '{field}' is " in str(info.value) and "\n" not in str(info.value)
 
 
