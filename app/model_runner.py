@@ -18,7 +18,10 @@ from app.weights import DummyWeightLoader, LoadedWeights, WeightsDoNotFitError a
 from app.weights import parameter_specs
 from app.forward import DecodeBatch, DecodeRequests, Decoder, ExtendBatch, PoolAttention, build_decoder
 from app.forward.graphs import DecodeGraphs, GraphCapture, decode_graph_batch_sizes
+from app.forward.measured_sizing import size_from_worst_case
 from app.forward.post_capture import apply_post_capture_resize
+from app.forward.worst_case import ReferenceWorstCaseStep
+from kvcache.runtime.measured_headroom import MeasuredSizing, WorstCaseStep
 from kvcache.memory.device_buffers import cuda_backing
 from kvcache.runtime.resize import PostCaptureKVResize
 from kvcache.memory.vmm_storage import VmmBacking
@@ -41,7 +44,7 @@ class ModelRunner:
     def __init__(
         self, *, role: str, model_config: ModelConfig, parallel_state: ParallelState, device: torch.device,
         model_dtype: torch.dtype, memory_probe: MemoryProbe, configurator_factory: Callable[[], KVCacheConfigurator],
-        forward_stream: Any,
+        forward_stream: Any, worst_case_step_factory: Callable[..., WorstCaseStep] = ReferenceWorstCaseStep,
     ) -> None:
         self.role = role
         self.model_config = model_config
@@ -61,6 +64,8 @@ class ModelRunner:
         self.graph_capture: GraphCapture | None = None
         self.post_capture_kv_resize: PostCaptureKVResize | None = None
         self.post_capture_released_bytes = 0
+        self._worst_case_step_factory = worst_case_step_factory  # the engine's largest steps (measured headroom)
+        self.measured_sizing: MeasuredSizing | None = None
 
     # ---- phases ---------------------------------------------------------
     def load_weights(self) -> LoadedWeights:
@@ -233,13 +238,26 @@ class ModelRunner:
         self.timings["post_capture_resize_s"] = time.perf_counter() - start
         return resize
 
-    def start_decode_runtime(self) -> PostCaptureKVResize | None:
-        """When this worker's pools are resizable (--enable-post-capture-kv-resize on CUDA): capture the
-        decode graphs, then resize. Otherwise nothing: the plan stands as built."""
+    def start_decode_runtime(self) -> PostCaptureKVResize | MeasuredSizing | None:
+        """When this worker's pools are resizable (CUDA): capture the decode graphs and size the pools from the
+        measured worst-case step (--kv-headroom), or resize them to the fraction's headroom
+        (--enable-post-capture-kv-resize with a fraction). Otherwise nothing: the plan stands as built."""
         if self._vmm_backing is None:
             return None
+        configurator = self._configurator_factory()
+        if configurator.sizing.post_capture_resize().measured:
+            start = time.perf_counter()
+            self.measured_sizing = size_from_worst_case(self, configurator, self._worst_case_step_factory)
+            self.timings["measured_sizing_s"] = time.perf_counter() - start
+            return self.measured_sizing
         self.capture_decode_graphs()
         return self.post_capture_resize_kv_pool()
+
+    def replace_kv_plan(self, plan: Any, allocator: Any) -> None:
+        """After the pools were resized in place: the plan and allocator the engine uses from now on."""
+        self._kv_cache = msgspec.structs.replace(self.kv_cache, memory_pool_config=plan,
+                                                 token_to_kv_pool_allocator=allocator)
+        self._decoder = None
 
     def _configure_kv_cache(self, configurator: KVCacheConfigurator, pre_model_load_memory: int) -> KVCacheConfigResult:
         """Configure; pools that the post-capture resize will trim are built on VMM storage."""

@@ -54,6 +54,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     state_request_cap: int | None
     timings_s: dict[str, float]
     draft: WorkerReport | None = None
+    measured_headroom: dict[str, Any] | None = None  # kvcache.runtime.measured_headroom.MeasuredSizing.to_dict()
 
 
 def _worker(runner: ModelRunner) -> WorkerReport:
@@ -92,6 +93,7 @@ def build_report(engine: Engine, *, card: str | None = None, page_size_note: str
         plan=plan.to_dict(),
         state_request_cap=plan.state_pool.request_cap if plan.state_pool else None,
         timings_s=dict(target.timings), draft=_worker(engine.draft) if engine.draft is not None else None,
+        measured_headroom=target.measured_sizing.to_dict() if target.measured_sizing is not None else None,
     )
 
 
@@ -103,6 +105,19 @@ def _below_context_note(r: BootstrapReport) -> str:
     return (f"  (below the {r.context_length:,}-token context: every layer attends a window, so a request keeps "
             f"only its last window of tokens; an engine that keeps every token serves requests of at most "
             f"{r.max_total_num_tokens:,} tokens)")
+
+
+def _measured_lines(m: dict[str, Any]) -> list[str]:
+    """The measured headroom: the step's peak, what graphs took, the margin, tokens before and after, idle."""
+    steps = ", ".join(f"{name} {format_bytes(s['peak_bytes'])}" for name, s in m["steps"].items()) or "none run"
+    lines = [
+        f"measured headroom   worst-case steps: {steps}; graphs {format_bytes(m['graph_bytes'])}",
+        f"                    kept free: peak {format_bytes(m['peak_bytes'])} + margin {format_bytes(m['margin_bytes'])}"
+        f" (0.5% of the card, at least 256 MiB)",
+        f"                    tokens: static plan {m['static_tokens']:,} -> {m['tokens_after']:,} "
+        f"(pools built for {m['tokens_built']:,}); idle at the step's peak {format_bytes(m['idle_bytes'])}",
+    ]
+    return lines + ([f"                    {m['note']}"] if m["note"] else [])
 
 
 def render_text(report: BootstrapReport) -> str:
@@ -140,6 +155,8 @@ def render_text(report: BootstrapReport) -> str:
         s = r.plan["state_pool"]
         lines.append(f"pool state            : {s['num_layers']} layers, {s['bytes_per_slot']:,} B/slot, "
                      f"{s['usable_slots']} slots (+1 padding), {s['slots_per_request']} per request")
+    if r.measured_headroom is not None:
+        lines += _measured_lines(r.measured_headroom)
     if r.draft is not None:
         d = r.draft
         lines.append(f"draft worker        {d.model} ({d.kv_cache_dtype}): pools {', '.join(d.pools)}, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from dependency_injector import containers, providers
 
+from app.forward.worst_case import ReferenceWorstCaseStep
 from app.model_runner import ModelRunner
 from kvcache.allocators.factory import allocator_for_plan
 from kvcache.configurator import KVCacheConfigurator
@@ -41,6 +42,9 @@ class WorkerContainer(containers.DeclarativeContainer):
     layer_range = providers.Callable(parallel_state.provided.layer_range.call(model_config.provided.num_hidden_layers))
     forward_stream = providers.ThreadSafeSingleton(forward_stream_for, device)
     allocator_factory = providers.Callable(allocator_for_plan)  # called as (plan=..., device=...)
+    # the engine's largest steps, measured for the headroom: called as (runner=, chunked_prefill_size=,
+    # decode_batch=, largest_graph_batch=); an engine overrides it with its own forward, tests with a fake
+    worst_case_step = providers.Callable(ReferenceWorstCaseStep)
 
     configurator = providers.Factory(
         KVCacheConfigurator,
@@ -53,5 +57,5 @@ class WorkerContainer(containers.DeclarativeContainer):
         ModelRunner,
         role=role, model_config=model_config, parallel_state=parallel_state, device=device,
         model_dtype=model_dtype, memory_probe=memory_probe, configurator_factory=configurator.provider,
-        forward_stream=forward_stream,
+        forward_stream=forward_stream, worst_case_step_factory=worst_case_step.provider,
     )

@@ -53,7 +53,7 @@ def test_graph_replay_equals_eager_decode_and_survives_the_resize():
 @pytest.mark.parametrize("max_bs", [16, 0])
 def test_an_engine_bootstrap_with_the_knob_on_captures_and_resizes(max_bs):
     args = ServerArgs.from_mapping({"device": "cuda", "enable_post_capture_kv_resize": True, "cuda_graph_max_bs": max_bs,
-                                    "max_running_requests": 16, "context_length": 4096})
+                                    "max_running_requests": 16, "context_length": 4096, "kv_headroom": "fraction"})
     engine = EngineContainer(server_args=args, model_config=load_model_config("Llama-3.2-1B-Instruct"))
     engine.engine().bootstrap()
     runner = engine.engine().target

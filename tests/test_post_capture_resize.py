@@ -56,8 +56,16 @@ def test_a_cuda_target_with_the_knob_on_resizes_dense_and_mla_pools():
                                      is_draft_worker=False, layout=layout, kv_cache_dtype=kv_dtype)
 
 
+def test_a_cuda_target_measures_its_headroom_by_default_and_not_with_a_fraction_given():
+    assert _eligibility(enable_post_capture_kv_resize=False).measured
+    assert _eligibility(enable_post_capture_kv_resize=False, kv_headroom="measured", mem_fraction_static=0.8).measured
+    resize = _eligibility(mem_fraction_static=0.8)  # the knob alone: the fraction's headroom, as SGLang
+    assert resize.active and not resize.measured
+
+
 @pytest.mark.parametrize(("kwargs", "reason"), [
-    ({"enable_post_capture_kv_resize": False}, "--enable-post-capture-kv-resize"),
+    ({"enable_post_capture_kv_resize": False, "kv_headroom": "fraction"}, "--enable-post-capture-kv-resize"),
+    ({"enable_post_capture_kv_resize": False, "mem_fraction_static": 0.8}, "--kv-headroom measured"),
     ({"device": "cpu"}, "CUDA device"),
     ({"device": "meta"}, "CUDA device"),
     ({"draft": True}, "draft worker"),
@@ -90,7 +98,7 @@ def test_a_plan_that_will_be_resized_starts_from_the_higher_fraction():
     card_mib = Fraction(H200_BYTES, MiB)
     # static (SGLang 0.5.23): 512 + 1.5 * 8192 + 2 * 256 + 1024/8 + 8 * 58 prefill graphs = 13904 MiB;
     # resized: 1536 + 128 = 1664 MiB
-    assert _configurator().sizing.mem_fraction_static(H200_BYTES) == float(round((card_mib - 13904) / card_mib, 3)) == 0.903
+    assert _configurator(kv_headroom="fraction").sizing.mem_fraction_static(H200_BYTES) == float(round((card_mib - 13904) / card_mib, 3)) == 0.903
     resized = _configurator(enable_post_capture_kv_resize=True)
     assert resized.sizing.post_capture_resize().active
     assert resized.sizing.mem_fraction_static(H200_BYTES) == float(round((card_mib - 1664) / card_mib, 3)) == 0.988

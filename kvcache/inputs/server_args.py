@@ -84,6 +84,10 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         "no overlap scheduler (hybrid models then keep 3 or 4 state slots per request instead of 5)")] = False
     enable_post_capture_kv_resize: Annotated[bool, _doc(
         "size the KV pools again after CUDA-graph capture (CUDA target workers only)")] = False
+    kv_headroom: Annotated[Literal["auto", "measured", "fraction"], _doc(
+        "what the KV pools leave free on CUDA: measured runs the engine's worst-case step after graph capture and "
+        "keeps its peak plus a margin; fraction keeps --mem-fraction-static's share; auto measures on a CUDA target "
+        "worker whose pools can be resized when neither --mem-fraction-static nor --kv-cache-memory is given")] = "auto"
     # placement
     device: Annotated[Literal["auto", "cuda", "cpu", "meta"], _doc(
         "where the engine runs; auto is CUDA when present (plan always uses meta)")] = "auto"

@@ -28,6 +28,13 @@ def resolved_page_size(requested: int | None, forced: int | None = None) -> int:
     return DEFAULT_PAGE_SIZE if requested is None else requested
 
 
+def measures_headroom(a: "ServerArgs | SizingSettings") -> bool:
+    """--kv-headroom measured, or auto with neither --mem-fraction-static nor --kv-cache-memory given."""
+    if a.kv_headroom == "auto":
+        return a.mem_fraction_static is None and a.kv_cache_memory is None
+    return a.kv_headroom == "measured"
+
+
 class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Budget, token and request knobs, with ratios as the exact fractions they were written as."""
 
@@ -50,6 +57,7 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
     speculative_algorithm: str = "none"
     speculative_num_draft_tokens: int = 0  # extra request-table columns a verify step writes
     enable_post_capture_kv_resize: bool = False
+    kv_headroom: str = "auto"
 
     @classmethod
     def from_server_args(cls, a: ServerArgs, *, forced_page_size: int | None = None) -> "SizingSettings":
@@ -69,12 +77,18 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
             mamba_ssm_dtype=a.mamba_ssm_dtype, max_mamba_cache_size=a.max_mamba_cache_size,
             speculative_algorithm=a.speculative_algorithm,
             speculative_num_draft_tokens=a.resolved_speculative_num_draft_tokens if a.speculative else 0,
-            enable_post_capture_kv_resize=a.enable_post_capture_kv_resize,
+            enable_post_capture_kv_resize=a.enable_post_capture_kv_resize, kv_headroom=a.kv_headroom,
         )
 
     @property
     def speculative(self) -> bool:
         return self.speculative_algorithm != "none"
+
+    @property
+    def measures_headroom(self) -> bool:
+        """Whether the headroom comes from the measured worst-case step (--kv-headroom; auto unless a fraction or a
+        KV size was given). Where the pools cannot be resized the eligibility rule still turns it off."""
+        return measures_headroom(self)
 
     def replace(self, **changes: object) -> "SizingSettings":
         return msgspec.structs.replace(self, **changes)

@@ -158,18 +158,37 @@ class VmmAllocation:
 
     def map_unmapped(self) -> int:
         """Map fresh memory over every unmapped part of the reserved range (values undefined); returns bytes mapped."""
-        mapped, cursor = 0, 0
-        gaps: list[tuple[int, int]] = []
+        return self.map_within([(0, self.reserved)])
+
+    def map_within(self, ranges: Sequence[tuple[int, int]]) -> int:
+        """Map fresh memory over the unmapped parts of `ranges` ([start, end) offsets, widened to whole granules;
+        values undefined): a resized buffer grows back into its reserved addresses. Returns bytes mapped; on a
+        failure what this call mapped is unmapped again before the error is raised."""
+        g = self.granularity
+        wanted = sorted((start // g * g, min(-(-end // g) * g, self.reserved)) for start, end in ranges if end > start)
+        mapped: list[Block] = []
+        try:
+            for start, end in wanted:
+                for gap_start, gap_end in self._gaps():
+                    lo, hi = max(start, gap_start), min(end, gap_end)
+                    for offset in range(lo, hi, self._chunk):
+                        block = Block(offset, min(self._chunk, hi - offset))
+                        self._map_new(block)
+                        mapped.append(block)
+        except BaseException:
+            for block in mapped:
+                self._unmap(block)
+            raise
+        return sum(b.size for b in mapped)
+
+    def _gaps(self) -> list[tuple[int, int]]:
+        """The unmapped [start, end) offsets of the reserved range."""
+        cursor, gaps = 0, []
         for block in (*self.blocks, Block(self.reserved, 0)):
             if block.offset > cursor:
                 gaps.append((cursor, block.offset))
             cursor = block.end
-        for start, end in gaps:
-            for offset in range(start, end, self._chunk):
-                block = Block(offset, min(self._chunk, end - offset))
-                self._map_new(block)
-                mapped += block.size
-        return mapped
+        return gaps
 
     def close(self) -> None:
         """Unmap and release every block, then the address range."""

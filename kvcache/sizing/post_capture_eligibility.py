@@ -6,7 +6,9 @@ worker on CUDA, pools that hold every token (full attention or MLA), no draft po
 built by another worker, no per-request state pools, no MLA latents in FP4.
 When it holds, the plan may start from a higher `mem_fraction_static` (the graph and
 activation reserve is left out, see `post_capture_reserve_mib`), because the resize
-trims the pools back to the measured free memory after capture.
+trims the pools back to the measured free memory after capture. Measured headroom
+(`--kv-headroom`, kvcache.runtime.measured_headroom) is the same resize with the headroom
+taken from the engine's measured worst-case step instead of the fraction.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from kvcache.inputs.dtypes import KVCacheDtype
 from kvcache.sizing.pool_layout import CacheLayout
 from kvcache.memory.runtime_reserve import parallel_reserve_mib
 from kvcache.inputs.server_args import ServerArgs
-from kvcache.inputs.sizing_settings import SizingSettings
+from kvcache.inputs.sizing_settings import SizingSettings, measures_headroom
 
 POST_CAPTURE_FLOOR_MIB = 1536  # SGLang 0.5.23's reserve when post-capture sizing is planned
 
@@ -29,6 +31,7 @@ class PostCaptureEligibility(msgspec.Struct, frozen=True, kw_only=True):
 
     active: bool
     reason: str
+    measured: bool = False  # the headroom comes from the measured worst-case step, not the fraction
 
 
 def post_capture_eligibility(
@@ -39,7 +42,8 @@ def post_capture_eligibility(
     a = server_args
     kinds = {g.spec.pool_kind for g in layout.kv_groups}
     blockers = (
-        (not a.enable_post_capture_kv_resize, "off (turn it on with --enable-post-capture-kv-resize)"),
+        (not (a.enable_post_capture_kv_resize or measures_headroom(a)),
+         "off (turn it on with --enable-post-capture-kv-resize or --kv-headroom measured)"),
         (device_type != "cuda", f"needs a CUDA device for its virtual-memory pools, not {device_type}"),
         (is_draft_worker, "a draft worker's pools follow the target's token indices"),
         (a.kv_cache_memory is not None, "--kv-cache-memory fixes the KV budget"),
@@ -52,6 +56,9 @@ def post_capture_eligibility(
     for blocked, reason in blockers:
         if blocked:
             return PostCaptureEligibility(active=False, reason=reason)
+    if measures_headroom(a):
+        return PostCaptureEligibility(active=True, measured=True, reason=(
+            "measured: after CUDA-graph capture the pools keep what the worst-case step left free, less a margin"))
     return PostCaptureEligibility(active=True, reason="on: pools shrink to the memory free after CUDA-graph capture")
 
 

@@ -4,7 +4,7 @@ Not MagicMock: a fake that invents attributes hides a missing field (the missing
 `model_dtype` bug in SGLang's refactor lived behind one).
 """
 
-from kvcache.testing.fakes import FailingAllocatorFactory, RecordingAllocator, RecordingStream, fixed_card_probe, tiny_model_config, TINY_MODEL_HF_CONFIG
+from kvcache.testing.fakes import FailingAllocatorFactory, FixedActivationStep, RecordingAllocator, RecordingStream, fixed_card_probe, tiny_model_config, TINY_MODEL_HF_CONFIG
 from kvcache.memory.memory_probe import FixedMemoryProbe
 
-__all__ = ["FailingAllocatorFactory", "FixedMemoryProbe", "RecordingAllocator", "RecordingStream", "fixed_card_probe", "tiny_model_config", "TINY_MODEL_HF_CONFIG"]
+__all__ = ["FailingAllocatorFactory", "FixedActivationStep", "FixedMemoryProbe", "RecordingAllocator", "RecordingStream", "fixed_card_probe", "tiny_model_config", "TINY_MODEL_HF_CONFIG"]

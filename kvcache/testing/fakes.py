@@ -147,3 +147,41 @@ class RecordingStream(HostStream):
     def __enter__(self) -> "RecordingStream":
         self.entered += 1
         return self
+
+
+class FixedActivationStep:
+    """A WorstCaseStep (kvcache.runtime.measured_headroom) whose steps each allocate a known number of bytes on a
+    device and free them: the measured headroom then has a peak known in advance.
+
+    Override a worker container's `worst_case_step` with `providers.Callable(FixedActivationStep.factory({...}))`;
+    the factory records the arguments the engine built the step with (`built_with`)."""
+
+    def __init__(self, *, step_bytes: dict[str, int], device: torch.device) -> None:
+        if not step_bytes or min(step_bytes.values()) < 0:
+            raise ValueError(f"a fixed step allocates zero or more bytes per named step, not {step_bytes}")
+        self.step_bytes = dict(step_bytes)
+        self.device = device
+        self.runs: list[str] = []
+        self.built_with: dict[str, Any] = {}
+
+    @classmethod
+    def factory(cls, step_bytes: dict[str, int]) -> Any:
+        """A callable taking what the engine passes (runner=, chunked_prefill_size=, decode_batch=,
+        largest_graph_batch=); its `.last` is the step it built."""
+        def build(*, runner: Any, chunked_prefill_size: int, decode_batch: int, largest_graph_batch: int) -> "FixedActivationStep":
+            step = cls(step_bytes=step_bytes, device=runner.device)
+            step.built_with = dict(chunked_prefill_size=chunked_prefill_size, decode_batch=decode_batch,
+                                   largest_graph_batch=largest_graph_batch)
+            build.last = step  # type: ignore[attr-defined]
+            return step
+        return build
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.step_bytes)
+
+    def run(self, name: str) -> None:
+        if name not in self.step_bytes:
+            raise ValueError(f"no step {name!r}; steps: {', '.join(self.step_bytes)}")
+        held = torch.ones(self.step_bytes[name], dtype=torch.uint8, device=self.device)  # touched: really taken
+        self.runs.append(name)
+        del held

@@ -1,0 +1,167 @@
+"""On a CUDA device: measured headroom (--kv-headroom) against SGLang's static plan, each in a fresh process.
+
+Per model, three child processes (a fresh CUDA context each, as a real engine has):
+- `measured`: Engine.bootstrap() at the defaults (the switch's auto is on), then free memory by
+  cudaMemGetInfo from outside the project's accounting, then N alternating worst-case prefill
+  chunks and max-batch decode steps through the pools (decode replays a graph when one holds the
+  batch), recording the lowest free memory during any step (cudaMemGetInfo before the steps less
+  the caching allocator's peak reserved growth) and after each one;
+- `static`: the same bootstrap with --kv-headroom fraction (SGLang 0.5.23's plan);
+- `dry`: `plan --gpu CARD` on the meta device.
+
+    python benchmarks/gpu_measured_headroom.py --out DIR [--models ...] [--steps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MODELS = ["Llama-3.1-8B-Instruct", "Qwen3-8B", "DeepSeek-V2-Lite"]
+
+
+def free_now(torch: Any) -> int:
+    torch.cuda.synchronize()
+    return int(torch.cuda.mem_get_info()[0])
+
+
+def measured(model: str, steps: int) -> dict[str, Any]:
+    import torch
+
+    from app.report import build_report
+    from containers import EngineContainer
+    from kvcache.inputs.server_args import ServerArgs
+    from kvcache.models.presets import load_model_config
+
+    total = int(torch.cuda.mem_get_info()[1])
+    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cuda"}), model_config=load_model_config(model))
+    runtime = engine.engine()
+    t0 = time.perf_counter()
+    runtime.bootstrap()
+    out: dict[str, Any] = {"bootstrap_s": time.perf_counter() - t0}
+    runner = runtime.target
+    report = build_report(runtime)
+    gc.collect()
+    torch.cuda.empty_cache()
+    out.update(free_after_load=report.free_after_load_bytes, free_before_load=report.free_before_load_bytes,
+               planned_bytes=report.planned_bytes, weights_bytes=report.weights_bytes,
+               kept_free=report.free_after_load_bytes - report.planned_bytes)
+    out.update(tokens=runner.max_total_num_tokens, max_running_requests=runner.max_running_requests,
+               free_after_bootstrap=free_now(torch), total=total, measured_headroom=report.measured_headroom,
+               timings=dict(runner.timings), graphs=len(runner.graph_capture.batch_sizes) if runner.graph_capture else 0,
+               graph_max_bs=runner.graph_capture.max_bs if runner.graph_capture else 0)
+    m = runner.measured_sizing
+    if m is None:
+        return out
+    from kvcache.memory.runtime_reserve import default_chunked_prefill_size
+
+    chunk = default_chunked_prefill_size(total)
+    requests = runner.decode_requests()
+    vocab = runner.model_config.vocab_size
+    bs = runner.max_running_requests
+    free_start = free_now(torch)
+    reserved_start = torch.cuda.memory_reserved()
+    torch.cuda.reset_peak_memory_stats()
+    lowest_after, series, t1 = free_start, [], time.perf_counter()
+    for i in range(steps):
+        if i % 2 == 0:
+            rows = requests.add(1)
+            runner.forward_extend(requests.extend(rows, [torch.randint(0, vocab, (chunk,), device="cuda")]))
+        else:
+            rows = requests.add(bs)
+            runner.decode(requests.step(rows, torch.randint(0, vocab, (bs,), device="cuda")))
+        requests.release(rows)
+        f = free_now(torch)
+        lowest_after = min(lowest_after, f)
+        if i in (0, 1, 9, 99, steps - 1):
+            series.append((i + 1, f, torch.cuda.memory_reserved(), torch.cuda.max_memory_reserved()))
+    peak_growth = torch.cuda.max_memory_reserved() - reserved_start
+    out.update(steps=steps, chunk=chunk, decode_bs=bs, steps_s=time.perf_counter() - t1, free_start=free_start,
+               lowest_free_during=free_start - peak_growth, lowest_free_after_step=lowest_after,
+               series=series, margin=m.margin_bytes,
+               margin_kept=free_start - peak_growth >= m.margin_bytes,
+               idle_fraction_of_card=(free_start - peak_growth) / total)
+    return out
+
+
+def static(model: str) -> dict[str, Any]:
+    import torch
+
+    from containers import EngineContainer
+    from kvcache.inputs.server_args import ServerArgs
+    from kvcache.models.presets import load_model_config
+
+    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cuda", "kv_headroom": "fraction"}),
+                             model_config=load_model_config(model))
+    runtime = engine.engine()
+    runtime.bootstrap()
+    plan = runtime.target.memory_pool_config
+    runtime.target.capture_decode_graphs()
+    gc.collect()
+    torch.cuda.empty_cache()
+    return dict(tokens=plan.max_total_num_tokens, fraction=plan.budget.mem_fraction_static,
+                free_before_load=plan.budget.free_before_load_bytes, free_after_load=plan.budget.free_after_load_bytes,
+                max_running_requests=plan.max_running_requests, free_after_capture=free_now(torch),
+                graph_bytes=runtime.target.graph_capture.bytes_taken, torch=torch.__version__,
+                device=torch.cuda.get_device_name())
+
+
+def dry(model: str, card: str) -> dict[str, Any]:
+    import io
+    from contextlib import redirect_stdout
+
+    from app.cli import main as cli_main
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        code = cli_main(["plan", "--model", model, "--gpu", card, "--json"])
+    data = json.loads(buf.getvalue())
+    return dict(exit=code, tokens=data.get("max_total_num_tokens"), measured_headroom=data.get("measured_headroom"),
+                prediction=data.get("measured_prediction"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--models", nargs="+", default=MODELS)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--card", default="H200")
+    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # child: KIND MODEL
+    ns = parser.parse_args()
+    if ns.one:
+        kind, model = ns.one
+        try:
+            result = {"measured": lambda: measured(model, ns.steps), "static": lambda: static(model),
+                      "dry": lambda: dry(model, ns.card)}[kind]()
+        except Exception:  # noqa: BLE001 - the parent records it and goes on
+            result = {"error": traceback.format_exc()[-4000:]}
+        print("RESULT " + json.dumps(result, default=str))
+        return
+    rows: dict[str, Any] = {}
+    for model in ns.models:
+        for kind in ("static", "measured", "dry"):
+            done = subprocess.run([sys.executable, __file__, "--one", kind, model, "--steps", str(ns.steps),
+                                   "--card", ns.card], capture_output=True, text=True, timeout=240)
+            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+            rows[f"{model}:{kind}"] = (json.loads(lines[-1][7:]) if lines else
+                                       {"error": done.stderr[-4000:], "rc": done.returncode})
+            print(model, kind, json.dumps(rows[f"{model}:{kind}"], default=str)[:2500], flush=True)
+            if ns.out:
+                ns.out.mkdir(parents=True, exist_ok=True)
+                (ns.out / "measured_headroom.json").write_text(json.dumps(rows, indent=1, default=str))
+        s, m = rows[f"{model}:static"], rows[f"{model}:measured"]
+        if "tokens" in s and "tokens" in m:
+            print(model, "measured / static tokens =", m["tokens"] / s["tokens"], flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Measured headroom: the decision from a measured peak (pure), the worst-case step provider and its fake.
+
+The measured bootstrap itself needs CUDA (tests/test_cuda_measured_headroom.py); here the
+numbers are checked by hand on small plans, and the reference step runs on the CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dependency_injector import providers
+
+from app.forward.worst_case import ReferenceWorstCaseStep
+from containers import EngineContainer
+from kvcache.errors import DoesNotFitError, UnsupportedModelError
+from kvcache.inputs.byte_units import GiB, MiB
+from kvcache.inputs.server_args import ServerArgs
+from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.runtime.measured_headroom import (
+    MeasuredSizing, StepPeak, decide_measured_tokens, measured_margin_bytes,
+)
+from kvcache.runtime.resize import resized_plan_request
+from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_cost, plan_pool_sizes
+from kvcache.testing import FixedActivationStep, FixedMemoryProbe, tiny_model_config
+
+BPT = 256
+
+
+def _plan(budget: int) -> object:
+    b = MemoryBudget(budget_bytes=budget, total_bytes=GiB, free_before_load_bytes=GiB,
+                     free_after_load_bytes=GiB - 8 * MiB, mem_fraction_static=0.9, kv_cache_memory_bytes=None)
+    pools = (KVPoolDemand(name="full", kind="full", num_layers=2, bytes_per_token=BPT),)
+    return plan_pool_sizes(PlanRequest(budget=b, page_size=1, context_length=256, req_to_token_row_width=256,
+                                       kv_pools=pools, max_running_requests=64))
+
+
+BUILT, STATIC = _plan(96 * MiB), _plan(64 * MiB)
+
+
+def test_the_margin_is_half_a_percent_of_the_card_and_at_least_256_mib():
+    assert measured_margin_bytes(150_109_880_320) == 750_549_401  # an H200: 0.5%
+    assert measured_margin_bytes(16 * GiB) == 256 * MiB  # 0.5% would be 82 MiB
+
+
+def test_free_memory_above_peak_and_margin_grows_the_pools_to_leave_exactly_that_free():
+    free, peak, margin, slack = 40 * MiB, 6 * MiB, 2 * MiB, MiB
+    after, note = decide_measured_tokens(built=BUILT, static=STATIC, free_at_static_bytes=free, peak_bytes=peak,
+                                         margin_bytes=margin, mapping_slack_bytes=slack)
+    budget = STATIC.total_bytes + free - peak - margin - slack  # what the pools may grow into
+    assert note == "" and after.total_bytes <= budget
+    assert plan_cost(resized_plan_request(BUILT, budget), after.max_total_num_tokens + 1, 0) > budget  # the largest
+    assert STATIC.max_total_num_tokens < after.max_total_num_tokens < BUILT.max_total_num_tokens
+
+
+def test_never_more_than_the_pools_were_built_for():
+    after, _ = decide_measured_tokens(built=BUILT, static=STATIC, free_at_static_bytes=GiB, peak_bytes=MiB,
+                                      margin_bytes=MiB, mapping_slack_bytes=0)
+    assert after.max_total_num_tokens == BUILT.max_total_num_tokens
+
+
+def test_a_peak_above_the_margin_but_below_what_the_static_plan_leaves_keeps_the_static_plan():
+    after, note = decide_measured_tokens(built=BUILT, static=STATIC, free_at_static_bytes=10 * MiB,
+                                         peak_bytes=9 * MiB, margin_bytes=4 * MiB, mapping_slack_bytes=0)
+    assert after is STATIC and note.startswith(f"kept the static plan's {STATIC.max_total_num_tokens:,} tokens")
+
+
+def test_a_peak_the_static_plan_cannot_hold_shrinks_below_it_and_says_so_with_the_bytes():
+    after, note = decide_measured_tokens(built=BUILT, static=STATIC, free_at_static_bytes=10 * MiB,
+                                         peak_bytes=30 * MiB, margin_bytes=2 * MiB, mapping_slack_bytes=0)
+    assert after.max_total_num_tokens < STATIC.max_total_num_tokens
+    assert f"leaves {10 * MiB:,} B free and the step needs {30 * MiB:,} B" in note
+    with pytest.raises(DoesNotFitError, match="would run out of memory at the worst-case step"):
+        decide_measured_tokens(built=BUILT, static=STATIC, free_at_static_bytes=MiB, peak_bytes=GiB,
+                               margin_bytes=MiB, mapping_slack_bytes=0)
+
+
+def test_a_step_peak_is_the_larger_reading_and_the_decision_reports_what_is_idle():
+    steps = (StepPeak(name="prefill_chunk", torch_peak_bytes=100, free_drop_bytes=130, lasting_bytes=20),
+             StepPeak(name="eager_decode", torch_peak_bytes=300, free_drop_bytes=290, lasting_bytes=0))
+    m = MeasuredSizing(steps=steps, graph_bytes=7, margin_bytes=50, tokens_built=9, static_tokens=5, tokens_after=8,
+                       free_after_steps_bytes=1000, plan_after=STATIC, note="", free_after_resize_bytes=420)
+    assert [s.peak_bytes for s in steps] == [110, 300]
+    assert (m.peak_bytes, m.worst_step, m.headroom_bytes, m.idle_bytes) == (300, "eager_decode", 350, 120)
+    assert m.to_dict()["steps"]["prefill_chunk"] == {"peak_bytes": 110, "torch_peak_bytes": 100,
+                                                     "free_drop_bytes": 130, "lasting_bytes": 20}
+
+
+def _cpu_runner(**args):  # type: ignore[no-untyped-def]
+    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cpu", "max_running_requests": 6,
+                                                                  "mem_fraction_static": 0.5, **args}),
+                             model_config=tiny_model_config())
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
+    runner = engine.engine().target
+    runner.initialize()
+    return engine, runner
+
+
+def test_the_reference_step_runs_a_full_chunk_and_an_eager_batch_above_the_graphs_and_frees_them():
+    _, runner = _cpu_runner()
+    step = ReferenceWorstCaseStep(runner=runner, chunked_prefill_size=100, decode_batch=6, largest_graph_batch=4)
+    assert step.names() == ("prefill_chunk", "eager_decode") and step.prefill_tokens == 100
+    free = runner.token_to_kv_pool_allocator.available_size()
+    for name in step.names():
+        step.run(name)
+    assert runner.token_to_kv_pool_allocator.available_size() == free  # the requests were released
+    assert runner.req_to_token_pool.available_size() == 6
+    only_graphs = ReferenceWorstCaseStep(runner=runner, chunked_prefill_size=10**6, decode_batch=6, largest_graph_batch=8)
+    assert only_graphs.names() == ("prefill_chunk",) and only_graphs.prefill_tokens == 256  # the context length
+    with pytest.raises(ValueError, match="no worst-case step 'mixed'"):
+        step.run("mixed")
+
+
+def test_a_family_without_a_reference_forward_is_refused_when_the_step_is_built():
+    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cpu", "mem_fraction_static": 0.5}),
+                             model_config=tiny_model_config(model_type="gemma", architectures=["GemmaForCausalLM"]))
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
+    runner = engine.engine().target
+    runner.initialize()
+    with pytest.raises(UnsupportedModelError, match="no reference decode for model_type 'gemma'"):
+        ReferenceWorstCaseStep(runner=runner, chunked_prefill_size=8, decode_batch=2, largest_graph_batch=0)
+
+
+def test_the_worker_container_provides_the_step_and_a_test_swaps_in_the_fake():
+    engine, runner = _cpu_runner()
+    assert engine.target.worst_case_step.provides is ReferenceWorstCaseStep
+    fake = FixedActivationStep.factory({"prefill_chunk": 3 * MiB, "eager_decode": MiB})
+    engine2 = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cpu", "mem_fraction_static": 0.5}),
+                              model_config=tiny_model_config())
+    engine2.target.worst_case_step.override(providers.Callable(fake))
+    runner2 = engine2.engine().target
+    step = runner2._worst_case_step_factory(runner=runner, chunked_prefill_size=64, decode_batch=6,
+                                            largest_graph_batch=4)
+    assert step is fake.last and step.built_with["chunked_prefill_size"] == 64
+    for name in step.names():
+        step.run(name)
+    assert step.runs == ["prefill_chunk", "eager_decode"] and step.step_bytes["prefill_chunk"] == 3 * MiB
+    with pytest.raises(ValueError, match="no step 'x'"):
+        step.run("x")
+
+
+def test_on_the_cpu_the_switch_changes_nothing():
+    _, runner = _cpu_runner(kv_headroom="measured")
+    assert runner.start_decode_runtime() is None and runner.measured_sizing is None
