@@ -1,7 +1,8 @@
 """How the CLI reports a failure: one line on stderr, and one JSON object on stdout with --json.
 
-Every failure maps to one `Failure`: bad input (exit 2), does not fit (exit 3), or an
-internal error, which is a bug in this program (exit 1). Nothing here prints a traceback.
+Every failure maps to one `Failure`: bad input (exit 2), does not fit (exit 3), another rank lost
+mid-start (exit 4: it failed or was killed, and says why itself), or an internal error, which is a bug in
+this program (exit 1). Nothing here prints a traceback.
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from __future__ import annotations
 import msgspec
 
 from kvcache.byte_units import format_bytes
-from kvcache.errors import ConfigError, DoesNotFitError, PoolOutOfMemoryError
+from kvcache.errors import ConfigError, DoesNotFitError, PoolOutOfMemoryError, RankLostError
 from kvcache.memory.out_of_memory import is_out_of_memory
 
-EXIT_BUG, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 1, 2, 3
+EXIT_BUG, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, EXIT_RANK_LOST = 1, 2, 3, 4
 
 
 class UsageError(ConfigError):
@@ -22,7 +23,7 @@ class UsageError(ConfigError):
 class Failure(msgspec.Struct, frozen=True, kw_only=True):
     """One failure as scripts read it from --json: `{"error": {...}}`."""
 
-    kind: str  # "bad_input" | "does_not_fit" | "internal_error"
+    kind: str  # "bad_input" | "does_not_fit" | "rank_lost" | "internal_error"
     message: str  # one line
     exit_code: int
     suggestions: list[str] = []
@@ -31,7 +32,8 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True):
 
     def line(self) -> str:
         """The one line for stderr."""
-        label = {"bad_input": "error", "does_not_fit": "does not fit", "internal_error": "internal error"}[self.kind]
+        label = {"bad_input": "error", "does_not_fit": "does not fit", "rank_lost": "rank lost",
+                 "internal_error": "internal error"}[self.kind]
         fixes = f"; what would work: {'; '.join(self.suggestions)}" if self.suggestions else ""
         return f"kvcache: {label}: {self.message}{fixes}"
 
@@ -57,6 +59,8 @@ def failure_of(exc: BaseException) -> Failure:
     if isinstance(exc, PoolOutOfMemoryError) or is_out_of_memory(exc):
         what = one_line(str(exc)) or type(exc).__name__
         return Failure(kind="does_not_fit", exit_code=EXIT_DOES_NOT_FIT, message=f"out of memory: {what}")
+    if isinstance(exc, RankLostError):  # another rank failed or died: its own output says why (exit 4)
+        return Failure(kind="rank_lost", exit_code=EXIT_RANK_LOST, message=one_line(str(exc)))
     if isinstance(exc, (ConfigError, msgspec.ValidationError, msgspec.DecodeError)):
         return Failure(kind="bad_input", exit_code=EXIT_BAD_INPUT, message=one_line(str(exc)))
     detail = one_line(str(exc))

@@ -82,7 +82,7 @@ class ModelRunner:
         try:
             self.weights = loader.load(specs)
         except LoaderOutOfMemory as exc:
-            raise self._weights_do_not_fit(needed) from exc
+            raise self._weights_do_not_fit(needed, refused=True) from exc
         self.memory_probe.note_allocation(self.weights.total_bytes)
         self._synchronize()
         self.timings["load_weights_s"] = time.perf_counter() - start
@@ -274,7 +274,9 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _weights_do_not_fit(self, needed: int) -> WeightsDoNotFitError:
+    def _weights_do_not_fit(self, needed: int, *, refused: bool = False) -> WeightsDoNotFitError:
+        """More weights than free memory; or (`refused`) the device refused their allocation although the probe
+        saw room for them (another process took it, or fragmentation): then no smaller limit is suggested."""
         free = self.pre_model_load_memory or 0
         loader = self._weight_loader()
         found = tp_size_that_fits(  # a card's context grows by its kernels as the weights are filled
@@ -286,9 +288,16 @@ class ModelRunner:
         if found is not None:
             per_rank = (f"--tp-size {found.tp_size} (about {format_bytes(found.weights_bytes)} per rank"
                         f"{'' if found.kv_cache_plans else ', for the weights alone: the KV cache then needs more'})",)
+        where = 'the card' if self.device.type == 'meta' else self.device
+        if refused and needed <= free:
+            return WeightsDoNotFitError(
+                f"{self.model_config.name}'s {self.role} weights ({format_bytes(needed)} on this rank) could not be "
+                f"allocated on {where} although {format_bytes(free)} were free before loading (another process may "
+                "hold memory there); what was allocated is freed", needed_bytes=needed, available_bytes=free,
+                suggestions=per_rank)
         return WeightsDoNotFitError(
             f"{self.model_config.name}'s {self.role} weights ({format_bytes(needed)} on this rank) do not fit "
-            f"in the {format_bytes(free)} free on {'the card' if self.device.type == 'meta' else self.device}",
+            f"in the {format_bytes(free)} free on {where}",
             needed_bytes=needed, available_bytes=free,
             suggestions=(*per_rank, "a card with more memory") if self.device.type != "cpu" else
             self._memory_limit_for_weights(needed, free),

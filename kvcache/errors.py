@@ -104,3 +104,8 @@ class VmmError(KVCacheError):
 
 class VmmOutOfMemoryError(VmmError):
     """The driver refused physical memory (CUDA_ERROR_OUT_OF_MEMORY): the plan does not fit, no bug."""
+
+
+class RankLostError(KVCacheError):
+    """A collective failed: another rank went away (it failed, or was killed) while the ranks agreed. Every
+    surviving rank raises it at once, with the same message, instead of waiting out the collective timeout."""

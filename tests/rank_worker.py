@@ -96,3 +96,33 @@ def run_rank(rank: int, model: str, ports: dict[str, int], out_dir: str) -> None
         if name == "embedded" and dist.is_initialized():
             dist.destroy_process_group()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+
+
+# ---- fault injection: one process group, a walk over the fault points (tests/test_rank_faults.py) -------------------
+
+FAULT_ARGV = ["bootstrap", "--device", "cpu", "--memory-limit", "256MiB", "--kv-cache-memory", "16MiB",
+              "--max-running-requests", "8", "--tp-size", "2"]
+
+
+def run_fault_walk(rank: int, model: str, port: int, walk: list[tuple[str, int, str]], out_dir: str) -> None:
+    """Join one gloo group (as an embedding engine would: the CLI then uses it and leaves it), then bootstrap once
+    per step of `walk`, rank 1 armed with (point, at, action) and rank 0 clean; a step with at == 0 only counts.
+    Each step's exit code, stderr, the hits this rank saw and the arenas still alive go to rank<r>.json, written
+    after every step (a 'kill' step ends rank 1 there)."""
+    from kvcache.testing.faults import FaultInjector
+
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", init_method="env://")
+    results: list[dict[str, Any]] = []
+    for point, at, action in walk:
+        armed = rank == 1 and at > 0
+        injector = FaultInjector(point=point, at=at, action=action) if armed else FaultInjector()  # type: ignore[arg-type]
+        err = io.StringIO()
+        with injector.installed(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = main([*FAULT_ARGV, "--model", model])
+        gc.collect()
+        results.append({"step": f"{point} #{at} {action}", "code": code, "stderr": err.getvalue(),
+                        "hits": dict(injector.hits), "fired": injector.fired, "arenas_alive": len(device_buffers._ARENAS)})
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()

@@ -23,7 +23,7 @@ from kvcache.models.hf_config import model_config_from_hf
 CORPUS = Path(__file__).resolve().parent / "model_corpus"
 QUICK = settings(max_examples=30, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-THROUGH_THE_CLI = settings(QUICK, max_examples=12)  # each example runs the whole command (~0.1 s)
+THROUGH_THE_CLI = settings(QUICK, max_examples=8)  # each example runs the whole command (~0.1 s)
 
 
 def source(name: str) -> dict[str, Any]:

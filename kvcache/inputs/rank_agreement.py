@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from kvcache.byte_units import format_bytes
-from kvcache.errors import KVCacheError, RankFailedError, UnbalancedMemoryError
+from kvcache.errors import KVCacheError, RankFailedError, RankLostError, UnbalancedMemoryError
 from kvcache.arithmetic import ceil_div
 from kvcache.inputs.sglang_ratios import SGLANG_MIN_RANK_MEMORY_RATIO
 
@@ -91,7 +91,7 @@ class RankAgreement:
             return (tuple(values),)
         local = torch.tensor(list(values), dtype=torch.int64)
         out = [torch.empty_like(local) for _ in range(self.world_size)]
-        dist.all_gather(out, local, group=self.group)
+        self._collective(lambda: dist.all_gather(out, local, group=self.group))
         return tuple(tuple(int(x) for x in t.tolist()) for t in out)
 
     def min_int64(self, values: Sequence[int]) -> tuple[int, ...]:
@@ -99,8 +99,18 @@ class RankAgreement:
         if self.group is None:
             return tuple(values)
         t = torch.tensor(list(values), dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        self._collective(lambda: dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group))
         return tuple(int(x) for x in t.tolist())
+
+    def _collective(self, call: Callable[[], Any]) -> None:
+        """One collective; a peer that went away (gloo: 'Connection closed by peer', raised as soon as the peer's
+        sockets close, which its death or its own failed start does) is RankLostError, the same on every rank."""
+        try:
+            call()
+        except RuntimeError as exc:  # gloo's and NCCL's DistBackendError are RuntimeErrors
+            raise RankLostError(
+                f"the ranks stopped agreeing: another rank failed or was killed during start-up ({self.world_size} "
+                "ranks; the failing rank's own output says why); nothing is left allocated here") from exc
 
     def gather_objects(self, obj: Any) -> list[Any]:
         """Every rank's picklable `obj`, indexed by rank."""
@@ -113,7 +123,7 @@ class RankAgreement:
         if payload:
             local[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         out = [torch.empty_like(local) for _ in range(self.world_size)]
-        dist.all_gather(out, local, group=self.group)
+        self._collective(lambda: dist.all_gather(out, local, group=self.group))
         return [pickle.loads(bytes(t[:n].tolist())) for t, n in zip(out, lengths)]
 
     def agree_on_memory(self, *, free_before_load: int, free_after_load: int, total_bytes: int) -> AgreedMemory:
