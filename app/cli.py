@@ -145,10 +145,12 @@ def run(ns: argparse.Namespace) -> int:
     model = load_model_config(ns.model)
     container = EngineContainer(server_args=server_args, model_config=model, card=card)
     try:
+        rules = container.engine_rules()  # an --engine not available yet stops here, before any weights load
         container.draft_model_config()
         engine = container.engine()
         engine.bootstrap()
-        report = build_report(engine, card=card.name if card else None, page_size_note=container.page_size_note())
+        report = build_report(engine, rules=rules, card=card.name if card else None,
+                              page_size_note=container.page_size_note())
         output = render_for_this_rank(engine, report, as_json=ns.json)  # rank 0 gathers every rank's plan
     finally:
         container.shutdown_resources()

@@ -9,6 +9,7 @@ import msgspec
 from app.engine import Engine
 from app.model_runner import ModelRunner
 from kvcache.byte_units import format_bytes
+from kvcache.engines import EngineRules
 from kvcache.inputs.dtypes import model_dtype_name
 
 
@@ -30,6 +31,8 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     """The engine's outcome. Keys are stable: scripts read them from --json."""
 
     model: str
+    engine: str  # the --engine whose rules the plan follows ("sglang")
+    engine_version: str  # the version of that engine the rules cite ("0.5.23")
     device: str
     card: str | None
     model_dtype: str
@@ -73,7 +76,8 @@ def _pool_names(runner: ModelRunner) -> list[str]:
     return [p.name for p in plan.kv_pools if p.of_draft_worker == (runner.role == "draft")]
 
 
-def build_report(engine: Engine, *, card: str | None = None, page_size_note: str | None = None) -> BootstrapReport:
+def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
+                 page_size_note: str | None = None) -> BootstrapReport:
     target = engine.target
     kv = target.kv_cache
     plan = kv.memory_pool_config
@@ -81,7 +85,8 @@ def build_report(engine: Engine, *, card: str | None = None, page_size_note: str
     assert target.weights is not None
     weights = sum(w.weights.total_bytes for w in engine.workers if w.weights is not None)
     return BootstrapReport(
-        model=target.model_config.name, device=str(target.device), card=card,
+        model=target.model_config.name, engine=rules.name, engine_version=rules.version,
+        device=str(target.device), card=card,
         model_dtype=model_dtype_name(kv.model_dtype), kv_cache_dtype=kv.kv_cache_dtype.name,
         page_size=plan.page_size, page_size_note=page_size_note, context_length=plan.context_length, bytes_per_token=plan.bytes_per_token,
         max_total_num_tokens=plan.max_total_num_tokens, max_running_requests=plan.max_running_requests,
@@ -125,6 +130,7 @@ def render_text(report: BootstrapReport) -> str:
     r = report
     lines = [
         f"model               {r.model}",
+        f"engine              {r.engine} {r.engine_version}  (whose rules the plan follows: --engine)",
         f"device              {r.device}" + (f"  (plan for {r.card}, nothing allocated)" if r.card else ""),
         f"dtype / KV dtype    {r.model_dtype} / {r.kv_cache_dtype}",
         f"context length      {r.context_length:,}   page size {r.page_size}"

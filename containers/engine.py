@@ -7,6 +7,7 @@ from dependency_injector import containers, providers
 from app.engine import Engine, draft_runner_for
 from app.parallel_setup import parallel_state_resource
 from kvcache.configurator import SharedTargetCache
+from kvcache.engines import engine_rules
 from kvcache.inputs.devices import resolve_device
 from kvcache.models.draft_pairing import paired_draft
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
@@ -40,6 +41,7 @@ class EngineContainer(containers.DeclarativeContainer):
     )
     model_dtype = providers.Callable(resolve_model_dtype, server_args.provided.dtype, model_config.provided.checkpoint_dtype)
     kv_cache_dtype = providers.Callable(resolve_kv_cache_dtype, server_args.provided.kv_cache_dtype, model_dtype)
+    engine_rules = providers.Callable(engine_rules, server_args.provided.engine)  # --engine's rules (kvcache.engines)
 
     # The one place the speculative algorithm is read: no draft, the target's own MTP layer, or a checkpoint.
     draft_checkpoint = providers.Callable(  # checked against the target (kvcache.models.draft_pairing)
@@ -64,14 +66,15 @@ class EngineContainer(containers.DeclarativeContainer):
         role=providers.Object("target"),
         server_args=worker_server_args, model_config=model_config, parallel_state=parallel_state,
         device=device, memory_probe=memory_probe, model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype,
-        draft_layout=draft_layout, forced_page_size=model_page_size,
+        engine_rules=engine_rules, draft_layout=draft_layout, forced_page_size=model_page_size,
     )
     draft = providers.Container(
         WorkerContainer,
         role=providers.Object("draft"),
         server_args=worker_server_args, model_config=draft_model_config, parallel_state=parallel_state,
         device=device, memory_probe=memory_probe, model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype,
-        pool_name_prefix=providers.Object(DRAFT_POOL_PREFIX), forced_page_size=model_page_size,
+        engine_rules=engine_rules, pool_name_prefix=providers.Object(DRAFT_POOL_PREFIX),
+        forced_page_size=model_page_size,
         shared=providers.Factory(
             SharedTargetCache,
             req_to_token_pool=target.model_runner.provided.req_to_token_pool,

@@ -9,6 +9,7 @@ from app.forward.worst_case import ReferenceWorstCaseStep
 from app.model_runner import ModelRunner
 from kvcache.allocators.factory import allocator_for_plan
 from kvcache.configurator import KVCacheConfigurator
+from kvcache.engines import EngineRules
 from kvcache.inputs.dtypes import KVCacheDtype
 from kvcache.memory.memory_probe import MemoryProbe
 from kvcache.models.model_config import ModelConfig
@@ -33,6 +34,7 @@ class WorkerContainer(containers.DeclarativeContainer):
     memory_probe = providers.Dependency(instance_of=MemoryProbe)
     model_dtype = providers.Dependency(instance_of=torch.dtype)
     kv_cache_dtype = providers.Dependency(instance_of=KVCacheDtype)
+    engine_rules = providers.Dependency(instance_of=EngineRules)
     pool_name_prefix = providers.Object("")
     draft_layout = providers.Object(None)  # a target with a draft pays for the draft's pools
     shared = providers.Object(None)  # a draft gets the target's request table, allocator and plan
@@ -50,7 +52,7 @@ class WorkerContainer(containers.DeclarativeContainer):
         KVCacheConfigurator,
         settings=settings, model_config=model_config, parallel_state=parallel_state,
         model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype, device=device, memory_probe=memory_probe,
-        allocator_factory=allocator_factory.provider, forward_stream=forward_stream,
+        allocator_factory=allocator_factory.provider, forward_stream=forward_stream, engine=engine_rules,
         layer_ids=layer_range, pool_name_prefix=pool_name_prefix, draft_layout=draft_layout, shared=shared,
     )
     model_runner = providers.ThreadSafeSingleton(

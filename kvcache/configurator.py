@@ -14,6 +14,8 @@ import msgspec
 import torch
 
 from kvcache.pools.allocator_protocol import AllocatorFactory, TokenAllocator
+from kvcache.engines import EngineRules
+from kvcache.engines.sglang import SGLANG
 from kvcache.errors import ConfigError
 from kvcache.inputs.dtypes import KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
@@ -83,6 +85,7 @@ class KVCacheConfigurator:
     memory_probe: MemoryProbe
     allocator_factory: AllocatorFactory
     forward_stream: ForwardStream
+    engine: EngineRules = SGLANG  # the engine whose rules the plan follows (kvcache.engines)
     layer_ids: range | None = None
     pool_name_prefix: str = ""
     draft_layout: CacheLayout | None = None
@@ -111,7 +114,7 @@ class KVCacheConfigurator:
             settings=self.settings, model_config=self.model_config, parallel_state=self.parallel_state,
             model_dtype=self.model_dtype, kv_cache_dtype=self.kv_cache_dtype, device_type=self.device.type,
             layer_ids=self.layer_ids, pool_name_prefix=self.pool_name_prefix, draft_layout=self.draft_layout,
-            is_draft_worker=self.shared is not None,
+            is_draft_worker=self.shared is not None, engine=self.engine,
         )
 
     # ---- internals --------------------------------------------------------

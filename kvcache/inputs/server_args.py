@@ -36,6 +36,7 @@ ByteCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_BYTES, extra={"unit": "byte
 KVCacheDtypeName = Literal["auto", "bfloat16", "bf16", "float16", "float32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"]
 ModelDtypeName = Literal["auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32"]
 SpeculativeAlgorithm = Literal["none", "EAGLE", "EAGLE3", "STANDALONE", "NEXTN"]
+EngineName = Literal["sglang", "vllm"]  # kvcache.engines.ENGINES holds each one's rules
 
 DRAFT_MODEL_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
 
@@ -55,6 +56,10 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     Each field's description is its --flag's help: the CLI is generated from this class.
     """
 
+    # the engine the plan is for (kvcache.engines)
+    engine: Annotated[EngineName, _doc(
+        "the engine whose rules the plan follows (which pools, what is reserved): sglang (SGLang 0.5.23) "
+        "or vllm")] = "sglang"
     # memory budget
     mem_fraction_static: Annotated[Fraction01, _doc(
         "share of the card for weights + KV cache; derived from the card's size (SGLang's rule) when not given")] | None = None

@@ -24,7 +24,8 @@ from kvcache.memory.memory_budget import MemoryBudget, compute_budget, derive_me
 from kvcache.memory.runtime_reserve import RuntimeShape, default_mem_fraction_static
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.advice import suggest_fixes, suggest_kv_cache_memory
-from kvcache.sizing.planning import PlanRequest, plan_pool_sizes
+from kvcache.sizing.engine_rules import EngineRules
+from kvcache.sizing.planning import PlanRequest
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.pool_layout import CacheLayout, worker_cache_layout
 from kvcache.sizing.post_capture_eligibility import (
@@ -58,6 +59,7 @@ class WorkerSizing:
     model_dtype: torch.dtype
     kv_cache_dtype: KVCacheDtype
     device_type: str  # "cuda", "cpu" or "meta": CUDA graphs, post-capture resize and CPU advice depend on it
+    engine: EngineRules  # the engine whose rules the plan follows (kvcache.engines holds them)
     layer_ids: range | None = None
     pool_name_prefix: str = ""
     draft_layout: CacheLayout | None = None  # a target with a draft pays for the draft's pools
@@ -72,7 +74,7 @@ class WorkerSizing:
         if at_most_tokens is not None and (request.max_total_tokens is None or at_most_tokens < request.max_total_tokens):
             request = msgspec.structs.replace(request, max_total_tokens=at_most_tokens)
         try:
-            return plan_pool_sizes(request)
+            return self.engine.plan(request)
         except DoesNotFitError as exc:
             fraction = request.budget.mem_fraction_static
             raise exc.with_suggestions(exc.suggestions + self._suggestions(
@@ -81,7 +83,7 @@ class WorkerSizing:
     def plans(self, memory: WorkerMemory) -> bool:
         """Whether this worker plans with this memory (no advice searched)."""
         try:
-            plan_pool_sizes(self.plan_request(self.layout(), self.budget(memory)))
+            self.engine.plan(self.plan_request(self.layout(), self.budget(memory)))
         except DoesNotFitError:
             return False
         return True
