@@ -11,7 +11,7 @@ import torch
 from dependency_injector import providers
 
 from containers import EngineContainer
-from kvcache.inputs.byte_units import MiB
+from kvcache.byte_units import MiB
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.models.presets import load_model_config
 from kvcache.testing import FixedActivationStep

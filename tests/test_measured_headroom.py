@@ -13,7 +13,7 @@ from dependency_injector import providers
 from app.forward.worst_case import ReferenceWorstCaseStep
 from containers import EngineContainer
 from kvcache.errors import DoesNotFitError, UnsupportedModelError
-from kvcache.inputs.byte_units import GiB, MiB
+from kvcache.byte_units import GiB, MiB
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.runtime.measured_headroom import (

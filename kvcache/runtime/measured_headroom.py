@@ -26,7 +26,7 @@ from typing import Protocol
 import msgspec
 
 from kvcache.errors import DoesNotFitError
-from kvcache.inputs.byte_units import MiB, format_bytes
+from kvcache.byte_units import MiB, format_bytes
 from kvcache.runtime.resize import resized_plan_request
 from kvcache.sizing.planning import plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
