@@ -23,13 +23,15 @@ from app.flag_hints import BOOTSTRAP_ONLY_FIELDS, COMMANDS, unknown_command, unr
 from app.server_args_flags import add_server_args_flags, server_args_values, sizes_read
 from containers import EngineContainer
 from kvcache.byte_units import SIZE_UNITS_HELP
+from kvcache.engines.vllm import VLLM
 from kvcache.inputs.cards import KNOWN_CARDS, SimulatedCard, card_named, card_of_size
 from kvcache.models.presets import DEFAULT_PRESET, load_model_config, preset_names
-from kvcache.inputs.server_args import ServerArgs, read_settings_file
+from kvcache.inputs.server_args import VLLM_ONLY_FIELDS, ServerArgs, read_settings_file
 
 EXIT_OK = 0
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose pipe closed
 FIRST_WORDS = frozenset({*COMMANDS, "-h", "--help"})  # a first argument that is not a model or a flag
+VLLM_ONLY = frozenset(VLLM_ONLY_FIELDS)  # vLLM's knobs: only `plan --engine vllm` has a use for them
 
 
 def _add_common(p: argparse.ArgumentParser, *, leave_out: frozenset[str] = frozenset()) -> None:
@@ -77,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvcache", description="How much KV cache fits, and the pools that hold it.")
     sub = parser.add_subparsers(dest="command")
     _add_common(sub.add_parser("bootstrap", help="load dummy weights on this machine, size and build the KV cache (default)",
-                               epilog=SIZE_UNITS_HELP + "."))
+                               epilog=SIZE_UNITS_HELP + "."), leave_out=VLLM_ONLY)
     plan = sub.add_parser("plan", help="a dry run for a card you do not have (meta device, allocates nothing)",
                           epilog=SIZE_UNITS_HELP + ".")
     _add_common(plan, leave_out=BOOTSTRAP_ONLY_FIELDS)
@@ -86,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     card.add_argument("--gpu", help=f"a named card: {', '.join(KNOWN_CARDS)}")
     fit = sub.add_parser("fit", help="which card, TP size and KV dtype serve N requests of C tokens (a plan per cell)",
                          epilog=SIZE_UNITS_HELP + ".")
-    _add_common(fit, leave_out=BOOTSTRAP_ONLY_FIELDS | SWEPT_FIELDS)
+    _add_common(fit, leave_out=BOOTSTRAP_ONLY_FIELDS | SWEPT_FIELDS | VLLM_ONLY)
     add_fit_flags(fit)
     sub.add_parser("presets", help="list the shipped model configs")
     return parser
@@ -124,6 +126,7 @@ def _card(ns: argparse.Namespace) -> SimulatedCard:
 def run(ns: argparse.Namespace) -> int:
     from app.rank_report import render_for_this_rank
     from app.report import build_report
+    from app.vllm_report import plan_for_vllm, render_vllm
 
     command = ns.command or "bootstrap"
     if command == "presets":
@@ -142,10 +145,16 @@ def run(ns: argparse.Namespace) -> int:
         return run_fit(ns, load_model_config(ns.model), settings)
     card = _card(ns) if command == "plan" else None
     server_args = server_args_from(ns, device="meta" if command == "plan" else None)
+    if server_args.engine == VLLM.name and command != "plan":
+        raise UsageError("--engine vllm is a dry run of vLLM's block plan: use plan --engine vllm --gpu NAME "
+                         f"({command} builds this engine's pools)")
     model = load_model_config(ns.model)
     container = EngineContainer(server_args=server_args, model_config=model, card=card)
     try:
         rules = container.engine_rules()  # an --engine not available yet stops here, before any weights load
+        if rules is VLLM:  # vLLM's answer is its own block plan: no pools are built (kvcache.engines.vllm)
+            print(render_vllm(plan_for_vllm(container, card=card.name if card else None), as_json=ns.json))
+            return EXIT_OK
         container.draft_model_config()
         engine = container.engine()
         engine.bootstrap()

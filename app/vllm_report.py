@@ -6,10 +6,13 @@ measures at start-up; the report says which number is estimated (kvcache.engines
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
-from kvcache.engines.vllm_answer import VllmAnswer
 from kvcache.byte_units import format_bytes
+from kvcache.engines.vllm_answer import VllmAnswer, vllm_answer
+from kvcache.inputs.dtypes import model_dtype_name
 
 ESTIMATED_NOTE = ("ESTIMATED: vLLM measures its activation peak, non-torch memory and CUDA graphs at start-up; "
                   "a dry run takes the project's runtime reserve for the card")
@@ -36,12 +39,35 @@ def vllm_report(answer: VllmAnswer, *, model: str, device: str, card: str | None
                       estimated=("estimated_runtime_bytes",), vllm=answer)
 
 
+def plan_for_vllm(container: Any, *, card: str | None) -> VllmReport:
+    """Load the target's dummy weights (the one number a dry run measures) and ask vLLM's rules the rest.
+
+    `container` is an EngineContainer (app does not import containers); nothing else is built."""
+    args, model = container.server_args(), container.model_config()
+    weights = container.target.model_runner().load_weights()
+    sizing = container.target.configurator().sizing
+    answer = vllm_answer(
+        model, container.parallel_state(), container.kv_cache_dtype(), model_dtype=container.model_dtype(),
+        total_bytes=container.memory_probe().total_bytes(), weights_bytes=weights.total_bytes,
+        runtime=sizing.runtime_shape(),
+        max_model_len=model.context_length(args.context_length, allow_long_context=args.allow_long_context),
+        gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
+        max_num_batched_tokens=args.chunked_prefill_size,
+    )
+    return vllm_report(answer, model=model.name, device=str(container.device()), card=card,
+                       model_dtype=model_dtype_name(container.model_dtype()),
+                       kv_cache_dtype=container.kv_cache_dtype().name)
+
+
 def render_vllm_text(r: VllmReport) -> str:
     a = r.vllm
-    groups = ", ".join(
-        f"{g.kind}{f' {g.window}' if g.window else ''} x {g.layers} layer{'' if g.layers == 1 else 's'}"
-        f"{f' (block {g.block_size})' if g.block_size not in (0, a.block_size) else ''}"
-        for g in a.groups)
+    kinds: dict[tuple[str, int, int], list[int]] = {}
+    for g in a.groups:
+        kinds.setdefault((g.kind, g.window, g.block_size), []).append(g.layers)
+    groups = "; ".join(
+        f"{len(layers)} x {kind}{f' {window}' if window else ''} ({', '.join(map(str, layers))} layers"
+        f"{f', block {block}' if block not in (0, a.block_size) else ''})"
+        for (kind, window, block), layers in kinds.items())
     lines = [
         f"model               {r.model}",
         f"engine              vllm {r.engine_version}  (whose rules the plan follows: --engine)",

@@ -44,7 +44,7 @@ def test_plan_flags_without_plan_say_they_belong_to_plan(capsys: pytest.CaptureF
                                                        "--trust-remote-code changes nothing"),
         (["--ep-size", "8"], "--ep-size is not modelled: MoE weights are split over --tp-size"),  # not "did you mean --tp-size?"
         (["--ep", "8"], "--ep is not modelled"),  # not "did you mean --help?"
-        (["--gpu-memory-utilization", "0.9"], "here use --mem-fraction-static"),
+        (["--gpu-memory-utilization", "0.9"], "with SGLang's rules use --mem-fraction-static"),
         (["--modle", "Qwen3-8B"], "--modle: did you mean --model?"),
         (["--jsn"], "--jsn: did you mean --json?"),
     ],

@@ -30,8 +30,10 @@ def test_the_report_names_the_engine_and_its_version(capsys: pytest.CaptureFixtu
     assert (report["engine"], report["engine_version"]) == ("sglang", "0.5.23")
 
 
-def test_an_engine_not_available_yet_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(ConfigError, match="^--engine vllm: not available yet; use --engine sglang$"):
-        engine_rules("vllm")
-    assert main(["plan", "--model", "Qwen3-8B", "--gpu", "H200", "--engine", "vllm"]) == 2
-    assert capsys.readouterr().err == "kvcache: error: --engine vllm: not available yet; use --engine sglang\n"
+def test_vllm_rules_answer_with_their_own_blocks_and_build_no_pools(capsys: pytest.CaptureFixture[str]) -> None:
+    rules = engine_rules("vllm")
+    assert (rules.name, rules.version, rules.label) == ("vllm", "0.34.0", "vLLM 0.34.0")
+    with pytest.raises(ConfigError, match="^--engine vllm plans vLLM's own blocks, not this engine's pools"):
+        rules.plan(None)  # type: ignore[arg-type]
+    assert main(["plan", "--model", "Qwen3-8B", "--gpu", "H200", "--engine", "vllm"]) == 0
+    assert "engine              vllm 0.34.0" in capsys.readouterr().out

@@ -7,11 +7,12 @@ from typing import Mapping
 
 from kvcache.sizing.engine_rules import EngineRules
 from kvcache.engines.sglang import SGLANG
+from kvcache.engines.vllm import VLLM
 from kvcache.errors import ConfigError
 from kvcache.inputs.server_args import EngineName
 
 # None: the name is accepted by --engine but its rules have not landed yet.
-ENGINES: Mapping[str, EngineRules | None] = {"sglang": SGLANG, "vllm": None}
+ENGINES: Mapping[str, EngineRules | None] = {"sglang": SGLANG, "vllm": VLLM}
 assert set(ENGINES) == set(typing.get_args(EngineName)), "every --engine choice has an entry"
 
 

@@ -250,6 +250,19 @@ def kv_cache_groups(layers: list[VllmLayer], settings: VllmSettings) -> tuple[Vl
     return tuple(groups)
 
 
+def _longest_fitting_len(specs: list[VllmLayer], settings: VllmSettings, blocks: int) -> int:
+    """The largest max_model_len whose one request takes at most `blocks` blocks (0: not even one token),
+    by bisection as vLLM's estimate_max_model_len does."""
+    def fits(length: int) -> bool:
+        groups = kv_cache_groups(specs, replace(settings, max_model_len=length))
+        return sum(g.blocks_per_request for g in groups) <= blocks
+    low, high = 0, settings.max_model_len
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
+
+
 def plan_vllm(placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, ...], *,
               available_bytes: int, settings: VllmSettings) -> VllmPlan:
     """vLLM's block plan for `available_bytes` of KV memory; BudgetBelowOneRequestError where vLLM refuses
@@ -265,12 +278,13 @@ def plan_vllm(placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, ..
         num_blocks=max(available_bytes, 0) // bytes_per_block, blocks_per_request=per_request,
         available_bytes=available_bytes, max_model_len=settings.max_model_len,
     )
-    usable = available_bytes - bytes_per_block  # the null block vLLM's BlockPool keeps back
-    if usable < per_request * bytes_per_block:
+    usable_blocks = max(available_bytes - bytes_per_block, 0) // bytes_per_block  # the null block is kept back
+    if usable_blocks < per_request:
+        longest = _longest_fitting_len(specs, settings, usable_blocks)
         raise BudgetBelowOneRequestError(
             f"vLLM {plan.version} would refuse to start: one request of max_model_len {settings.max_model_len} "
-            f"needs {per_request} blocks of {bytes_per_block} bytes, and {max(usable, 0) // bytes_per_block} "
-            "fit besides the null block",
+            f"needs {per_request} blocks of {bytes_per_block} bytes, and {usable_blocks} fit besides the null block",
             needed_bytes=(per_request + 1) * bytes_per_block, available_bytes=available_bytes,
+            suggestions=(f"--context-length {longest} (the longest that fits, as vLLM estimates it)",) if longest else (),
         )
     return plan

@@ -7,7 +7,8 @@ answer each with the flag to use here, or why it changes nothing here.
 
 from __future__ import annotations
 
-# vLLM 0.34.0's field name -> this engine's flag (with a note where the meaning is not one to one).
+# vLLM 0.34.0's field name -> this engine's flag (with a note where the meaning is not one to one); said where
+# a command has no such flag (`plan --engine vllm` takes --gpu-memory-utilization and --block-size as they are).
 VLLM_NAMES: dict[str, str] = {
     "max_model_len": "--context-length",
     "gpu_memory_utilization": "--mem-fraction-static (the share of the card for weights and KV cache)",

@@ -60,6 +60,13 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     engine: Annotated[EngineName, _doc(
         "the engine whose rules the plan follows (which pools, what is reserved): sglang (SGLang 0.5.23) "
         "or vllm")] = "sglang"
+    # vLLM's knobs (--engine vllm), spelled as vLLM 0.34.0 spells them (kvcache.engines.vllm_rules)
+    gpu_memory_utilization: Annotated[float, msgspec.Meta(gt=0, le=1), _doc(
+        "--engine vllm: share of the card vLLM may use for weights, activations and KV cache; vLLM 0.34.0's "
+        "default is 1.0 (its extensible KV cache, on by default on CUDA; 0.92 without it)")] | None = None
+    block_size: Annotated[PositiveInt, _doc(
+        "--engine vllm: tokens per KV block, a multiple of 16 (FlashAttention's kernel block); default 64, "
+        "grown next to Mamba / linear-attention layers")] | None = None
     # memory budget
     mem_fraction_static: Annotated[Fraction01, _doc(
         "share of the card for weights + KV cache; derived from the card's size (SGLang's rule) when not given")] | None = None
@@ -265,9 +272,45 @@ def token_cap_below_one_page(max_total_tokens: int | None, page_size: int) -> st
     return f"--max-total-tokens {max_total_tokens} is below one page (--page-size {page_size}); use at least {page_size}"
 
 
+# SGLang's knobs that vLLM's plan has no use for: refused with --engine vllm rather than silently ignored
+SGLANG_ONLY_FIELDS = ("mem_fraction_static", "kv_cache_memory", "page_size", "max_total_tokens", "max_running_requests",
+                      "cuda_graph_max_bs", "disable_overlap_schedule", "enable_post_capture_kv_resize",
+                      "enable_dp_attention", "disable_radix_cache", "max_mamba_cache_size", "speculative_algorithm",
+                      "swa_full_tokens_ratio", "mamba_full_memory_ratio")
+VLLM_ONLY_FIELDS = {"gpu_memory_utilization": "--mem-fraction-static", "block_size": "--page-size"}
+FLASH_ATTN_KERNEL_BLOCK = 16
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _engine_problems(a: ServerArgs) -> list[str]:
+    """Knobs of the other engine than --engine's: refused, each named with what to use instead."""
+    if a.engine != "vllm":
+        return [f"{_flag(f)} is vLLM's knob: add --engine vllm, or with SGLang's rules use {sglang}"
+                for f, sglang in VLLM_ONLY_FIELDS.items() if getattr(a, f) is not None]
+    default = ServerArgs.__struct_defaults__
+    fields = ServerArgs.__struct_fields__
+    given = [f for f in SGLANG_ONLY_FIELDS if getattr(a, f) != default[fields.index(f)]]
+    problems = []
+    if given:
+        problems.append(
+            f"{', '.join(map(_flag, given))}: SGLang's knob{'s' if len(given) > 1 else ''}, unused by --engine vllm; "
+            f"drop {'them' if len(given) > 1 else 'it'} (vLLM's: --gpu-memory-utilization, --block-size, --context-length as max_model_len, "
+            "--chunked-prefill-size as max_num_batched_tokens)")
+    if a.pp_size > 1:
+        problems.append(f"--pp-size {a.pp_size} is not modelled for --engine vllm; use --pp-size 1")
+    if a.block_size is not None and a.block_size % FLASH_ATTN_KERNEL_BLOCK:
+        fix = max(FLASH_ATTN_KERNEL_BLOCK, a.block_size // FLASH_ATTN_KERNEL_BLOCK * FLASH_ATTN_KERNEL_BLOCK)
+        problems.append(f"--block-size {a.block_size} is not a multiple of {FLASH_ATTN_KERNEL_BLOCK} (vLLM 0.34.0's "
+                        f"FlashAttention kernel block); try --block-size {fix}")
+    return problems
+
+
 def _cross_field_problems(a: ServerArgs) -> list[str]:
     """Rules that tie fields together; each message names the flags and a fix."""
-    problems: list[str] = []
+    problems: list[str] = _engine_problems(a)
     if a.mem_fraction_static is not None and a.kv_cache_memory is not None:
         problems.append(
             "--mem-fraction-static and --kv-cache-memory both set the KV budget: give only one "
