@@ -36,13 +36,16 @@ def _specs(model: ModelConfig) -> Any:
     [
         ("Qwen3-Next-80B-A3B-Thinking", "linear_num_value_heads", None, "a positive integer"),
         ("Qwen3-Next-80B-A3B-Thinking", "linear_key_head_dim", 0, "a positive integer"),
-        ("Qwen3-Next-80B-A3B-Thinking", "linear_conv_kernel_dim", None, "a positive integer"),
+        ("Qwen3-Next-80B-A3B-Thinking", "linear_conv_kernel_dim", None, "an integer of at least 2"),
+        # a kernel of 1 would make an empty conv state: refused here too, for a ModelConfig built by hand
+        ("Qwen3-Next-80B-A3B-Thinking", "linear_conv_kernel_dim", 1, "an integer of at least 2"),
+        ("Nemotron-H-56B-Base-8K", "mamba_conv_kernel", 1, "an integer of at least 2"),
         ("Nemotron-H-56B-Base-8K", "ssm_state_size", None, "a positive integer"),
         ("Nemotron-H-56B-Base-8K", "mamba_head_dim", 0, "a positive integer"),
         ("Nemotron-H-56B-Base-8K", "mamba_n_groups", None, "an integer of at least 0"),
         # passed the old assert (it only tested `is not None`): the conv width came out negative
         ("Nemotron-H-56B-Base-8K", "mamba_n_groups", -8, "an integer of at least 0"),
-        ("Nemotron-H-56B-Base-8K", "mamba_conv_kernel", True, "a positive integer"),
+        ("Nemotron-H-56B-Base-8K", "mamba_conv_kernel", True, "an integer of at least 2"),
     ],
 )
 def test_a_bad_state_field_is_a_typed_one_line_error(preset: str, field: str, value: Any, expected: str) -> None:

@@ -146,6 +146,10 @@ class FreeListAllocator(SharedAllocatorAPI):
         """Device bytes of the index buffers (kvcache.sizing.allocator_footprint states the formula)."""
         return self._log.nbytes
 
+    def named_tensors(self, prefix: str = "allocator.") -> dict[str, torch.Tensor]:
+        """The free list's device buffers by the plan's names (kvcache.sizing.allocator_footprint)."""
+        return self._log.named_tensors(prefix)
+
     def get_kvcache(self) -> Any:
         """The KV pool these indices address (None when built without one)."""
         return self._kvcache

@@ -109,6 +109,13 @@ class FreeLog:
         """Device bytes held for the life of the log (kvcache.sizing.allocator_footprint states the formula)."""
         return device_buffers.tensor_bytes(t for t in (*self._logs, self._is_free) if t is not None)
 
+    def named_tensors(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        """`free_log.0`, `free_log.1` (and `is_free` when checking), each after `prefix`."""
+        out = {f"{prefix}free_log.{i}": log for i, log in enumerate(self._logs)}
+        if self._is_free is not None:
+            out[f"{prefix}is_free"] = self._is_free
+        return out
+
     def free_ids(self) -> torch.Tensor:
         """The free ids, in the order take() would hand them out (a view)."""
         return self._log[self._head:self._tail]

@@ -114,6 +114,11 @@ class SWATokenToKVPoolAllocator(SWAFrees, SWACapacityHooks, SharedAllocatorAPI):
         """Device bytes of both free lists and the map (kvcache.sizing.allocator_footprint states the formula)."""
         return self.full_attn_allocator.nbytes + self.swa_attn_allocator.nbytes + self._map.nbytes
 
+    def named_tensors(self, prefix: str = "allocator.") -> dict[str, torch.Tensor]:
+        """Both sides' free lists and the map, by the plan's names (kvcache.sizing.allocator_footprint)."""
+        return {**self.full_attn_allocator.named_tensors(f"{prefix}full."),
+                **self.swa_attn_allocator.named_tensors(f"{prefix}swa."), f"{prefix}full_to_swa": self._map.table}
+
     def get_kvcache(self) -> Any:
         return self._kvcache
 

@@ -22,6 +22,7 @@ from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec, SlidingWindow
 from kvcache.memory.out_of_memory import is_out_of_memory
 from kvcache.sizing.pool_config import KVPoolPlan, MemoryPoolConfig
 from kvcache.sizing.pool_layout import CacheLayout, KVPoolGroup
+from kvcache.sizing.tensor_plan import dtype_name
 from kvcache.pools import HybridSWAKVPool, MHATokenToKVPool, MLATokenToKVPool, RecurrentStatePool, ReqToTokenPool
 
 KVPool = MHATokenToKVPool | MLATokenToKVPool | HybridSWAKVPool
@@ -43,16 +44,17 @@ class WorkerPools:
         """Bytes this worker allocated: its one arena (shared objects it did not build count zero)."""
         return self.arena.nbytes
 
-    def buffer_bytes(self) -> dict[str, int]:
-        """Each buffer's bytes as built, named as MemoryPoolConfig.worker_buffers names them."""
-        out: dict[str, int] = {}
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor this worker built, by the plan's name, in arena order (MemoryPoolConfig.worker_slots)."""
+        out: dict[str, torch.Tensor] = {}
         if self.req_to_token_pool is not None:
-            out["req_to_token"] = self.req_to_token_pool.nbytes
+            out.update(self.req_to_token_pool.named_tensors())
         if self.allocator is not None:
-            out["allocator_index"] = int(self.allocator.nbytes)
+            out.update(self.allocator.named_tensors())  # type: ignore[attr-defined]
         if self.state_pool is not None:
-            out["state"] = self.state_pool.nbytes
-        out.update({f"kv_{name}": pool.nbytes for name, pool in self.kv_pools.items()})
+            out.update(self.state_pool.named_tensors())
+        for name, pool in self.kv_pools.items():
+            out.update(pool.named_tensors(f"kv_{name}"))
         return out
 
 
@@ -140,20 +142,23 @@ def _build_in(
 
 
 def check_against_plan(pools: WorkerPools, plan: MemoryPoolConfig, *, draft: bool) -> None:
-    """The guard: every buffer's bytes and the arena's size and use equal the plan's, or PlanMismatchError."""
-    planned = plan.worker_buffers(draft=draft)
-    built = pools.buffer_bytes()
+    """The guard: the tensors built are the plan's, name by name (shape and dtype), and the arena's size and use
+    are the plan's, or PlanMismatchError."""
+    slots = plan.worker_slots(draft=draft)
+    planned = {t.name: (t.shape, t.dtype) for s in slots for t in s.tensors}
+    built = {name: (tuple(t.shape), dtype_name(t.dtype)) for name, t in pools.named_tensors().items()}
     if built != planned:
-        diff = {k: (built.get(k), planned.get(k)) for k in sorted(set(built) | set(planned)) if built.get(k) != planned.get(k)}
+        diff = [k for k in list(planned) + [k for k in built if k not in planned] if built.get(k) != planned.get(k)]
         raise PlanMismatchError(
-            "the KV buffers built differ from the plan (name: built, planned bytes): "
-            + ", ".join(f"{k}: {b}, {p}" for k, (b, p) in diff.items())
+            f"the KV tensors built differ from the plan in {len(diff)} of {len(planned)} (name: built, planned): "
+            + ", ".join(f"{k}: {built.get(k)}, {planned.get(k)}" for k in diff[:4])
         )
     arena = pools.arena
-    if arena.nbytes != plan.arena_bytes(draft=draft) or arena.used != sum(planned.values()):
+    planned_use = sum(s.nbytes for s in slots)
+    if arena.nbytes != plan.arena_bytes(draft=draft) or arena.used != planned_use:
         raise PlanMismatchError(
             f"the KV arena holds {arena.used:,} B of buffers in {arena.nbytes:,} B, but the plan has "
-            f"{sum(planned.values()):,} B in {plan.arena_bytes(draft=draft):,} B"
+            f"{planned_use:,} B in {plan.arena_bytes(draft=draft):,} B"
         )
 
 

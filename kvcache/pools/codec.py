@@ -96,6 +96,10 @@ class CacheTensor:
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.data,) if self.scales is None else (self.data, self.scales)
 
+    def named(self, name: str) -> dict[str, torch.Tensor]:
+        """The data as `name`, and FP4's scales as `{name}_scales` (the plan's names)."""
+        return {name: self.data} if self.scales is None else {name: self.data, f"{name}_scales": self.scales}
+
 
 class LayerIndex:
     """Global layer ids -> positions in a pool's per-layer lists, with an error naming the pool's range."""

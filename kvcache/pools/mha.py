@@ -78,3 +78,11 @@ class MHATokenToKVPool:
     @property
     def nbytes(self) -> int:
         return tensor_bytes(t for c in (*self._k, *self._v) for t in c.tensors())
+
+    def named_tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Every tensor by the plan's name (`{prefix}.{layer}.k`, `.k_scales`, `.v`, ...), layer by layer."""
+        out: dict[str, torch.Tensor] = {}
+        for layer, k, v in zip(self.layer_ids, self._k, self._v):
+            out.update(k.named(f"{prefix}.{layer}.k"))
+            out.update(v.named(f"{prefix}.{layer}.v"))
+        return out

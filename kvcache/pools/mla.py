@@ -103,3 +103,12 @@ class MLATokenToKVPool:
     @property
     def nbytes(self) -> int:
         return tensor_bytes([*(t for c in self._kv for t in c.tensors()), *self._index])
+
+    def named_tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Every tensor by the plan's name (`{prefix}.{layer}.latent`, `.index_k`), layer by layer."""
+        out: dict[str, torch.Tensor] = {}
+        for i, layer in enumerate(self.layer_ids):
+            out.update(self._kv[i].named(f"{prefix}.{layer}.latent"))
+            if self._index:
+                out[f"{prefix}.{layer}.index_k"] = self._index[i]
+        return out

@@ -139,3 +139,10 @@ class ReqToTokenPool:
     @property
     def nbytes(self) -> int:
         return tensor_bytes(t for t in (self.req_to_token, self.req_to_state_slot) if t is not None)
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """The table and (hybrid models) the state-slot column, by the plan's names."""
+        out = {"req_to_token.table": self.req_to_token}
+        if self.req_to_state_slot is not None:
+            out["req_to_token.state_slot"] = self.req_to_state_slot
+        return out

@@ -61,3 +61,10 @@ class RecurrentStatePool:
     @property
     def nbytes(self) -> int:
         return tensor_bytes((*self.conv, *self.ssm))
+
+    def named_tensors(self, prefix: str = "state") -> dict[str, torch.Tensor]:
+        """Every tensor by the plan's name (`state.{layer}.ssm`, `.conv`), layer by layer."""
+        out: dict[str, torch.Tensor] = {}
+        for layer, ssm, conv in zip(self.layer_ids, self.ssm, self.conv):
+            out[f"{prefix}.{layer}.ssm"], out[f"{prefix}.{layer}.conv"] = ssm, conv
+        return out

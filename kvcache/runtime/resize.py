@@ -75,7 +75,8 @@ def resized_plan_request(plan: MemoryPoolConfig, budget_bytes: int) -> PlanReque
     for p in plan.kv_pools:
         if not p.holds_every_token:
             raise ValueError(f"pool {p.name!r} holds a window of tokens; only pools that hold every token are resized")
-        demands.append(KVPoolDemand(name=p.name, kind=p.kind, num_layers=p.num_layers, bytes_per_token=p.bytes_per_token))
+        demands.append(KVPoolDemand(name=p.name, kind=p.kind, num_layers=p.num_layers, bytes_per_token=p.bytes_per_token,
+                                    layer_ids=p.layer_ids, row=p.row))
     if plan.state_pool is not None:
         raise ValueError("a plan with a recurrent-state pool is not resized")
     budget = msgspec.structs.replace(plan.budget, budget_bytes=budget_bytes)

@@ -15,27 +15,43 @@ between backup and restore.
 
 from __future__ import annotations
 
-from kvcache.memory.device_buffers import slot_size
+import functools
+
+from kvcache.sizing.tensor_plan import PlannedSlot, tensor
 
 LOG_LENGTH_FACTOR = 2  # free-log entries per id: room for `capacity` frees between compactions
 FREE_LOGS = 2  # the active log and the one a compaction copies into
-INDEX_BYTES = 8  # torch.int64
-FLAG_BYTES = 1  # torch.bool
+ALLOCATOR_BUFFER = "allocator_index"  # the name of the allocator's slots in the plan's buffers
 
 
-def free_list_bytes(tokens: int, page_size: int, check_frees: bool = False) -> int:
-    """The two free logs (two entries per page each; per token at page_size 1: 2 x 16 B = 32 B/token),
-    plus the is-free flags when checking."""
+def free_list_slots(tokens: int, page_size: int, check_frees: bool = False, *,
+                    prefix: str = "allocator.") -> tuple[PlannedSlot, ...]:
+    """The two free logs, each its own slot of int64 ids (two entries per page each; per token at page_size 1:
+    2 x 16 B = 32 B/token), plus one bool per id and one for the padding id when checking frees."""
     ids = tokens // page_size
-    logs = FREE_LOGS * slot_size(LOG_LENGTH_FACTOR * ids * INDEX_BYTES)
-    return logs + (slot_size((ids + 1) * FLAG_BYTES) if check_frees else 0)
+    logs = tuple(PlannedSlot(ALLOCATOR_BUFFER, (tensor(f"{prefix}free_log.{i}", (LOG_LENGTH_FACTOR * ids,), "int64"),))
+                 for i in range(FREE_LOGS))
+    flags = (PlannedSlot(ALLOCATOR_BUFFER, (tensor(f"{prefix}is_free", (ids + 1,), "bool"),)),) if check_frees else ()
+    return logs + flags
 
 
+@functools.lru_cache(maxsize=4096)  # the planner's search asks for the same sizes several times per candidate
+def allocator_slots(
+    full_tokens: int, page_size: int, swa_tokens: int | None = None, *, check_frees: bool = False,
+) -> tuple[PlannedSlot, ...]:
+    """Every index buffer the allocator for these pools allocates, each a slot of the arena: its free lists, and
+    for an SWA pair both sides' lists and the int64 full -> SWA map (full rows plus the trailing -1 row)."""
+    if swa_tokens is None:
+        return free_list_slots(full_tokens, page_size, check_frees)
+    table = tensor("allocator.full_to_swa", (full_tokens + page_size + 1,), "int64")
+    return (free_list_slots(full_tokens, page_size, check_frees, prefix="allocator.full.")
+            + free_list_slots(swa_tokens, page_size, check_frees, prefix="allocator.swa.")
+            + (PlannedSlot(ALLOCATOR_BUFFER, (table,)),))
+
+
+@functools.lru_cache(maxsize=4096)
 def allocator_index_bytes(
     full_tokens: int, page_size: int, swa_tokens: int | None = None, *, check_frees: bool = False,
 ) -> int:
-    """Bytes of every index buffer the allocator for these pools allocates."""
-    total = free_list_bytes(full_tokens, page_size, check_frees)
-    if swa_tokens is not None:
-        total += free_list_bytes(swa_tokens, page_size, check_frees) + slot_size((full_tokens + page_size + 1) * INDEX_BYTES)
-    return total
+    """Bytes of every index buffer the allocator for these pools allocates: the sum of its slots."""
+    return sum(s.nbytes for s in allocator_slots(full_tokens, page_size, swa_tokens, check_frees=check_frees))

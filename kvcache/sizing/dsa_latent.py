@@ -98,3 +98,6 @@ class PackedLatentTensor:
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.data,)
+
+    def named(self, name: str) -> dict[str, torch.Tensor]:
+        return {name: self.data}

@@ -8,7 +8,6 @@ derives a rank's specs from ModelConfig + ParallelState + the KV dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
 
 import torch
 
@@ -18,46 +17,51 @@ from kvcache.errors import ConfigError, ModelConfigFieldError, UnsupportedModelE
 from kvcache.models.model_config import INDEX_SCALE_BLOCK, STATE_LAYER_KINDS, ModelConfig
 from kvcache.inputs.parallel import ParallelState
 from kvcache.arithmetic import ceil_div
+from kvcache.sizing.tensor_plan import PlannedTensor, dtype_name, row_bytes, tensor
 
 
 
 
-def kv_bytes_per_token(kv_heads: int, head_dim: int, v_head_dim: int, dtype: KVCacheDtype) -> int:
-    """K and V of one token in one MHA/GQA layer."""
-    return dtype.row_bytes(kv_heads, head_dim) + dtype.row_bytes(kv_heads, v_head_dim)
+def cache_row(name: str, heads: int, dim: int, dtype: KVCacheDtype) -> tuple[PlannedTensor, ...]:
+    """One token's [heads, dim] cache tensor in a KV dtype: the data, and FP4's scale bytes beside it."""
+    data = tensor(name, (heads, dtype.data_elements(dim)), dtype_name(dtype.storage_dtype))
+    if not dtype.scale_group:
+        return (data,)
+    return data, tensor(f"{name}_scales", (heads, dtype.scale_elements(dim)), "uint8")
 
 
 @dataclass(frozen=True, slots=True)
-class FullAttentionSpec:
-    """MHA/GQA: K and V of kv_heads heads per token. Pool kind 'full'."""
+class AttentionSpec:
+    """MHA/GQA K and V of kv_heads heads per token: what full and sliding-window attention share."""
 
     kv_heads: int
     head_dim: int
     v_head_dim: int
     dtype: KVCacheDtype
+
+    def row_tensors(self) -> tuple[PlannedTensor, ...]:
+        """One token's tensors in one layer: K (and its FP4 scales), then V (and its scales)."""
+        return cache_row("k", self.kv_heads, self.head_dim, self.dtype) + cache_row("v", self.kv_heads, self.v_head_dim, self.dtype)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return row_bytes(self.row_tensors())
+
+
+@dataclass(frozen=True, slots=True)
+class FullAttentionSpec(AttentionSpec):
+    """Full attention: every token stays live. Pool kind 'full'."""
 
     pool_kind = "full"
 
-    @property
-    def bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.kv_heads, self.head_dim, self.v_head_dim, self.dtype)
-
 
 @dataclass(frozen=True, slots=True)
-class SlidingWindowSpec:
+class SlidingWindowSpec(AttentionSpec):
     """Sliding-window attention: like full attention, but only `window` tokens stay live."""
 
-    kv_heads: int
-    head_dim: int
-    v_head_dim: int
-    dtype: KVCacheDtype
     window: int
 
     pool_kind = "swa"
-
-    @property
-    def bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.kv_heads, self.head_dim, self.v_head_dim, self.dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +86,17 @@ class MLASpec:
         """The indexer's fp8 key and its float32 scales (0 without an indexer)."""
         return self.index_head_dim + self.index_head_dim // INDEX_SCALE_BLOCK * 4
 
+    def row_tensors(self) -> tuple[PlannedTensor, ...]:
+        """One token's tensors in one layer: the latent (plain, FP4 with scales, or DSA's packed fp8 row), then
+        the indexer's key row (uint8: fp8 keys and their float32 scales) for a sparse-attention model."""
+        packed = self.packed_latent
+        if packed is None:
+            latent = cache_row("latent", 1, self.kv_lora_rank + self.qk_rope_head_dim, self.dtype)
+        else:
+            latent = (tensor("latent", (1, packed.row_bytes), "uint8"),)
+        index = (tensor("index_k", (self.index_bytes_per_token,), "uint8"),) if self.index_head_dim else ()
+        return latent + index
+
     @property
     def packed_latent(self) -> DSAFp8Latent | None:
         """The packed fp8 latent layout of a sparse-attention model in fp8_e4m3, else None (plain rows)."""
@@ -92,14 +107,11 @@ class MLASpec:
     @property
     def latent_bytes_per_token(self) -> int:
         """One token's latent (compressed KV and RoPE key) in one layer, scales included."""
-        packed = self.packed_latent
-        if packed is not None:
-            return packed.row_bytes
-        return self.dtype.row_bytes(1, self.kv_lora_rank + self.qk_rope_head_dim)
+        return self.bytes_per_token - self.index_bytes_per_token
 
     @property
     def bytes_per_token(self) -> int:
-        return self.latent_bytes_per_token + self.index_bytes_per_token
+        return row_bytes(self.row_tensors())
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +126,15 @@ class RecurrentStateSpec:
 
     pool_kind = "state"
 
+    def slot_tensors(self) -> tuple[PlannedTensor, ...]:
+        """One request slot's tensors in one layer: the SSM state first (the wider dtype keeps alignment), then
+        the conv window."""
+        return (tensor("ssm", self.ssm_shape, dtype_name(self.ssm_dtype)),
+                tensor("conv", self.conv_shape, dtype_name(self.conv_dtype)))
+
     @property
     def bytes_per_request(self) -> int:
-        return prod(self.conv_shape) * self.conv_dtype.itemsize + prod(self.ssm_shape) * self.ssm_dtype.itemsize
+        return row_bytes(self.slot_tensors())
 
 
 TokenSpec = FullAttentionSpec | SlidingWindowSpec | MLASpec
@@ -252,7 +270,7 @@ def _gated_delta_net_spec(m: ModelConfig, p: ParallelState, conv_dtype: torch.dt
     conv_dim = 2 * k_heads * key_dim + v_heads * value_dim
     return RecurrentStateSpec(
         kind="gated_delta_net" if kind == "linear_attention" else "kda",
-        conv_shape=(conv_dim, _needed(m, "linear_conv_kernel_dim") - 1),
+        conv_shape=(conv_dim, _needed(m, "linear_conv_kernel_dim", low=2) - 1),
         ssm_shape=(v_heads, key_dim, value_dim),
         conv_dtype=conv_dtype,
         ssm_dtype=ssm_dtype,
@@ -269,7 +287,7 @@ def _mamba2_spec(m: ModelConfig, p: ParallelState, conv_dtype: torch.dtype, ssm_
     conv_dim = heads * head_dim + 2 * groups * state
     return RecurrentStateSpec(
         kind="mamba2",
-        conv_shape=(conv_dim, _needed(m, "mamba_conv_kernel") - 1),
+        conv_shape=(conv_dim, _needed(m, "mamba_conv_kernel", low=2) - 1),
         ssm_shape=(heads, head_dim, state),
         conv_dtype=conv_dtype,
         ssm_dtype=ssm_dtype,

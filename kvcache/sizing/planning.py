@@ -28,6 +28,7 @@ from kvcache.byte_units import format_bytes
 from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, DoesNotFitError
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.sizing.pool_config import KVPoolPlan, MemoryPoolConfig, PoolKind, StatePoolPlan
+from kvcache.sizing.tensor_plan import PlannedTensor
 from kvcache.arithmetic import align_down, align_up
 from kvcache.inputs.sglang_ratios import SGLANG_SWA_FULL_TOKENS_RATIO
 
@@ -45,6 +46,8 @@ class KVPoolDemand(msgspec.Struct, frozen=True, kw_only=True):
     bytes_per_token: int
     window: int | None = None  # the sliding window of a sliding-window pool
     share: Literal["all", "swa"] = "all"  # "swa": align_down(T * swa_ratio) tokens, paired with a full pool
+    layer_ids: tuple[int, ...] = ()  # the layers it holds, and one token's tensors in each (from the layer spec);
+    row: tuple[PlannedTensor, ...] = ()  # empty only for a demand written by hand with its bytes alone
 
 
 class StateDemand(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,6 +58,8 @@ class StateDemand(msgspec.Struct, frozen=True, kw_only=True):
     slots_per_request: int
     memory_ratio: Fraction  # state : KV share of the budget (mamba_full_memory_ratio)
     max_slots: int | None = None  # usable slots asked for (max_mamba_cache_size)
+    layer_ids: tuple[int, ...] = ()  # the state layers, and one slot's tensors in each (from the layer spec)
+    slot: tuple[PlannedTensor, ...] = ()
 
 
 class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,6 +115,7 @@ def candidate_plan(req: PlanRequest, tokens: int, state_slots: int) -> MemoryPoo
         KVPoolPlan(
             name=p.name, kind=p.kind, num_layers=p.num_layers, bytes_per_token=p.bytes_per_token,
             num_tokens=_pool_tokens(req, p, tokens), page_size=page, holds_every_token=p.share == "all",
+            layer_ids=p.layer_ids, row=p.row,
         )
         for p in req.kv_pools
     )
@@ -118,6 +124,7 @@ def candidate_plan(req: PlanRequest, tokens: int, state_slots: int) -> MemoryPoo
         state_plan = StatePoolPlan(
             num_layers=req.state.num_layers, bytes_per_slot=req.state.bytes_per_slot,
             num_slots=state_slots, slots_per_request=req.state.slots_per_request,
+            layer_ids=req.state.layer_ids, slot=req.state.slot,
         )
     return MemoryPoolConfig(
         budget=req.budget, page_size=page, context_length=req.context_length,

@@ -1,7 +1,9 @@
 """MemoryPoolConfig: the plan. Token and request counts, and the bytes of every buffer.
 
 A frozen, JSON-encodable msgspec Struct. Every buffer the configurator allocates is
-listed here, so the bytes it predicts are the bytes it allocates.
+listed here, so the bytes it predicts are the bytes it allocates; every tensor too
+(`tensors()`: name, shape, dtype, bytes, emitted by the layer specs that own them, the request
+table and the allocator's footprint), and each buffer's bytes are the sum of its arena slots.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from typing import Literal
 
 import msgspec
 
-from kvcache.sizing.allocator_footprint import allocator_index_bytes
+from kvcache.sizing.allocator_footprint import allocator_index_bytes, allocator_slots
+from kvcache.sizing.tensor_plan import PlannedSlot, PlannedTensor, per_layer, tensor
 from kvcache.memory.device_buffers import arena_size, slot_size
 from kvcache.memory.memory_budget import MemoryBudget
 
@@ -29,6 +32,8 @@ class KVPoolPlan(msgspec.Struct, frozen=True, kw_only=True):
     num_tokens: int
     page_size: int
     holds_every_token: bool = True
+    layer_ids: tuple[int, ...] = ()  # the layers it holds, and one token's tensors in each (the layer spec's)
+    row: tuple[PlannedTensor, ...] = ()
 
     @property
     def of_draft_worker(self) -> bool:
@@ -44,6 +49,11 @@ class KVPoolPlan(msgspec.Struct, frozen=True, kw_only=True):
         """Every layer's rows, in one slot of the worker's arena (kvcache.memory.device_buffers.slot_size)."""
         return slot_size(self.num_rows * self.bytes_per_token)
 
+    def slot(self) -> PlannedSlot:
+        """Every layer's tensors over num_rows rows, layer by layer, in one slot: `kv_{name}.{layer}.{tensor}`."""
+        buffer = f"kv_{self.name}"
+        return PlannedSlot(buffer, per_layer(buffer, self.layer_ids, self.row, self.num_rows))
+
 
 class StatePoolPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Per-request recurrent state (Mamba-2 / gated delta net): slot 0 is padding."""
@@ -52,6 +62,8 @@ class StatePoolPlan(msgspec.Struct, frozen=True, kw_only=True):
     bytes_per_slot: int
     num_slots: int
     slots_per_request: int
+    layer_ids: tuple[int, ...] = ()  # the state layers, and one slot's tensors in each (the layer spec's)
+    slot: tuple[PlannedTensor, ...] = ()
 
     @property
     def usable_slots(self) -> int:
@@ -65,6 +77,10 @@ class StatePoolPlan(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def total_bytes(self) -> int:
         return slot_size(self.num_slots * self.bytes_per_slot)
+
+    def arena_slot(self) -> PlannedSlot:
+        """Every state layer's SSM and conv tensors over num_slots slots, in one arena slot: `state.{layer}.ssm`."""
+        return PlannedSlot("state", per_layer("state", self.layer_ids, self.slot, self.num_slots))
 
 
 class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,6 +106,30 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
         models add one int32 column mapping each row to its state slot. One allocation."""
         width = self.req_to_token_row_width + (1 if self.state_pool else 0)
         return slot_size((self.max_running_requests + 1) * width * REQ_TO_TOKEN_ELEMENT_BYTES)
+
+    def req_to_token_slot(self) -> PlannedSlot:
+        """The request table, int32 token indices per row, and for a hybrid model each row's state slot."""
+        rows = self.max_running_requests + 1
+        table = tensor("req_to_token.table", (rows, self.req_to_token_row_width), "int32")
+        state = (tensor("req_to_token.state_slot", (rows,), "int32"),) if self.state_pool else ()
+        return PlannedSlot("req_to_token", (table, *state))
+
+    def worker_slots(self, *, draft: bool = False) -> tuple[PlannedSlot, ...]:
+        """Every tensor one worker carves from its arena, slot by slot in arena order (worker_buffers' order):
+        the target's request table, allocator buffers and state, then its pools; a draft worker's own pools."""
+        out: list[PlannedSlot] = []
+        if not draft:
+            window = self.paired_window_pool
+            out.append(self.req_to_token_slot())
+            out.extend(allocator_slots(self.max_total_num_tokens, self.page_size, window.num_tokens if window else None))
+            if self.state_pool is not None:
+                out.append(self.state_pool.arena_slot())
+        out.extend(p.slot() for p in self.kv_pools if p.of_draft_worker == draft)
+        return tuple(out)
+
+    def tensors(self, *, draft: bool = False) -> tuple[PlannedTensor, ...]:
+        """The plan's tensor list for one worker, in arena order."""
+        return tuple(t for s in self.worker_slots(draft=draft) for t in s.tensors)
 
     def pool(self, name: str) -> KVPoolPlan:
         for p in self.kv_pools:
@@ -153,7 +193,8 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
         """A JSON-ready dict, derived numbers included."""
         data = msgspec.to_builtins(self)
         data.update(bytes_per_token=self.bytes_per_token, buffers=self.buffers, total_bytes=self.total_bytes,
-                    arena_bytes={"target": self.arena_bytes(), "draft": self.arena_bytes(draft=True)})
+                    arena_bytes={"target": self.arena_bytes(), "draft": self.arena_bytes(draft=True)},
+                    tensors={w: msgspec.to_builtins(self.tensors(draft=w == "draft")) for w in ("target", "draft")})
         for d, p in zip(data["kv_pools"], self.kv_pools):
             d.update(num_rows=p.num_rows, total_bytes=p.total_bytes)
         if self.state_pool is not None:

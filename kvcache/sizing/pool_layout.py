@@ -42,7 +42,7 @@ class KVPoolGroup:
         return KVPoolDemand(
             name=self.name, kind=self.spec.pool_kind, num_layers=len(self.layer_ids),
             bytes_per_token=self.bytes_per_token, window=window,
-            share="swa" if self.paired_with_full else "all",
+            share="swa" if self.paired_with_full else "all", layer_ids=self.layer_ids, row=self.spec.row_tensors(),
         )
 
 
@@ -61,6 +61,7 @@ class StateGroup:
         return StateDemand(
             num_layers=len(self.layer_ids), bytes_per_slot=self.bytes_per_slot,
             slots_per_request=slots_per_request, memory_ratio=memory_ratio, max_slots=max_slots,
+            layer_ids=self.layer_ids, slot=self.spec.slot_tensors(),
         )
 
 
