@@ -21,6 +21,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from kvcache.memory.tail_release import Block, chunk_blocks, plan_tail_release
+from kvcache.arithmetic import align_down, align_up
 
 DEFAULT_CHUNK_BYTES = 64 << 20  # handles per GiB stay few; boundary chunks are remapped finer at release
 
@@ -165,7 +166,7 @@ class VmmAllocation:
         values undefined): a resized buffer grows back into its reserved addresses. Returns bytes mapped; on a
         failure what this call mapped is unmapped again before the error is raised."""
         g = self.granularity
-        wanted = sorted((start // g * g, min(-(-end // g) * g, self.reserved)) for start, end in ranges if end > start)
+        wanted = sorted((align_down(start, g), min(align_up(end, g), self.reserved)) for start, end in ranges if end > start)
         mapped: list[Block] = []
         try:
             for start, end in wanted:
