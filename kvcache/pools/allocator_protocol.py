@@ -35,6 +35,10 @@ class TokenAllocator(Protocol):
 
     def available_size(self) -> int: ...
 
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """Its device buffers by the plan's names (`allocator.free_log.0`, ...), which the builder checks."""
+        ...
+
 
 class AllocatorFactory(Protocol):
     """Builds the allocator a plan calls for (its rows and sizes come from the plan alone); `kvcache` is the

@@ -108,6 +108,9 @@ class RecordingAllocator:
     def nbytes(self) -> int:
         return self._inner.nbytes
 
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        return self._inner.named_tensors()
+
     def get_kvcache(self) -> Any:
         return self._inner.get_kvcache()
 
