@@ -15,9 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kvcache"
 
 # Lowest first. "ground" is the modules directly in kvcache/ (errors, arithmetic, byte_units): they import
-# nothing of kvcache but each other. engines/ (one engine version's rules and plan) reads the layer specs.
+# nothing of kvcache but each other. engines/ (one engine version's rules) sits above runtime, below the configurator.
 # kvcache.testing (fakes for engines built on kvcache) sits on top.
-FLOORS = ("ground", "inputs", "models", "memory", "sizing", "engines", "pools", "allocators", "runtime", "configurator", "testing")
+FLOORS = ("ground", "inputs", "models", "memory", "sizing", "pools", "allocators", "runtime", "engines", "configurator",
+          "testing")
 FORBIDDEN_IN_KVCACHE = ("dependency_injector", "app", "containers")
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kvcache.byte_units import GiB, MiB
+from kvcache.engines import engine_rules
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES, resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.sizing_settings import SizingSettings
@@ -42,6 +43,7 @@ def planned_and_built(model: ModelConfig, device: str, budget: int, *, context: 
                                 **settings),  # type: ignore[arg-type]
         model_config=model, parallel_state=ParallelState(tp_size=tp), model_dtype=model_dtype,
         kv_cache_dtype=resolve_kv_cache_dtype("auto", model_dtype), device_type=device,
+        engine=engine_rules("sglang"),
     )
     plan = sizing.plan(WorkerMemory(total_bytes=4000 * GiB, free_before_load=4000 * GiB, free_after_load=4000 * GiB))
     pools = build_worker_pools(plan=plan, layout=sizing.layout(), device=torch.device(device),
