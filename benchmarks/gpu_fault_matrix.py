@@ -1,0 +1,146 @@
+"""Does a start-up that fails part-way leave nothing allocated? A fault at every hit of every fault point.
+
+For each configuration it first bootstraps cleanly through the CLI (in this process) with a counting
+kvcache.testing.faults.FaultInjector, then once more per hit of every point it saw (each arena, each pool and
+allocator buffer, each graph capture and resize), failing that hit as the device fails it. Each faulted start
+must exit 3 (does not fit: the device refused memory) in one line, and afterwards:
+- CUDA: torch.cuda.memory_allocated() is back to what it was before the start (after gc), and no arena lives;
+- CPU: no arena lives (the weights and KV arenas are anonymous mappings, unmapped with their last reference).
+Last, on CUDA, a fresh process fails a start at the KV arena and compares cudaMemGetInfo's free bytes before
+the start (context created) and after the failure (gc, empty_cache): the driver must have every byte back.
+
+    python benchmarks/gpu_fault_matrix.py                 # CUDA when present
+    python benchmarks/gpu_fault_matrix.py --device cpu    # the same walk on the CPU (no graphs, no resize)
+
+Prints one PASS/FAIL row per injected fault and exits 1 when any row fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import io
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from app.cli import main  # noqa: E402
+from app.forward import graphs  # noqa: E402
+from app import model_runner  # noqa: E402
+from kvcache.memory import device_buffers  # noqa: E402
+from kvcache.testing.faults import FaultInjector  # noqa: E402
+from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG  # noqa: E402
+
+ENGINE_HOOKS = ((graphs.DecodeGraphs, "capture", "graph_capture"), (model_runner, "apply_post_capture_resize", "resize"))
+
+
+def configurations(device: str, model: str) -> dict[str, list[str]]:
+    base = ["bootstrap", "--device", device, "--model", model, "--max-running-requests", "8", "--kv-cache-memory", "64MiB"]
+    if device == "cpu":
+        return {"cpu": [*base, "--memory-limit", "1GiB"]}
+    return {"cuda": base, "cuda + graphs + resize": [*base, "--enable-post-capture-kv-resize", "--cuda-graph-max-bs", "8"]}
+
+
+def allocated(device: str) -> int | None:
+    """torch.cuda.memory_allocated() after collecting garbage; None on the CPU (its arenas are counted instead)."""
+    gc.collect()
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated()
+
+
+def start(argv: list[str], injector: FaultInjector) -> tuple[int, str]:
+    err = io.StringIO()
+    with injector.installed(*ENGINE_HOOKS), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, err.getvalue().strip()
+
+
+def walk(device: str, name: str, argv: list[str]) -> list[dict[str, Any]]:
+    counter = FaultInjector()
+    code, line = start(argv, counter)
+    if code != 0:
+        return [{"config": name, "fault": "none (clean start)", "code": code, "ok": False, "note": line[:160]}]
+    rows = []
+    for point, hits in sorted(counter.hits.items()):
+        if point == "collective":
+            continue  # one process: no collectives (tests/test_rank_faults.py walks them on two ranks)
+        for at in range(1, hits + 1):
+            before = allocated(device)
+            injector = FaultInjector(point=point, at=at)  # type: ignore[arg-type]
+            code, line = start(argv, injector)
+            after = allocated(device)
+            left = None if before is None or after is None else after - before
+            arenas = len(device_buffers._ARENAS)
+            ok = injector.fired and code == 3 and line.count("\n") == 0 and not left and arenas == 0
+            rows.append({"config": name, "fault": f"{point} #{at}", "code": code, "left_bytes": left,
+                         "arenas_alive": arenas, "ok": ok, "note": line[:160]})
+    return rows
+
+
+FRESH_PROCESS = """
+import contextlib, gc, io, json, sys
+sys.path.insert(0, {root!r})
+import torch
+from app.cli import main
+from kvcache.testing.faults import FaultInjector
+torch.cuda.init(); torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+free_before = torch.cuda.mem_get_info()[0]
+with FaultInjector(point="arena", at=2).installed(), contextlib.redirect_stdout(io.StringIO()), \\
+        contextlib.redirect_stderr(io.StringIO()):
+    code = main({argv!r})
+gc.collect(); torch.cuda.synchronize(); torch.cuda.empty_cache()
+print(json.dumps({{"code": code, "free_before": free_before, "free_after": torch.cuda.mem_get_info()[0]}}))
+"""
+
+
+def fresh_process_check(argv: list[str]) -> dict[str, Any]:
+    """cudaMemGetInfo around a start failed at the KV arena, in a process of its own (the driver's view)."""
+    root = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS.format(root=root, argv=argv)],
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        return {"config": "fresh process", "fault": "arena #2", "ok": False, "note": done.stderr.strip()[-160:]}
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    left = r["free_before"] - r["free_after"]
+    return {"config": "fresh process (cudaMemGetInfo)", "fault": "arena #2", "code": r["code"], "left_bytes": left,
+            "arenas_alive": 0, "ok": r["code"] == 3 and left <= 0, "note": f"free {r['free_before']:,} -> {r['free_after']:,} B"}
+
+
+def main_() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--model", default=None, help="a preset or config.json (default: a 3-layer tiny Llama)")
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model
+        if model is None:
+            model = str(Path(tmp, "config.json"))
+            Path(model).write_text(json.dumps({**TINY_MODEL_HF_CONFIG, "num_hidden_layers": 3}))
+        rows = [row for name, argv in configurations(args.device, model).items() for row in walk(args.device, name, argv)]
+        if args.device == "cuda":
+            rows.append(fresh_process_check(configurations("cuda", model)["cuda"]))
+    print(f"{'configuration':<32} {'fault':<18} {'exit':>4} {'left (B)':>10} {'arenas':>6}  result  error line")
+    for r in rows:
+        print(f"{r['config']:<32} {r['fault']:<18} {r.get('code', '-')!s:>4} {'-' if r.get('left_bytes') is None else r['left_bytes']!s:>10} "
+              f"{r.get('arenas_alive', '-')!s:>6}  {'PASS' if r['ok'] else 'FAIL':<6}  {r['note']}")
+    failed = sum(not r["ok"] for r in rows)
+    print(f"{len(rows) - failed} PASS, {failed} FAIL on {args.device}"
+          f"{' (' + torch.cuda.get_device_name() + ')' if args.device == 'cuda' else ''}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_())
