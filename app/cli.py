@@ -142,6 +142,9 @@ def run(ns: argparse.Namespace) -> int:
     if command == "fit":
         settings: dict[str, Any] = sizes_read(read_settings_file(ns.config)) if ns.config is not None else {}
         settings.update(server_args_values(ns))
+        if settings.get("engine") == VLLM.name:
+            raise UsageError("fit sweeps this engine's (SGLang's) plans; vLLM's answer is one card at a time: "
+                             "use plan --engine vllm --gpu NAME")
         return run_fit(ns, load_model_config(ns.model), settings)
     card = _card(ns) if command == "plan" else None
     server_args = server_args_from(ns, device="meta" if command == "plan" else None)

@@ -77,3 +77,5 @@ def test_vllm_knobs_need_the_vllm_engine_and_bootstrap_is_refused(capsys: pytest
            "--mem-fraction-static" in capsys.readouterr().err
     assert main(["--model", "SmolLM2-135M", "--device", "cpu", "--engine", "vllm"]) == 2
     assert "--engine vllm is a dry run of vLLM's block plan: use plan --engine vllm" in capsys.readouterr().err
+    assert main(["fit", "--model", "Qwen3-8B", "--engine", "vllm", "--requests", "8", "--context-length", "4096"]) == 2
+    assert "fit sweeps this engine's (SGLang's) plans" in capsys.readouterr().err
