@@ -253,6 +253,10 @@ class ModelRunner:
         self.capture_decode_graphs()
         return self.post_capture_resize_kv_pool()
 
+    def configurator_sizing(self) -> Any:
+        """This worker's pure sizing questions (kvcache.sizing.worker_sizing.WorkerSizing)."""
+        return self._configurator_factory().sizing
+
     def replace_kv_plan(self, plan: Any, allocator: Any) -> None:
         """After the pools were resized in place: the plan and allocator the engine uses from now on."""
         self._kv_cache = msgspec.structs.replace(self.kv_cache, memory_pool_config=plan,

@@ -58,6 +58,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     timings_s: dict[str, float]
     draft: WorkerReport | None = None
     measured_headroom: dict[str, Any] | None = None  # kvcache.runtime.measured_headroom.MeasuredSizing.to_dict()
+    measured_prediction: dict[str, Any] | None = None  # a dry run: what a measured bootstrap on the card will hold
 
 
 def _worker(runner: ModelRunner) -> WorkerReport:
@@ -99,7 +100,22 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         state_request_cap=plan.state_pool.request_cap if plan.state_pool else None,
         timings_s=dict(target.timings), draft=_worker(engine.draft) if engine.draft is not None else None,
         measured_headroom=target.measured_sizing.to_dict() if target.measured_sizing is not None else None,
+        measured_prediction=_prediction(target, card),
     )
+
+
+def _prediction(target: ModelRunner, card: str | None) -> dict[str, Any] | None:
+    """A dry run for a card: the tokens a measured bootstrap (--kv-headroom) there will hold, and its source."""
+    if card is None or target.role != "target":
+        return None
+    from kvcache.sizing.measured_prediction import predict_measured_tokens
+    from kvcache.sizing.worker_sizing import WorkerMemory
+
+    b = target.memory_pool_config.budget
+    memory = WorkerMemory(total_bytes=b.total_bytes, free_before_load=b.free_before_load_bytes,
+                          free_after_load=b.free_after_load_bytes)
+    prediction = predict_measured_tokens(sizing=target.configurator_sizing(), memory=memory, card_name=card)
+    return prediction.to_dict() if prediction is not None else None
 
 
 def _below_context_note(r: BootstrapReport) -> str:
@@ -163,6 +179,10 @@ def render_text(report: BootstrapReport) -> str:
                      f"{s['usable_slots']} slots (+1 padding), {s['slots_per_request']} per request")
     if r.measured_headroom is not None:
         lines += _measured_lines(r.measured_headroom)
+    if r.measured_prediction is not None:
+        p = r.measured_prediction
+        lines.append(f"measured bootstrap  {p['tokens']:,} tokens predicted on this card (--kv-headroom auto; keeps "
+                     f"{format_bytes(p['kept_free_bytes'])} free); {p['source']}")
     if r.draft is not None:
         d = r.draft
         lines.append(f"draft worker        {d.model} ({d.kv_cache_dtype}): pools {', '.join(d.pools)}, "

@@ -141,3 +141,36 @@ def test_the_worker_container_provides_the_step_and_a_test_swaps_in_the_fake():
 def test_on_the_cpu_the_switch_changes_nothing():
     _, runner = _cpu_runner(kv_headroom="measured")
     assert runner.start_decode_runtime() is None and runner.measured_sizing is None
+
+
+@pytest.mark.parametrize("model", ["Llama-3.1-8B-Instruct", "Qwen3-8B", "DeepSeek-V2-Lite"])
+def test_plan_on_the_h200_predicts_the_measured_bootstrap_within_half_a_percent_never_above(model, capsys):
+    import json
+
+    from app.cli import main
+    from kvcache.sizing.measured_prediction import CALIBRATION
+
+    assert main(["plan", "--model", model, "--gpu", "H200", "--json"]) == 0
+    prediction = json.loads(capsys.readouterr().out)["measured_prediction"]
+    measured = CALIBRATION[model].tokens  # the H200 bootstrap's tokens (benchmarks/RESULTS.md)
+    assert prediction["calibrated"] and measured * 995 // 1000 <= prediction["tokens"] <= measured
+
+
+def test_extrapolation_keeps_more_free_than_each_calibrated_run_and_says_it_is_extrapolated(capsys):
+    import json
+
+    from app.cli import main
+    from kvcache.models.presets import load_model_config
+    from kvcache.sizing.measured_prediction import CALIBRATION, H200_TOTAL_BYTES, extrapolated_kept_free_bytes
+
+    for name, batch in (("Llama-3.1-8B-Instruct", 3858), ("Qwen3-8B", 4096), ("DeepSeek-V2-Lite", 4096)):
+        m = load_model_config(name)
+        kept = extrapolated_kept_free_bytes(hidden=m.hidden_size, vocab=m.vocab_size, layers=m.num_hidden_layers,
+                                            moe="n_routed_experts" in m.hf_config, chunk=8192, decode_batch=batch,
+                                            graph_bs=256, total_bytes=H200_TOTAL_BYTES)
+        assert CALIBRATION[name].kept_free_bytes < kept < CALIBRATION[name].kept_free_bytes * 6 // 5
+    assert main(["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "H100-80GB", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert not report["measured_prediction"]["calibrated"]
+    assert report["measured_prediction"]["source"].startswith("extrapolated from the model's shapes")
+    assert report["measured_prediction"]["tokens"] >= report["max_total_num_tokens"]  # never below the static plan

@@ -12,7 +12,7 @@ everything but the peak plus a margin. Two rules bound the answer:
 The peak is the largest of each step alone and of the steps run twice in turn: the caching
 allocator keeps the blocks of one step cached, and the next step's sizes cannot reuse them
 (on an H200, Llama-3.1-8B's prefill chunk and eager decode took 1.58 and 3.63 GB alone and
-4.57 GB in turn). The margin is MEASURED_MARGIN (0.5% of the card, at least 256 MiB): what
+4.57 GB in turn). The margin is kvcache.sizing.measured_prediction.MEASURED_MARGIN (0.5% of the card, at least 256 MiB): what
 the measurement does not see, requests unlike the measured ones (other prefix lengths, other
 routed-expert counts) and workspaces other kernels create later; on an H200 it is 0.70 GiB,
 well below the 2% of the card that may sit idle at the worst-case step's peak.
@@ -20,19 +20,17 @@ well below the 2% of the card that may sit idle at the worst-case step's peak.
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import Protocol
 
 import msgspec
 
 from kvcache.errors import DoesNotFitError
-from kvcache.byte_units import MiB, format_bytes
-from kvcache.runtime.resize import resized_plan_request
+from kvcache.byte_units import format_bytes
+from kvcache.sizing.measured_prediction import measured_margin_bytes  # noqa: F401 - the margin's rule lives with the prediction
 from kvcache.sizing.planning import plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
+from kvcache.sizing.resized_plan import resized_plan_request
 
-MEASURED_MARGIN = Fraction(1, 200)  # of the card's total bytes
-MEASURED_MARGIN_FLOOR = 256 * MiB
 
 
 class WorstCaseStep(Protocol):
@@ -56,11 +54,6 @@ class StepPeak(msgspec.Struct, frozen=True, kw_only=True):
     def peak_bytes(self) -> int:
         """What the step needs free on top of what stays: the larger of the two readings."""
         return max(self.torch_peak_bytes, self.free_drop_bytes - self.lasting_bytes)
-
-
-def measured_margin_bytes(total_bytes: int) -> int:
-    """The margin kept free beyond the measured peak (see the module docstring)."""
-    return max(int(total_bytes * MEASURED_MARGIN), MEASURED_MARGIN_FLOOR)
 
 
 class MeasuredSizing(msgspec.Struct, frozen=True, kw_only=True):

@@ -20,8 +20,9 @@ from kvcache.byte_units import MiB, format_bytes
 from kvcache.errors import DoesNotFitError
 from kvcache.memory.memory_budget import headroom_bytes
 from kvcache.arithmetic import align_up
-from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_cost, plan_pool_sizes
+from kvcache.sizing.planning import plan_cost, plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
+from kvcache.sizing.resized_plan import resized_plan_request  # noqa: F401 - re-exported: callers import it here
 
 
 class PostCaptureResizeError(DoesNotFitError):
@@ -67,24 +68,6 @@ def post_capture_headroom_bytes(
     if plan.max_running_requests > cuda_graph_max_bs:
         headroom = max(headroom, int(activation_reserve_mib * MiB))
     return headroom
-
-
-def resized_plan_request(plan: MemoryPoolConfig, budget_bytes: int) -> PlanRequest:
-    """The planner's input that produced `plan`, with a new budget and `plan`'s sizes as caps."""
-    demands = []
-    for p in plan.kv_pools:
-        if not p.holds_every_token:
-            raise ValueError(f"pool {p.name!r} holds a window of tokens; only pools that hold every token are resized")
-        demands.append(KVPoolDemand(name=p.name, kind=p.kind, num_layers=p.num_layers, bytes_per_token=p.bytes_per_token,
-                                    layer_ids=p.layer_ids, row=p.row))
-    if plan.state_pool is not None:
-        raise ValueError("a plan with a recurrent-state pool is not resized")
-    budget = msgspec.structs.replace(plan.budget, budget_bytes=budget_bytes)
-    return PlanRequest(
-        budget=budget, page_size=plan.page_size, context_length=plan.context_length,
-        req_to_token_row_width=plan.req_to_token_row_width, kv_pools=tuple(demands),
-        max_total_tokens=plan.max_total_num_tokens, max_running_requests=plan.max_running_requests,
-    )
 
 
 def compute_post_capture_kv_resize(

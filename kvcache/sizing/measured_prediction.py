@@ -1,0 +1,136 @@
+"""What a measured bootstrap (--kv-headroom) will hold, predicted for a dry run: an activation model.
+
+The measured bootstrap keeps free, after its pools: the decode graphs, the worst-case steps'
+peak (prefill chunk and eager decode, run in turn), the margin, and what the resize itself
+costs (the request table and allocator of the larger plan, whole VMM granules, workspaces).
+That sum, `kept_free`, was recorded on an H200 for three models at the defaults (CALIBRATION:
+date, machine, torch); a dry run for one of them on that card predicts the same kept_free
+less PREDICTION_SAFETY, so it states the tokens within 0.5% and never above. Anything else
+(another card, model, or a setting that changes the steps) is EXTRAPOLATED from the model's
+shapes with coefficients fitted to those runs, rounded up (module constants below); the
+prediction says which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+
+import msgspec
+
+from kvcache.byte_units import GiB, MiB
+from kvcache.errors import DoesNotFitError
+from kvcache.memory.runtime_reserve import decode_cuda_graph_max_bs, default_chunked_prefill_size
+from kvcache.sizing.planning import plan_pool_sizes
+from kvcache.sizing.pool_config import MemoryPoolConfig
+from kvcache.sizing.resized_plan import resized_plan_request
+
+MEASURED_MARGIN = Fraction(1, 200)  # of the card's total bytes (why: kvcache.runtime.measured_headroom)
+MEASURED_MARGIN_FLOOR = 256 * MiB
+PREDICTION_SAFETY = 64 * MiB  # run-to-run spread of the recorded kept_free, kept so a prediction is never above
+
+CALIBRATION_SOURCE = ("H200 (150,109,880,320 B), torch 2.11.0+cu130, 2026-12-04, "
+                      "benchmarks/gpu_measured_headroom.py (benchmarks/data/h200_measured_headroom_2026-12-04.json)")
+H200_TOTAL_BYTES = 150_109_880_320
+
+
+class Calibration(msgspec.Struct, frozen=True, kw_only=True):
+    """One measured bootstrap at the defaults (bytes): what it kept free beside its pools, and the parts."""
+
+    graph_bytes: int
+    prefill_chunk_bytes: int
+    eager_decode_bytes: int
+    alternating_bytes: int
+    kept_free_bytes: int  # free after load - the measured plan's bytes
+    tokens: int
+
+
+CALIBRATION: dict[str, Calibration] = {
+    "Llama-3.1-8B-Instruct": Calibration(graph_bytes=725_614_592, prefill_chunk_bytes=1_577_058_304,
+                                         eager_decode_bytes=3_630_170_112, alternating_bytes=4_548_722_688,
+                                         kept_free_bytes=6_875_643_904, tokens=949_067),
+    "Qwen3-8B": Calibration(graph_bytes=805_306_368, prefill_chunk_bytes=1_746_927_616,
+                            eager_decode_bytes=4_575_985_664, alternating_bytes=5_481_955_328,
+                            kept_free_bytes=7_624_327_168, tokens=845_553),
+    "DeepSeek-V2-Lite": Calibration(graph_bytes=1_426_063_360, prefill_chunk_bytes=2_373_976_064,
+                                    eager_decode_bytes=3_726_639_104, alternating_bytes=4_894_752_768,
+                                    kept_free_bytes=7_586_578_432, tokens=3_459_106),
+}
+
+# Extrapolation, fitted to CALIBRATION and rounded up (per unit of hidden size; MoE layers run experts
+# densely in graphs and routed eagerly): bytes per prefill token, per eager decode request beyond its
+# float32 + bf16 logits (6 B per vocab entry), per captured batch entry per layer; the steps in turn hold
+# the decode peak plus this share of the prefill's; the resize's own cost.
+PREFILL_PER_TOKEN_PER_HIDDEN = {False: 54, True: 145}
+DECODE_PER_REQUEST_PER_HIDDEN = {False: 52, True: 146}
+GRAPH_PER_BS_LAYER_PER_HIDDEN = {False: 23, True: 102}
+LOGIT_BYTES_PER_VOCAB_ENTRY = 6
+ALTERNATING_PREFILL_SHARE = Fraction(3, 5)
+RESIZE_OVERHEAD_BYTES = GiB
+
+
+def measured_margin_bytes(total_bytes: int) -> int:
+    """The margin kept free beyond the measured peak (see kvcache.runtime.measured_headroom)."""
+    return max(int(total_bytes * MEASURED_MARGIN), MEASURED_MARGIN_FLOOR)
+
+
+class MeasuredPrediction(msgspec.Struct, frozen=True, kw_only=True):
+    """The tokens a measured bootstrap will hold, the bytes it keeps free, and whether that was calibrated."""
+
+    tokens: int
+    kept_free_bytes: int
+    calibrated: bool
+    source: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"tokens": self.tokens, "kept_free_bytes": self.kept_free_bytes, "calibrated": self.calibrated,
+                "source": self.source}
+
+
+def extrapolated_kept_free_bytes(*, hidden: int, vocab: int, layers: int, moe: bool, chunk: int, decode_batch: int,
+                                 graph_bs: int, total_bytes: int) -> int:
+    """kept_free from the model's shapes (the fitted coefficients above)."""
+    prefill = chunk * PREFILL_PER_TOKEN_PER_HIDDEN[moe] * hidden
+    decode = decode_batch * (LOGIT_BYTES_PER_VOCAB_ENTRY * vocab + DECODE_PER_REQUEST_PER_HIDDEN[moe] * hidden)
+    eager = decode_batch > graph_bs
+    peak = decode + int(prefill * ALTERNATING_PREFILL_SHARE) if eager else prefill
+    graphs = graph_bs * layers * GRAPH_PER_BS_LAYER_PER_HIDDEN[moe] * hidden
+    return graphs + peak + measured_margin_bytes(total_bytes) + RESIZE_OVERHEAD_BYTES
+
+
+def predict_measured_tokens(*, sizing: object, memory: object, card_name: str | None) -> MeasuredPrediction | None:
+    """The measured bootstrap's plan for this worker on a CUDA card of `memory` (None where it would not measure):
+    the built plan re-planned to leave kept_free free, at least the static plan, at most the built one."""
+    cuda = dataclasses.replace(sizing, device_type="cuda")  # type: ignore[type-var]
+    if not cuda.post_capture_resize().measured:
+        return None
+    static_sizing = dataclasses.replace(cuda, settings=cuda.settings.replace(kv_headroom="fraction",
+                                                                             enable_post_capture_kv_resize=False))
+    built, static = cuda.plan(memory), static_sizing.plan(memory)
+    s, m = cuda.settings, cuda.model_config
+    defaults = all(v is None for v in (s.chunked_prefill_size, s.cuda_graph_max_bs, s.max_running_requests,
+                                       s.max_total_tokens, s.context_length))
+    calibration = CALIBRATION.get(m.name)
+    single = cuda.parallel_state.tp_size * cuda.parallel_state.pp_size == 1
+    if calibration is not None and defaults and card_name == "H200" and single and s.page_size == 1 \
+            and cuda.kv_cache_dtype.bits == 16:
+        kept, calibrated, source = calibration.kept_free_bytes + PREDICTION_SAFETY, True, "calibrated: " + CALIBRATION_SOURCE
+    else:
+        total = memory.total_bytes  # type: ignore[attr-defined]
+        shape = cuda.runtime_shape()
+        kept = extrapolated_kept_free_bytes(
+            hidden=m.hidden_size, vocab=m.vocab_size, layers=m.num_hidden_layers, moe=any(k in m.hf_config for k in ("n_routed_experts", "num_experts", "num_local_experts")),
+            chunk=s.chunked_prefill_size or default_chunked_prefill_size(total), decode_batch=built.max_running_requests,
+            graph_bs=decode_cuda_graph_max_bs(total, shape), total_bytes=total)
+        calibrated, source = False, "extrapolated from the model's shapes (coefficients fitted on " + CALIBRATION_SOURCE + ")"
+    return MeasuredPrediction(tokens=_plan_leaving(built, static, memory, kept).max_total_num_tokens,
+                              kept_free_bytes=kept, calibrated=calibrated, source=source)
+
+
+def _plan_leaving(built: MemoryPoolConfig, static: MemoryPoolConfig, memory: object, kept: int) -> MemoryPoolConfig:
+    budget = memory.free_after_load - kept  # type: ignore[attr-defined]
+    try:
+        after = plan_pool_sizes(resized_plan_request(built, max(budget, 0)))
+    except DoesNotFitError:
+        return static
+    return after if after.max_total_num_tokens >= static.max_total_num_tokens else static

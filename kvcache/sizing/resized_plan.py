@@ -1,0 +1,29 @@
+"""A plan re-planned for a new budget: the planner's input that produced it, with its sizes as caps.
+
+The post-capture resize, measured headroom and a dry run's prediction of it all re-plan this way.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from kvcache.sizing.planning import KVPoolDemand, PlanRequest
+from kvcache.sizing.pool_config import MemoryPoolConfig
+
+
+def resized_plan_request(plan: MemoryPoolConfig, budget_bytes: int) -> PlanRequest:
+    """The planner's input that produced `plan`, with a new budget and `plan`'s sizes as caps."""
+    demands = []
+    for p in plan.kv_pools:
+        if not p.holds_every_token:
+            raise ValueError(f"pool {p.name!r} holds a window of tokens; only pools that hold every token are resized")
+        demands.append(KVPoolDemand(name=p.name, kind=p.kind, num_layers=p.num_layers, bytes_per_token=p.bytes_per_token,
+                                    layer_ids=p.layer_ids, row=p.row))
+    if plan.state_pool is not None:
+        raise ValueError("a plan with a recurrent-state pool is not resized")
+    budget = msgspec.structs.replace(plan.budget, budget_bytes=budget_bytes)
+    return PlanRequest(
+        budget=budget, page_size=plan.page_size, context_length=plan.context_length,
+        req_to_token_row_width=plan.req_to_token_row_width, kv_pools=tuple(demands),
+        max_total_tokens=plan.max_total_num_tokens, max_running_requests=plan.max_running_requests,
+    )
