@@ -36,24 +36,20 @@ it is opt-in, and restore() then rebuilds the flags (O(capacity)).
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
 
 from kvcache.memory import device_buffers
 from kvcache.sizing.allocator_footprint import FREE_LOGS, LOG_LENGTH_FACTOR
+from kvcache.allocators.backups import BackupState, LatestBackup
 
-_serials = itertools.count(1)
 
 
 
 @dataclass(frozen=True, slots=True)
-class FreeLogState:
+class FreeLogState(BackupState):
     """An opaque backup: which FreeLog made it and which backup generation (the log keeps the rest)."""
-
-    owner: int
-    generation: int
 
 
 @dataclass(slots=True)
@@ -87,8 +83,7 @@ class FreeLog:
         self._is_free: torch.Tensor | None = None
         if check:
             self._is_free = device_buffers.allocate_zeros((capacity + 1,), torch.bool, device)
-        self._serial = next(_serials)
-        self._generation = 0
+        self._backups = LatestBackup()
         self._head = self._tail = 0
         if device.type == "cpu":  # fault every page in now: the hot path would fault once per 4 KiB written
             for log in self._logs:
@@ -247,7 +242,7 @@ class FreeLog:
         self._head, self._tail = 0, self._capacity
         self._saved = None
         self._reset_flags()
-        self._generation += 1
+        self._backups.advance()
 
     @property
     def built_capacity(self) -> int:
@@ -264,17 +259,13 @@ class FreeLog:
 
     def backup(self) -> FreeLogState:
         """O(1); voids any earlier backup."""
-        self._generation += 1
+        generation = self._backups.advance()
         self._saved = _Saved(self._active, self._head, self._tail)
-        return FreeLogState(owner=self._serial, generation=self._generation)
+        return FreeLogState(owner=self._backups.owner, generation=generation)
 
     def restore(self, state: FreeLogState) -> None:
         """Make the free set what it was at `state`: O(1) (O(capacity) with check=True)."""
-        if state.owner != self._serial or state.generation != self._generation:
-            raise ValueError(
-                f"allocator state (backup #{state.generation}) is not the latest backup of this allocator "
-                f"(latest is #{self._generation}; a newer backup_state() or a clear() replaced it)"
-            )
+        self._backups.check(state)
         saved = self._saved
         assert saved is not None
         if saved.spill is not None:  # its log was rewritten: the copy goes to the front of the inactive log

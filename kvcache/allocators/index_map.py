@@ -13,22 +13,18 @@ writes stop journaling; restore then copies the snapshot.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
 
 from kvcache.memory import device_buffers
+from kvcache.allocators.backups import BackupState, LatestBackup
 
-_serials = itertools.count(1)
 
 
 @dataclass(frozen=True, slots=True)
-class IndexMapState:
+class IndexMapState(BackupState):
     """An opaque backup: which map, which backup generation."""
-
-    owner: int
-    generation: int
 
 
 def page_starts_of(full: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -50,8 +46,7 @@ class FullToSWAMap:
     def __init__(self, *, rows: int, device: torch.device) -> None:
         self._table = device_buffers.allocate_zeros((rows + 1,), torch.int64, device)
         self._table[-1] = -1
-        self._serial = next(_serials)
-        self._generation = 0
+        self._backups = LatestBackup("index map state", "", "")
         self._journal: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._journaled = 0
         self._snapshot: torch.Tensor | None = None
@@ -102,16 +97,12 @@ class FullToSWAMap:
 
     def mark(self) -> IndexMapState:
         """O(1): start journaling; voids any earlier backup."""
-        self._generation += 1
+        generation = self._backups.advance()
         self._journal, self._journaled, self._snapshot = [], 0, None
-        return IndexMapState(owner=self._serial, generation=self._generation)
+        return IndexMapState(owner=self._backups.owner, generation=generation)
 
     def restore(self, state: IndexMapState) -> None:
-        if state.owner != self._serial or state.generation != self._generation or self._journal is None:
-            raise ValueError(
-                f"index map state (backup #{state.generation}) is not the latest backup "
-                f"(latest is #{self._generation})"
-            )
+        self._backups.check(state, restorable=self._journal is not None)
         if self._snapshot is not None:
             self._table.copy_(self._snapshot)
         else:
@@ -122,5 +113,5 @@ class FullToSWAMap:
     def reset(self) -> None:
         """All rows unmapped; any backup becomes void."""
         self._table[:-1].zero_()
-        self._generation += 1
+        self._backups.advance()
         self._journal, self._journaled, self._snapshot = None, 0, None

@@ -16,7 +16,6 @@ Backup covers both sides, the free group and the map (journaled while live).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,18 +31,16 @@ from kvcache.allocators.paged import PagedTokenToKVPoolAllocator
 from kvcache.allocators.scheduler_hooks import SWACapacityHooks
 from kvcache.allocators.swa_frees import SWAFrees
 from kvcache.allocators.token import TokenToKVPoolAllocator
+from kvcache.allocators.backups import BackupState, LatestBackup
 
-_serials = itertools.count(1)
 
 SideAllocator = TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
 
 
 @dataclass(frozen=True, slots=True)
-class SWAAllocatorState:
+class SWAAllocatorState(BackupState):
     """An opaque backup of both sides, the index map and the free group."""
 
-    owner: int
-    generation: int
     full: AllocatorState
     swa: AllocatorState
     index_map: IndexMapState
@@ -75,8 +72,7 @@ class SWATokenToKVPoolAllocator(SWAFrees, SWACapacityHooks, SharedAllocatorAPI):
         self.swa_attn_allocator = _side("swa_size", swa_size, page_size, self._device, check_frees, None)
         self._map = FullToSWAMap(rows=full_size + page_size, device=self._device)
         self._group = FreeGroup()
-        self._serial = next(_serials)
-        self._generation = 0
+        self._backups = LatestBackup()
         if kvcache is not None:
             self.attach_kvcache(kvcache)
 
@@ -247,7 +243,7 @@ class SWATokenToKVPoolAllocator(SWAFrees, SWACapacityHooks, SharedAllocatorAPI):
         self.full_attn_allocator.clear()
         self.swa_attn_allocator.clear()
         self._map.reset()
-        self._generation += 1
+        self._backups.advance()
 
     def resize(self, config: Any) -> None:
         """SGLang 0.5.23's post-capture resize: config.full_max_total_num_tokens / swa_max_total_num_tokens
@@ -261,20 +257,16 @@ class SWATokenToKVPoolAllocator(SWAFrees, SWACapacityHooks, SharedAllocatorAPI):
 
     def backup_allocator_state(self) -> SWAAllocatorState:
         """O(1). Only the latest backup can be restored (SGLang 0.5 has no backup; the name is ours)."""
-        self._generation += 1
+        generation = self._backups.advance()
         return SWAAllocatorState(
-            owner=self._serial, generation=self._generation, full=self.full_attn_allocator.backup_allocator_state(),
+            owner=self._backups.owner, generation=generation, full=self.full_attn_allocator.backup_allocator_state(),
             swa=self.swa_attn_allocator.backup_allocator_state(), index_map=self._map.mark(),
             free_group=self._group.mark(),
         )
 
     def restore_allocator_state(self, state: SWAAllocatorState) -> None:
         """Both free sets, the map and the free group as at backup; costs what changed since."""
-        if state.owner != self._serial or state.generation != self._generation:
-            raise ValueError(
-                f"allocator state (backup #{state.generation}) is not the latest backup of this allocator "
-                f"(latest is #{self._generation}; a newer backup_state() or a clear() replaced it)"
-            )
+        self._backups.check(state)
         self.full_attn_allocator.restore_allocator_state(state.full)
         self.swa_attn_allocator.restore_allocator_state(state.swa)
         self._map.restore(state.index_map)
