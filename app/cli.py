@@ -124,8 +124,10 @@ def _card(ns: argparse.Namespace) -> SimulatedCard:
 
 
 def run(ns: argparse.Namespace) -> int:
+    from app.parallel_setup import launched_world_size
     from app.rank_report import render_for_this_rank
     from app.report import build_report
+    from app.stage_plans import run_stages
     from app.vllm_report import plan_for_vllm, render_vllm
 
     command = ns.command or "bootstrap"
@@ -152,20 +154,29 @@ def run(ns: argparse.Namespace) -> int:
         raise UsageError("--engine vllm is a dry run of vLLM's block plan: use plan --engine vllm --gpu NAME "
                          f"({command} builds this engine's pools)")
     model = load_model_config(ns.model)
-    container = EngineContainer(server_args=server_args, model_config=model, card=card)
-    try:
-        rules = container.engine_rules()  # an --engine not available yet stops here, before any weights load
-        if rules is VLLM:  # vLLM's answer is its own block plan: no pools are built (kvcache.engines.vllm)
-            print(render_vllm(plan_for_vllm(container, card=card.name if card else None), as_json=ns.json))
-            return EXIT_OK
-        container.draft_model_config()
-        engine = container.engine()
-        engine.bootstrap()
-        report = build_report(engine, rules=rules, card=card.name if card else None,
-                              page_size_note=container.page_size_note())
-        output = render_for_this_rank(engine, report, as_json=ns.json)  # rank 0 gathers every rank's plan
-    finally:
-        container.shutdown_resources()
+
+    def make_container() -> EngineContainer:
+        return EngineContainer(server_args=server_args, model_config=model, card=card)
+
+    def run_one(container: EngineContainer) -> str | None:
+        try:
+            rules = container.engine_rules()  # an --engine not available yet stops here, before any weights load
+            if rules is VLLM:  # vLLM's answer is its own block plan: no pools are built (kvcache.engines.vllm)
+                return render_vllm(plan_for_vllm(container, card=card.name if card else None), as_json=ns.json)
+            container.draft_model_config()
+            engine = container.engine()
+            engine.bootstrap()
+            report = build_report(engine, rules=rules, card=card.name if card else None,
+                                  page_size_note=container.page_size_note())
+            return render_for_this_rank(engine, report, as_json=ns.json)  # rank 0 gathers every rank's plan
+        finally:
+            container.shutdown_resources()
+
+    if command == "plan" and server_args.pp_size > 1 and server_args.engine != VLLM.name and \
+            launched_world_size(os.environ) == 1:
+        output = run_stages(make_container, server_args, run_one)  # every stage, as its rank would plan it
+    else:
+        output = run_one(make_container())
     if output is not None:
         print(output)
     return EXIT_OK

@@ -23,8 +23,10 @@ class RankPlan(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     layers: tuple[int, int]  # [first, last + 1) of this pipeline stage
     bytes_per_token: int
-    max_total_num_tokens: int
+    max_total_num_tokens: int  # what the ranks agreed on: the smallest rank's
+    own_max_total_num_tokens: int  # what this rank's memory alone would hold
     max_running_requests: int
+    budget_bytes: int
     planned_bytes: int
     allocated_bytes: int
     weights_bytes: int
@@ -41,8 +43,8 @@ def rank_plan(engine: Engine) -> RankPlan:
     layers = p.layer_range(target.model_config.num_hidden_layers)
     return RankPlan(
         rank=p.rank, name=p.describe(), layers=(layers.start, layers.stop), bytes_per_token=plan.bytes_per_token,
-        max_total_num_tokens=plan.max_total_num_tokens, max_running_requests=plan.max_running_requests,
-        planned_bytes=plan.total_bytes, allocated_bytes=sum(w.kv_cache.allocated_bytes for w in engine.workers),
+        max_total_num_tokens=plan.max_total_num_tokens, own_max_total_num_tokens=target.kv_cache.own_max_total_num_tokens,
+        max_running_requests=plan.max_running_requests, budget_bytes=plan.budget.budget_bytes, planned_bytes=plan.total_bytes, allocated_bytes=sum(w.kv_cache.allocated_bytes for w in engine.workers),
         weights_bytes=sum(w.weights.total_bytes for w in engine.workers if w.weights is not None),
         free_before_load_bytes=target.pre_model_load_memory or 0, free_now_bytes=target.memory_probe.free_bytes(),
         memory_allocated_bytes=int(torch.cuda.memory_allocated(target.device)) if target.device.type == "cuda" else None,
@@ -51,16 +53,20 @@ def rank_plan(engine: Engine) -> RankPlan:
 
 def render_for_this_rank(engine: Engine, report: BootstrapReport, *, as_json: bool) -> str | None:
     """What this rank prints: the report (with every rank's plan on rank 0), or None on the other ranks.
-    A collective when there are several ranks: every rank must call it."""
+    A collective when there are several ranks: every rank must call it. A dry run's pipeline stages
+    (app.stage_plans: one thread per stage) list as `stages`."""
     p = engine.target.parallel_state
     if not p.is_distributed:
         return msgspec.json.encode(report).decode() if as_json else render_text(report)
-    plans = p.agreement.gather_objects(rank_plan(engine))
-    if p.rank != 0:
+    agreement = p.agreement
+    plans = agreement.gather_objects(rank_plan(engine))
+    if agreement.rank != 0:
         return None
+    key = "stages" if getattr(p.groups.agreement if p.groups else None, "one_rank_per_stage", False) else "ranks"
     if as_json:
-        return msgspec.json.encode({**msgspec.structs.asdict(report), "ranks": plans}).decode()
-    return render_text(report) + "\n" + render_ranks(plans, tp_size=p.tp_size, pp_size=p.pp_size)
+        return msgspec.json.encode({**msgspec.structs.asdict(report), key: plans}).decode()
+    table = render_stages(plans, tp_size=p.tp_size) if key == "stages" else render_ranks(plans, tp_size=p.tp_size, pp_size=p.pp_size)
+    return render_text(report) + "\n" + table
 
 
 def render_ranks(plans: list[RankPlan], *, tp_size: int, pp_size: int) -> str:
@@ -75,5 +81,23 @@ def render_ranks(plans: list[RankPlan], *, tp_size: int, pp_size: int) -> str:
             f"planned {format_bytes(r.planned_bytes)}  allocated {format_bytes(r.allocated_bytes)}  "
             f"weights {format_bytes(r.weights_bytes)}  free now {format_bytes(r.free_now_bytes)}"
             + (f"  memory_allocated {format_bytes(r.memory_allocated_bytes)}" if r.memory_allocated_bytes is not None else "")
+        )
+    return "\n".join(lines)
+
+
+def render_stages(plans: list[RankPlan], *, tp_size: int) -> str:
+    """A dry run's pipeline stages: what each would hold alone, what they agree on, and the budget it leaves idle."""
+    smallest = min(plans, key=lambda r: r.own_max_total_num_tokens)
+    agreed = plans[0].max_total_num_tokens
+    stage_of = {r.rank: s for s, r in enumerate(plans)}
+    lines = [f"stages: pp {len(plans)}" + (f" (each stage's {tp_size} TP ranks hold the same)" if tp_size > 1 else "")
+             + f"; every rank holds {agreed:,} tokens, the smallest stage's (stage {stage_of[smallest.rank]}); "
+             "the report above is stage 0's"]
+    for s, r in enumerate(plans):
+        idle = r.budget_bytes - r.planned_bytes
+        lines.append(
+            f"  stage {s}  layers {r.layers[0]}-{r.layers[1] - 1}  {r.bytes_per_token:,} B/token  "
+            f"weights {format_bytes(r.weights_bytes)}  alone {r.own_max_total_num_tokens:,} tokens  "
+            f"planned {format_bytes(r.planned_bytes)}  idle {format_bytes(idle)}"
         )
     return "\n".join(lines)

@@ -88,7 +88,12 @@ class ParallelState:
         """How this rank agrees with the others (trivially with itself when alone)."""
         if self.groups is None:
             return RankAgreement.alone(self.describe())
-        return RankAgreement(group=self.groups.agreement, rank=self.rank, world_size=self.world_size,
+        group = self.groups.agreement
+        if getattr(group, "one_rank_per_stage", False):  # a dry run's stages as threads (kvcache.inputs.in_process_group)
+            return RankAgreement(group=group, rank=self.pp_rank, world_size=self.pp_size,
+                                 rank_names=tuple(self.describe(s * self.tp_size) for s in range(self.pp_size)),
+                                 min_rank_memory_ratio=self.min_rank_memory_ratio)
+        return RankAgreement(group=group, rank=self.rank, world_size=self.world_size,
                              rank_names=tuple(self.describe(r) for r in range(self.world_size)),
                              min_rank_memory_ratio=self.min_rank_memory_ratio)
 

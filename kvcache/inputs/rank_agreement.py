@@ -25,6 +25,7 @@ from kvcache.byte_units import format_bytes
 from kvcache.errors import KVCacheError, RankFailedError, RankLostError, UnbalancedMemoryError
 from kvcache.arithmetic import ceil_div
 from kvcache.inputs.sglang_ratios import SGLANG_MIN_RANK_MEMORY_RATIO
+from kvcache.inputs.in_process_group import InProcessGroup
 
 T = TypeVar("T")
 
@@ -89,6 +90,8 @@ class RankAgreement:
         """Every rank's `values`, indexed by rank."""
         if self.group is None:
             return (tuple(values),)
+        if isinstance(self.group, InProcessGroup):
+            return tuple(self.group.all_gather(self.rank, tuple(int(v) for v in values)))
         local = torch.tensor(list(values), dtype=torch.int64)
         out = [torch.empty_like(local) for _ in range(self.world_size)]
         self._collective(lambda: dist.all_gather(out, local, group=self.group))
@@ -98,6 +101,8 @@ class RankAgreement:
         """The element-wise smallest `values` over the ranks (an int64 MIN all-reduce)."""
         if self.group is None:
             return tuple(values)
+        if isinstance(self.group, InProcessGroup):
+            return tuple(min(column) for column in zip(*self.gather_int64(values)))
         t = torch.tensor(list(values), dtype=torch.int64)
         self._collective(lambda: dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group))
         return tuple(int(x) for x in t.tolist())
@@ -116,6 +121,8 @@ class RankAgreement:
         """Every rank's picklable `obj`, indexed by rank."""
         if self.group is None:
             return [obj]
+        if isinstance(self.group, InProcessGroup):
+            return self.group.all_gather(self.rank, obj)
         # Our own byte exchange: torch's all_gather_object needs NumPy, which this engine does not install.
         payload = pickle.dumps(obj)
         lengths = [n for (n,) in self.gather_int64((len(payload),))]

@@ -1,0 +1,70 @@
+"""`plan --pp-size N` plans every stage as its rank would under torchrun and reports what the ranks agree on.
+
+Numbers from issue 22: before, `plan` sized stage 0 alone (DeepSeek-V3 on an H200 at PP 8 printed 7,630,223
+tokens); every rank keeps the smallest stage's count. Bytes per token by hand, per stage:
+- DeepSeek-V3: 61 layers over 8 stages = 8,8,8,8,8,7,7,7; MLA (512 + 64) * 2 B = 1,152 B a layer.
+- Jamba-v0.1 (hybrid): attention at layers 4, 12, 20, 28 (period 8, offset 4); stages 0-10, 11-21, 22-31
+  hold 1, 2, 1 of them at 8 KV heads * (128 + 128) * 2 B = 4,096 B; stage 1 is the smallest.
+- Kimi-Linear (hybrid, MLA + KDA): 27 layers = 9,9,9; MLA at 1-based 4, 8, ..., 24 and 27, so stages hold
+  2, 2, 3 MLA layers of 1,152 B; stage 2 is the smallest.
+Every stage plans with the ranks' smallest free memory (the heaviest stage's weights), as ranks do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+
+CORPUS = Path(__file__).with_name("model_corpus")
+
+CASES = {
+    "DeepSeek-V3 H200 PP 8": (["--model", "DeepSeek-V3", "--gpu", "H200", "--pp-size", "8"], 4_285_619,
+                              [(0, 8), (8, 16), (16, 24), (24, 32), (32, 40), (40, 47), (47, 54), (54, 61)],
+                              [9216] * 5 + [8064] * 3, {0, 1, 2, 3, 4}),
+    "Jamba-v0.1 H200 PP 3": (["--model", str(CORPUS / "Jamba-v0.1.json"), "--gpu", "H200", "--pp-size", "3"], 5_851_205,
+                             [(0, 11), (11, 22), (22, 32)], [4096, 8192, 4096], {1}),
+    "Kimi-Linear H100 PP 3": (["--model", str(CORPUS / "Kimi-Linear-48B-A3B-Instruct.json"), "--gpu", "H100-80GB",
+                               "--pp-size", "3"], 5_167_807, [(0, 9), (9, 18), (18, 27)], [2304, 2304, 3456], {2}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_rank_holds_the_smallest_stage_s_tokens(case: str, capsys: pytest.CaptureFixture[str]) -> None:
+    flags, agreed, layers, bytes_per_token, smallest = CASES[case]
+    assert main(["plan", *flags, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    stages = report["stages"]
+    assert [tuple(s["layers"]) for s in stages] == layers
+    assert [s["bytes_per_token"] for s in stages] == bytes_per_token
+    assert report["max_total_num_tokens"] == agreed  # stage 0's report, as rank 0 prints it
+    assert all(s["max_total_num_tokens"] == agreed for s in stages)
+    own = [s["own_max_total_num_tokens"] for s in stages]
+    assert min(own) == agreed and {i for i, n in enumerate(own) if n == agreed} == smallest
+    assert all(s["planned_bytes"] <= s["budget_bytes"] for s in stages)
+    # a stage that alone holds more leaves budget idle: at least the tokens it gave up, at its bytes per token
+    for s in stages:
+        assert s["budget_bytes"] - s["planned_bytes"] >= (s["own_max_total_num_tokens"] - agreed) * s["bytes_per_token"]
+
+
+def test_the_text_report_names_the_stages(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *CASES["Jamba-v0.1 H200 PP 3"][0]]) == 0
+    out = capsys.readouterr().out
+    assert "max total tokens    5,851,205" in out
+    assert "stages: pp 3; every rank holds 5,851,205 tokens, the smallest stage's (stage 1)" in out
+    assert out.count("\n  stage ") == 3 and "alone 11,733,305 tokens" in out
+
+
+def test_one_stage_has_no_stages(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "DeepSeek-V3", "--gpu", "H200", "--tp-size", "8", "--json"]) == 0
+    assert "stages" not in json.loads(capsys.readouterr().out)
+
+
+def test_a_stage_that_does_not_fit_fails_every_stage_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # DeepSeek-V3 at PP 2 on an H200: stage 0's 31 layers of fp8 experts alone are ~300 GiB
+    assert main(["plan", "--model", "DeepSeek-V3", "--gpu", "H200", "--pp-size", "2"]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kvcache: does not fit: rank 0 (tp 0/1, pp 0/2)")
