@@ -28,8 +28,11 @@ from kvcache.memory.vmm_storage import VmmBacking
 from kvcache.byte_units import MiB, format_bytes
 from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
-from kvcache.errors import KVCacheError, WeightsDoNotFitError
+from kvcache.errors import (
+    BudgetBelowOnePageError, BudgetBelowOneRequestError, KVCacheError, WeightsDoNotFitError, WeightsLeaveNoRoomError,
+)
 from kvcache.sizing.tp_advice import tp_size_that_fits
+from kvcache.sizing.worker_sizing import WorkerSizing
 from kvcache.memory.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
 from kvcache.memory.host_memory import host_memory_bytes
 from kvcache.arithmetic import align_up
@@ -94,7 +97,10 @@ class ModelRunner:
             raise KVCacheError(f"{self.role} worker: load_weights() must run before init_memory_pool()")
         start = time.perf_counter()
         configurator = self._configurator_factory()
-        self._kv_cache = self._configure_kv_cache(configurator, self.pre_model_load_memory)
+        try:
+            self._kv_cache = self._configure_kv_cache(configurator, self.pre_model_load_memory)
+        except (WeightsLeaveNoRoomError, BudgetBelowOnePageError, BudgetBelowOneRequestError) as exc:
+            raise exc.with_suggestions(self._tp_size_suggestion(kv_cache_plans_only=True) + exc.suggestions) from None
         self._synchronize()
         self.timings["configure_kv_cache_s"] = time.perf_counter() - start
         return self._kv_cache
@@ -125,6 +131,11 @@ class ModelRunner:
         if self._kv_cache is None:
             raise KVCacheError(f"the {self.role} worker's KV cache is not configured yet: call init_memory_pool() first")
         return self._kv_cache
+
+    @property
+    def sizing(self) -> WorkerSizing:
+        """This worker's pure sizing questions (kvcache.sizing.worker_sizing)."""
+        return self._configurator_factory().sizing
 
     @property
     def is_configured(self) -> bool:
@@ -282,16 +293,7 @@ class ModelRunner:
         """More weights than free memory; or (`refused`) the device refused their allocation although the probe
         saw room for them (another process took it, or fragmentation): then no smaller limit is suggested."""
         free = self.pre_model_load_memory or 0
-        loader = self._weight_loader()
-        found = tp_size_that_fits(  # a card's context grows by its kernels as the weights are filled
-            self._configurator_factory().sizing, free_before_load=free, total_bytes=self.memory_probe.total_bytes(),
-            weights_for=lambda state: loader.bytes_needed(self.weight_specs(state)),
-            context_growth=0 if self.device.type == "cpu" else CUDA_KERNEL_LOAD_BYTES,
-            check_kv_cache=self.role == "target")
-        per_rank: tuple[str, ...] = ()
-        if found is not None:
-            per_rank = (f"--tp-size {found.tp_size} (about {format_bytes(found.weights_bytes)} per rank"
-                        f"{'' if found.kv_cache_plans else ', for the weights alone: the KV cache then needs more'})",)
+        per_rank = self._tp_size_suggestion(kv_cache_plans_only=False)
         where = 'the card' if self.device.type == 'meta' else self.device
         if refused and needed <= free:
             return WeightsDoNotFitError(
@@ -306,6 +308,21 @@ class ModelRunner:
             suggestions=(*per_rank, "a card with more memory") if self.device.type != "cpu" else
             self._memory_limit_for_weights(needed, free),
         )
+
+    def _tp_size_suggestion(self, *, kv_cache_plans_only: bool) -> tuple[str, ...]:
+        """A larger --tp-size, checked by planning at it with the defaults' reserve (kvcache.sizing.tp_advice), on a
+        card (a CPU engine has no TP to offer); none when only the weights would fit and `kv_cache_plans_only`."""
+        if self.device.type == "cpu" or (kv_cache_plans_only and self.role != "target"):
+            return ()
+        loader = self._weight_loader()
+        found = tp_size_that_fits(  # a card's context grows by its kernels as the weights are filled
+            self.sizing, free_before_load=self.pre_model_load_memory or 0, total_bytes=self.memory_probe.total_bytes(),
+            weights_for=lambda state: loader.bytes_needed(self.weight_specs(state)),
+            context_growth=CUDA_KERNEL_LOAD_BYTES, check_kv_cache=self.role == "target")
+        if found is None or (kv_cache_plans_only and not found.kv_cache_plans):
+            return ()
+        return (f"--tp-size {found.tp_size} (about {format_bytes(found.weights_bytes)} per rank"
+                f"{'' if found.kv_cache_plans else ', for the weights alone: the KV cache then needs more'})",)
 
     def _memory_limit_for_weights(self, needed: int, free: int) -> tuple[str, ...]:
         """On the CPU: the --memory-limit the weights alone need, unless the host has less (it would be refused)."""

@@ -11,6 +11,7 @@ from app.model_runner import ModelRunner
 from kvcache.byte_units import format_bytes
 from kvcache.engines import EngineRules
 from kvcache.inputs.dtypes import model_dtype_name
+from kvcache.sizing.capacity_notes import CapacityNote, capacity_notes
 
 
 class WorkerReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,6 +57,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     plan: dict[str, Any]
     state_request_cap: int | None
     timings_s: dict[str, float]
+    capacity_notes: list[CapacityNote]  # caps that leave part of the pool unusable by running requests
     draft: WorkerReport | None = None
     measured_headroom: dict[str, Any] | None = None  # kvcache.runtime.measured_headroom.MeasuredSizing.to_dict()
     measured_prediction: dict[str, Any] | None = None  # a dry run: what a measured bootstrap on the card will hold
@@ -98,7 +100,8 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         planned_bytes=plan.total_bytes, allocated_bytes=sum(w.kv_cache.allocated_bytes for w in engine.workers),
         plan=plan.to_dict(),
         state_request_cap=plan.state_pool.request_cap if plan.state_pool else None,
-        timings_s=dict(target.timings), draft=_worker(engine.draft) if engine.draft is not None else None,
+        timings_s=dict(target.timings), capacity_notes=list(capacity_notes(target.sizing, plan)),
+        draft=_worker(engine.draft) if engine.draft is not None else None,
         measured_headroom=target.measured_sizing.to_dict() if target.measured_sizing is not None else None,
         measured_prediction=_prediction(target, card),
     )
@@ -187,6 +190,7 @@ def render_text(report: BootstrapReport) -> str:
         d = r.draft
         lines.append(f"draft worker        {d.model} ({d.kv_cache_dtype}): pools {', '.join(d.pools)}, "
                      f"weights {format_bytes(d.weights_bytes)}, allocated {format_bytes(d.allocated_bytes)}")
+    lines += [f"note: {n.message}" for n in r.capacity_notes]
     lines.append("timings:  " + ", ".join(f"{k.removesuffix('_s')} {v * 1000:.1f} ms" for k, v in r.timings_s.items()))
     if r.draft is not None:
         lines.append("draft timings:  " + ", ".join(f"{k.removesuffix('_s')} {v * 1000:.1f} ms" for k, v in r.draft.timings_s.items()))

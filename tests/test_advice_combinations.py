@@ -24,11 +24,12 @@ EAGLE3_ON_A10 = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "A10", "--
 
 
 def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """The one suggestion of a refused plan (exit 3, one stderr line)."""
+    """The one combination a refused plan suggests (exit 3, one stderr line), beside a larger --tp-size that plans
+    at the defaults (kvcache.sizing.tp_advice), where there is one."""
     assert main(argv) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    suggestions = err.split("what would work: ")[1].strip().split("; ")
+    suggestions = [s for s in err.split("what would work: ")[1].strip().split("; ") if not s.startswith("--tp-size ")]
     assert len(suggestions) == 1, suggestions
     return suggestions[0]
 
@@ -84,7 +85,11 @@ def test_a_combination_for_a_target_and_its_draft_counts_both(capsys: pytest.Cap
 def test_json_refusals_carry_the_combination(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*LLAMA_ON_L4, "--json"]) == 3
     error = json.loads(capsys.readouterr().out)["error"]
-    assert [s.split(" (")[0] for s in error["suggestions"]] == ["--mem-fraction-static 0.882 --context-length 32768"]
+    assert [s.split(" (")[0] for s in error["suggestions"]] == ["--tp-size 4", "--mem-fraction-static 0.882 --context-length 32768"]
+    # the larger fraction says what it gives up: (1 - 0.882) and (1 - 0.684) of the 21.89 GiB free before loading
+    assert error["suggestions"][1].endswith("(together: 32805 tokens fit, keeps 2.58 GiB free for activations and CUDA "
+                                            "graphs where the default 0.684 keeps 6.92 GiB: it gives that headroom up)")
+    assert main([*LLAMA_ON_L4, "--tp-size", "4"]) == 0 and main([*LLAMA_ON_L4, "--tp-size", "2"]) == 3
 
 
 def _request(context: int, page: int) -> PlanRequest:

@@ -160,7 +160,7 @@ def test_max_mamba_cache_size_sets_the_slots() -> None:
         (1_000_000, 131_072, None, 1, 3_906),  # 1,000,000 x 512 // 131,072 = 3,906, inside the clamp
         (10_000_000, 1_000, None, 1, 4_096),  # 5,120,000 -> at most 4,096
         (3_000, 100, None, 1, 1_500),  # clamp gives 4,096, then <= T // 2 = 1,500
-        (1_000_000, 131_072, None, 4, 976),  # 3,906 over 4 attention-DP groups
+        (1_000_000, 131_072, None, 4, 3_906),  # the default is per attention-DP worker: not divided (SGLang 0.5.23)
         (1_000_000, 131_072, 100, 1, 100),  # the user's value
         (1_000_000, 131_072, 10_000, 1, 10_000),  # a user value is not clamped to 4,096 ...
         (1_000, 131_072, 10_000, 1, 500),  # ... but is capped at T // 2
@@ -181,12 +181,14 @@ def test_running_requests_are_capped_by_state_slots(slots: int, per_request: int
     assert running_requests(req, 10_000_000, slots) == expected
 
 
-def test_dp_attention_divides_requests_through_the_configurator() -> None:
+def test_dp_attention_keeps_the_default_requests_per_worker() -> None:
     # TP8, DP8 attention: every rank keeps all 8 KV heads (131,072 B/token), and R is per DP group
     req, plan = plan_for("Llama-3.1-8B-Instruct", 100 * GiB, tp_size=8, dp_size=8, enable_dp_attention=True,
                          context_length=8192)
     assert req.attention_dp_size == 8 and plan.bytes_per_token == 131_072
-    assert plan.max_running_requests == 4096 // 8  # T is about 800k: 800k x 512 // 8,192 clamps to 4,096
+    # T is about 800k: 800k x 512 // 8,192 clamps to 4,096, each DP worker's own cap (SGLang 0.5.23's
+    # resolve_max_num_reqs divides only a --max-running-requests over the DP workers; this divided 4,096 by 8)
+    assert plan.max_running_requests == 4096
 
 
 # ---- tokens: pages and caps ---------------------------------------------------------------

@@ -221,8 +221,8 @@ def check_plan(req: PlanRequest, plan: MemoryPoolConfig) -> None:
     r = plan.max_running_requests
     assert r == running_requests(req, t, slots) >= 1
     if req.max_running_requests is not None:
-        assert r <= max(1, req.max_running_requests)
-    assert r <= max(1, t // 2 // req.attention_dp_size)
+        assert r <= max(1, req.max_running_requests // req.attention_dp_size)
+    assert r <= max(1, t // 2)
     if plan.state_pool is not None:
         assert r * plan.state_pool.slots_per_request <= plan.state_pool.usable_slots
 

@@ -12,11 +12,28 @@ from typing import Callable
 
 import msgspec
 
-from kvcache.byte_units import MiB
+from kvcache.byte_units import GiB, MiB
 from kvcache.errors import DoesNotFitError
-from kvcache.memory.memory_budget import MemoryBudget, compute_budget
+from kvcache.memory.memory_budget import MemoryBudget, compute_budget, headroom_bytes
 from kvcache.arithmetic import align_down, align_up
 from kvcache.sizing.planning import PlanRequest, plan_pool_sizes, state_slots
+
+
+class KeptFree(msgspec.Struct, frozen=True, kw_only=True):
+    """What the default mem_fraction_static keeps free for the runtime (activations, CUDA graphs), so that
+    a suggested larger fraction says what it gives up instead of passing for a safe value."""
+
+    free_before_load: int
+    default_fraction: float
+
+    def trade(self, fraction: float) -> str:
+        """'' when `fraction` keeps at least the default's reserve; else what it keeps and gives up."""
+        if fraction <= self.default_fraction:
+            return ""
+        keeps = headroom_bytes(self.free_before_load, fraction)
+        default = headroom_bytes(self.free_before_load, self.default_fraction)
+        return (f"keeps {keeps / GiB:.2f} GiB free for activations and CUDA graphs where the default "
+                f"{self.default_fraction} keeps {default / GiB:.2f} GiB: it gives that headroom up")
 
 
 def fits(req: PlanRequest) -> bool:
@@ -219,9 +236,11 @@ def suggest_fixes(
     fraction_for_limit: Callable[[int], float] | None = None,
     on_host: bool = False,
     host_memory: int | None = None,
+    kept_free: KeptFree | None = None,
 ) -> tuple[str, ...]:
     """Checked alternatives, most direct first. On the CPU (`fraction_for_limit` given, or `on_host`)
-    a larger --memory-limit is suggested (at most `host_memory`, what the host has), never more devices."""
+    a larger --memory-limit is suggested (at most `host_memory`, what the host has), never more devices.
+    A --mem-fraction-static above the default's says what runtime headroom it gives up (`kept_free`)."""
     out: list[str] = []
     if fraction_for_limit is not None:
         limit = smallest_fitting_memory_limit(req, fraction_for_limit, host_memory)
@@ -239,7 +258,8 @@ def suggest_fixes(
     if budget_for_fraction is not None:
         fraction = smallest_fitting_mem_fraction(req, budget_for_fraction)
         if fraction is not None:
-            out.append(f"--mem-fraction-static {fraction:.3f}")
+            trade = kept_free.trade(fraction) if kept_free else ""
+            out.append(f"--mem-fraction-static {fraction:.3f}" + (f" ({trade})" if trade else ""))
     if kv_cache_memory_limit is not None:
         need = smallest_fitting_budget(req, kv_cache_memory_limit)
         if need is not None:
@@ -252,7 +272,8 @@ def suggest_fixes(
     if context is not None:
         out.append(f"--context-length {context} (the longest that fits)")
     if not out:
-        combined = first_fitting_combination(req, budget_for_fraction=budget_for_fraction, fp8_request=fp8_request)
+        combined = first_fitting_combination(req, budget_for_fraction=budget_for_fraction, fp8_request=fp8_request,
+                                             kept_free=kept_free)
         if combined is not None:
             out.append(combined)
     if not out:
@@ -278,7 +299,7 @@ def round_shorter_contexts(req: PlanRequest) -> list[int]:
 
 
 def first_fitting_combination(req: PlanRequest, *, budget_for_fraction: Callable[[float], int] | None,
-                              fp8_request: PlanRequest | None) -> str | None:
+                              fp8_request: PlanRequest | None, kept_free: KeptFree | None = None) -> str | None:
     """When no single knob plans (typically: the weights leave no room at the default fraction): the first
     larger --mem-fraction-static that plans together with fp8 KV (keeping the context), else with the
     longest round shorter context, else with both; all values checked by planning with them together."""
@@ -295,5 +316,7 @@ def first_fitting_combination(req: PlanRequest, *, budget_for_fraction: Callable
         if fraction is not None:
             tokens = plan_pool_sizes(_with_budget(variant, budget_for_fraction(fraction))).max_total_num_tokens
             context_flag = "" if context is None else f"--context-length {context} "
-            return f"--mem-fraction-static {fraction:.3f} {flags}{context_flag}(together: {tokens} tokens fit)"
+            trade = kept_free.trade(fraction) if kept_free else ""
+            return (f"--mem-fraction-static {fraction:.3f} {flags}{context_flag}(together: {tokens} tokens fit"
+                    + (f", {trade})" if trade else ")"))
     return None

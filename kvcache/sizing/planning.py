@@ -95,14 +95,16 @@ def state_slots(req: PlanRequest) -> int:
 
 
 def running_requests(req: PlanRequest, tokens: int, state_slots: int) -> int:
-    """SGLang's cap: clamp(T / context * 512, 2048, 4096) or the user's value; then <= T // 2,
-    divided over attention-DP groups, and no more than the state slots can serve."""
+    """SGLang 0.5.23's one rule for running requests against the pool (`resolve_max_num_reqs` in
+    srt/mem_cache/kv_cache_configurator.py), per attention-DP worker: the user's value divided over the
+    DP workers, or clamp(T * 512 // context, 2048, 4096); either way at most T // 2 (two tokens a request
+    in the pool this worker holds), and no more than the state slots can serve."""
     if req.max_running_requests is not None:
-        cap = req.max_running_requests
+        cap = max(1, req.max_running_requests // req.attention_dp_size)
     else:
         cap = tokens * DEFAULT_REQUESTS_PER_CONTEXT // req.context_length
         cap = min(max(cap, MIN_DEFAULT_RUNNING_REQUESTS), MAX_DEFAULT_RUNNING_REQUESTS)
-    cap = min(cap, tokens // 2) // req.attention_dp_size
+    cap = min(cap, tokens // 2)
     if req.state is not None:
         cap = min(cap, (state_slots - 1) // req.state.slots_per_request)
     return max(cap, 1)

@@ -8,7 +8,7 @@ cell, so there is one road from numbers to a plan. What the ranks of one engine 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import msgspec
@@ -23,7 +23,7 @@ from kvcache.memory.host_memory import host_memory_bytes
 from kvcache.memory.memory_budget import MemoryBudget, compute_budget, derive_mem_fraction_static
 from kvcache.memory.runtime_reserve import RuntimeShape, default_mem_fraction_static
 from kvcache.models.model_config import ModelConfig
-from kvcache.sizing.advice import suggest_fixes, suggest_kv_cache_memory
+from kvcache.sizing.advice import KeptFree, suggest_fixes, suggest_kv_cache_memory
 from kvcache.sizing.engine_rules import EngineRules
 from kvcache.sizing.planning import PlanRequest
 from kvcache.sizing.pool_config import MemoryPoolConfig
@@ -202,6 +202,9 @@ class WorkerSizing:
                 fp8 = None
         on_cpu = self.device_type == "cpu"
         limit = request.budget.free_after_load_bytes if self.settings.kv_cache_memory is not None else None
+        by_default = replace(self, settings=self.settings.replace(mem_fraction_static=None))
+        kept_free = KeptFree(free_before_load=request.budget.free_before_load_bytes,
+                             default_fraction=by_default.mem_fraction_static(request.budget.total_bytes))
         return suggest_fixes(request, budget_for_fraction=budget_for, kv_cache_memory_limit=limit, fp8_request=fp8,
                              fraction_for_limit=self.mem_fraction_static if on_cpu else None,
-                             host_memory=host_memory_bytes() if on_cpu else None)
+                             host_memory=host_memory_bytes() if on_cpu else None, kept_free=kept_free)

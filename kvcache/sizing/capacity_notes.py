@@ -1,0 +1,77 @@
+"""What a plan's caps leave unusable: where something other than the pool limits what is in use.
+
+Two cases the report names, with the bytes:
+- running requests bind (state slots, --max-running-requests): R requests of at most `context` tokens
+  use R * context tokens at once; the rest of the pool can hold only cached prefixes;
+- a --max-running-requests above the default makes the request table (a row of `context` int32s a
+  request, SGLang 0.5.23's shape) take budget the pool would otherwise hold: the tokens given up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import msgspec
+
+from kvcache.errors import DoesNotFitError
+from kvcache.byte_units import format_bytes
+from kvcache.sizing.pool_config import MemoryPoolConfig
+from kvcache.sizing.worker_sizing import WorkerSizing
+
+
+class CapacityNote(msgspec.Struct, frozen=True, kw_only=True):
+    """One cap that leaves part of the pool unusable by running requests, with the bytes."""
+
+    cap: str  # "state_slots", "max_running_requests" or "request_table"
+    message: str  # one line for the report
+    tokens: int  # tokens the cap leaves out (of running requests, or of the pool)
+    bytes: int  # what those tokens cost in the pools that hold every token (or the table's extra bytes)
+
+
+def capacity_notes(sizing: WorkerSizing, plan: MemoryPoolConfig) -> tuple[CapacityNote, ...]:
+    """The caps that bind this plan below its pool, each with what it leaves out."""
+    notes = [n for n in (_requests_bind(sizing, plan), _table_takes_the_pool(sizing, plan)) if n is not None]
+    return tuple(notes)
+
+
+def _requests_bind(sizing: WorkerSizing, plan: MemoryPoolConfig) -> CapacityNote | None:
+    if not any(p.kind != "swa" for p in plan.kv_pools):  # every layer slides: a request keeps one window
+        return None
+    requests, context = plan.max_running_requests, plan.context_length
+    in_use = requests * context
+    left = plan.max_total_num_tokens - in_use
+    if left <= 0:
+        return None
+    state = plan.state_pool
+    if state is not None and requests == state.request_cap:
+        cap, why = "state_slots", (f"the state slots ({state.usable_slots:,} usable, {state.slots_per_request} a request) "
+                                   f"serve {requests:,} running requests")
+    elif sizing.settings.max_running_requests is not None:
+        cap, why = "max_running_requests", f"--max-running-requests caps running requests at {requests:,}"
+    else:
+        cap, why = "max_running_requests", f"the default request cap is {requests:,} running requests"
+    nbytes = left * plan.bytes_per_token
+    return CapacityNote(cap=cap, tokens=left, bytes=nbytes, message=(
+        f"{why}: at most {requests:,} x {context:,} = {in_use:,} tokens are in use at once; the other {left:,} "
+        f"tokens ({format_bytes(nbytes)}) can hold only cached prefixes"))
+
+
+def _table_takes_the_pool(sizing: WorkerSizing, plan: MemoryPoolConfig) -> CapacityNote | None:
+    asked = sizing.settings.max_running_requests
+    if asked is None:
+        return None
+    if sizing.settings.max_total_tokens is not None:  # the user fixed the pool's tokens: the table takes none of them
+        return None
+    default = replace(sizing, settings=sizing.settings.replace(max_running_requests=None))
+    try:
+        baseline = default.engine.plan(default.plan_request(default.layout(), plan.budget))
+    except DoesNotFitError:  # no default plan to compare with: nothing to say
+        return None
+    lost = baseline.max_total_num_tokens - plan.max_total_num_tokens
+    if lost <= 0:
+        return None
+    extra = plan.req_to_token_bytes - baseline.req_to_token_bytes
+    return CapacityNote(cap="request_table", tokens=lost, bytes=extra, message=(
+        f"--max-running-requests {asked:,} (capped at {plan.max_running_requests:,}: at most tokens // 2, SGLang 0.5.23's "
+        f"rule) makes the request table {format_bytes(plan.req_to_token_bytes)}; the pool holds {lost:,} fewer tokens "
+        f"than at the default {baseline.max_running_requests:,} requests ({baseline.max_total_num_tokens:,})"))
