@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
-import warnings
-
-# torch warns at import when NumPy is absent; this engine never hands tensors to NumPy.
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-from typing import Any, NoReturn, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 
-from app.failures import UsageError, failure_of
+from app.failures import OutputUnwritableError, UsageError, failure_of
 from app.fit_command import SWEPT_FIELDS, add_fit_flags, run_fit
 from app.flag_hints import BOOTSTRAP_ONLY_FIELDS, COMMANDS, unknown_command, unrecognized, value_read_as_flag
 from app.server_args_flags import add_server_args_flags, server_args_values, sizes_read
@@ -26,6 +23,7 @@ from kvcache.byte_units import SIZE_UNITS_HELP
 from kvcache.engines.vllm import VLLM
 from kvcache.inputs.cards import KNOWN_CARDS, SimulatedCard, card_named, card_of_size
 from kvcache.models.presets import DEFAULT_PRESET, load_model_config, preset_names
+from kvcache.errors import ConfigError
 from kvcache.inputs.server_args import VLLM_ONLY_FIELDS, ServerArgs, read_settings_file
 
 EXIT_OK = 0
@@ -112,11 +110,30 @@ def parse_command_line(parser: argparse.ArgumentParser, args: list[str]) -> argp
 
 def server_args_from(ns: argparse.Namespace, *, device: str | None = None) -> ServerArgs:
     """ServerArgs from --config (if any) overlaid with the flags that were given."""
-    data: dict[str, Any] = sizes_read(read_settings_file(ns.config)) if ns.config is not None else {}
-    data.update(server_args_values(ns))
+    from_file: dict[str, Any] = sizes_read(read_settings_file(ns.config)) if ns.config is not None else {}
+    flags = server_args_values(ns)
+    data = {**from_file, **flags}
     if device is not None:
         data["device"] = device
-    return ServerArgs.from_mapping(data)
+    try:
+        return ServerArgs.from_mapping(data)
+    except ConfigError as exc:
+        field = re.search(r" - at `\$\.(\w+)`", str(exc))
+        if field is None or field.group(1) not in from_file or field.group(1) in flags:
+            raise
+        raise ConfigError(_settings_file_refusal(ns.config, field.group(1), from_file[field.group(1)], str(exc))) from None
+
+
+def _settings_file_refusal(path: str, field: str, value: Any, message: str) -> str:
+    """A settings file's bad value in the flag's words: 'config file s.toml: mem-fraction-static = 1.5 is refused
+    (--mem-fraction-static, ServerArgs.mem_fraction_static): expected a float < 1.0', not msgspec's
+    "Expected `float` < 1.0 - at `$.mem_fraction_static`"."""
+    why = message.removeprefix("invalid server args: ")
+    why = re.sub(r" - at `\$\.\w+`", "", why)
+    why = re.sub(r"Expected `([^`]+)`", lambda m: f"expected {m.group(1).replace(' | null', '')}", why)
+    why = re.sub(r"got `([^`]+)`", r"got \1", why)
+    flag = field.replace("_", "-")
+    return f"config file {path}: {flag} = {value!r} is refused (--{flag}, ServerArgs.{field}): {why}"
 
 
 def _card(ns: argparse.Namespace) -> SimulatedCard:
@@ -178,8 +195,22 @@ def run(ns: argparse.Namespace) -> int:
     else:
         output = run_one(make_container())
     if output is not None:
-        print(output)
+        _write_report(output)
     return EXIT_OK
+
+
+def _write_report(text: str) -> None:
+    """The report on stdout, flushed here so that a full disk or a lost device is this command's one-line
+    failure (exit 2), not an 'internal error' nor a message at interpreter exit. A closed pipe stays 141."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - nothing more can reach the old stdout; stop a retry at exit
+        raise OutputUnwritableError(f"cannot write the report to stdout: {exc.strerror or exc} (errno {exc.errno}); "
+                                    "free space there or redirect it elsewhere") from None
 
 
 def _with_command(args: list[str]) -> list[str]:
@@ -205,7 +236,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - the one place every failure becomes one line
         failure = failure_of(exc)
+        if failure.kind != "internal_error" and not _speaks_for_the_ranks(os.environ):
+            return failure.exit_code  # rank 0 says it: every rank read the same input, or agreed on the error
         if any(len(arg) > 2 and "--json".startswith(arg) for arg in args):  # --json, or argparse's --js
             print(failure.json())
         print(failure.line(), file=sys.stderr)
         return failure.exit_code
+
+
+def _speaks_for_the_ranks(environ: Mapping[str, str]) -> bool:
+    """Whether this process reports a failure every rank shares: alone, or rank 0 of the ranks torchrun started
+    (RANK in its environment). Bad input is the same on every rank, and the ranks agree on a failing step
+    (kvcache.runtime.rank_agreement), so one line says it; a bug is reported by the rank that hit it."""
+    return environ.get("RANK", "0").strip() in ("0", "")

@@ -20,6 +20,10 @@ class UsageError(ConfigError):
     """The command line itself is malformed (argparse refused it)."""
 
 
+class OutputUnwritableError(ConfigError):
+    """The report could not be written (a full disk, a lost device): the setup's fault, not a bug (exit 2)."""
+
+
 class Failure(msgspec.Struct, frozen=True, kw_only=True):
     """One failure as scripts read it from --json: `{"error": {...}}`."""
 

@@ -32,7 +32,7 @@ from kvcache.errors import (
     BudgetBelowOnePageError, BudgetBelowOneRequestError, KVCacheError, WeightsDoNotFitError, WeightsLeaveNoRoomError,
 )
 from kvcache.sizing.tp_advice import tp_size_that_fits
-from kvcache.sizing.worker_sizing import WorkerSizing
+from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
 from kvcache.memory.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
 from kvcache.memory.host_memory import host_memory_bytes
 from kvcache.arithmetic import align_up
@@ -82,6 +82,8 @@ class ModelRunner:
         needed = loader.bytes_needed(specs)
         if needed > self.pre_model_load_memory:
             raise self._weights_do_not_fit(needed)
+        if self.device.type == "cpu" and self.role == "target":
+            self._refuse_a_kv_cache_that_cannot_plan(needed)
         try:
             self.weights = loader.load(specs)
         except LoaderOutOfMemory as exc:
@@ -309,6 +311,16 @@ class ModelRunner:
             self._memory_limit_for_weights(needed, free),
         )
 
+    def _refuse_a_kv_cache_that_cannot_plan(self, weights: int) -> None:
+        """Before filling the weights (a CPU fills 15 GiB of dummy weights in ~26 s): plan with the most memory they
+        could leave free; a KV cache that does not plan with that does not plan after loading either."""
+        free = self.pre_model_load_memory or 0
+        best = WorkerMemory(total_bytes=self.memory_probe.total_bytes(), free_before_load=free, free_after_load=free - weights)
+        try:
+            self.sizing.plan(best)
+        except (WeightsLeaveNoRoomError, BudgetBelowOnePageError, BudgetBelowOneRequestError) as exc:
+            raise exc.with_suggestions(self._tp_size_suggestion(kv_cache_plans_only=True) + exc.suggestions) from None
+
     def _tp_size_suggestion(self, *, kv_cache_plans_only: bool) -> tuple[str, ...]:
         """A larger --tp-size, checked by planning at it with the defaults' reserve (kvcache.sizing.tp_advice), on a
         card (a CPU engine has no TP to offer); none when only the weights would fit and `kv_cache_plans_only`."""
@@ -330,4 +342,5 @@ class ModelRunner:
         host = host_memory_bytes()
         if host is not None and limit_mib * MiB > host:
             return (f"a host with more memory (the weights alone need --memory-limit {limit_mib}MiB; it has {host // MiB}MiB)",)
-        return (f"--memory-limit {limit_mib}MiB or more (the weights alone need that much; the KV cache needs more)",)
+        return (f"--memory-limit {limit_mib}MiB or more (ServerArgs.memory_limit from Python; the weights alone need that "
+                "much, the KV cache more)",)

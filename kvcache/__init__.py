@@ -6,3 +6,10 @@ start-up runs them: inputs, models, memory, sizing, pools, allocators, runtime; 
 on top, the ground floor (errors, arithmetic, byte_units) below (README's Layout says what each holds;
 tests/test_import_floors.py keeps imports flowing down).
 """
+
+import warnings
+
+# torch warns at import when NumPy is absent or built for another ABI ("Failed to initialize NumPy: ..."); nothing here
+# hands tensors to NumPy, so the warning is noise in a library, under pytest and under torchrun's ranks. Installed
+# before any module of this package imports torch; torchrun's own launcher process imports torch before us.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)

@@ -58,7 +58,9 @@ def card_named(name: str) -> SimulatedCard:
     for known, total in KNOWN_CARDS.items():
         if known.lower() == name.lower():
             return SimulatedCard(name=known, total_bytes=total)
-    raise ConfigError(f"unknown card {name!r}; known: {', '.join(KNOWN_CARDS)}; or give --gpu-memory 80GiB")
+    close = [known for known in KNOWN_CARDS if known.lower().startswith(name.strip().lower()) and name.strip()]
+    meant = f"; did you mean {' or '.join(close)}?" if close else ";"
+    raise ConfigError(f"unknown card {name!r}{meant} known: {', '.join(KNOWN_CARDS)}; or give --gpu-memory 80GiB")
 
 
 def card_of_size(text: str) -> SimulatedCard:

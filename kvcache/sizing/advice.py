@@ -173,9 +173,11 @@ def suggest_kv_cache_memory(req: PlanRequest, free_after_load: int, *, kv_cache_
     least = smallest_fitting_budget(req, free_after_load)
     if least is not None:
         ninety = free_after_load * 9 // 10 // MiB * MiB
-        return (*out, f"--kv-cache-memory {size_flag_value(ninety)} (90% of what is free)"
+        return (*out, f"--kv-cache-memory {size_flag_value(ninety)} (90% of what is free, leaving "
+                f"{(free_after_load - ninety) / GiB:.2f} GiB for activations and CUDA graphs)"
                 if fits(_with_budget(req, ninety)) else
-                f"--kv-cache-memory {size_flag_value(free_after_load)} (all that is free)",
+                f"--kv-cache-memory {size_flag_value(free_after_load)} (all that is free: it leaves nothing for "
+                "activations and CUDA graphs)",
                 f"--kv-cache-memory {size_flag_value(mib_at_least(least, free_after_load))} "
                 "(the least that holds one full-length request)")
     others = suggest_fixes(at_most, budget_for_fraction=None, kv_cache_memory_limit=None, fp8_request=None,
