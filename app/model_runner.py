@@ -25,17 +25,17 @@ from kvcache.runtime.measured_headroom import MeasuredSizing, WorstCaseStep
 from kvcache.memory.device_buffers import cuda_backing
 from kvcache.runtime.resize import PostCaptureKVResize
 from kvcache.memory.vmm_storage import VmmBacking
-from kvcache.byte_units import MiB, format_bytes
+from kvcache.byte_units import format_bytes
 from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.errors import (
     BudgetBelowOnePageError, BudgetBelowOneRequestError, KVCacheError, WeightsDoNotFitError, WeightsLeaveNoRoomError,
 )
+from kvcache.sizing.advice import memory_limit_for_weights
 from kvcache.sizing.tp_advice import tp_size_that_fits
 from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
 from kvcache.memory.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
 from kvcache.memory.host_memory import host_memory_bytes
-from kvcache.arithmetic import align_up
 from kvcache.memory.memory_probe import MemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
@@ -308,7 +308,9 @@ class ModelRunner:
             f"in the {format_bytes(free)} free on {where}",
             needed_bytes=needed, available_bytes=free,
             suggestions=(*per_rank, "a card with more memory") if self.device.type != "cpu" else
-            self._memory_limit_for_weights(needed, free),
+            memory_limit_for_weights(
+                total_bytes=self.memory_probe.total_bytes(), weights_bytes=needed, free_bytes=free,
+                host_memory=host_memory_bytes()),
         )
 
     def _refuse_a_kv_cache_that_cannot_plan(self, weights: int) -> None:
@@ -335,12 +337,3 @@ class ModelRunner:
             return ()
         return (f"--tp-size {found.tp_size} (about {format_bytes(found.weights_bytes)} per rank"
                 f"{'' if found.kv_cache_plans else ', for the weights alone: the KV cache then needs more'})",)
-
-    def _memory_limit_for_weights(self, needed: int, free: int) -> tuple[str, ...]:
-        """On the CPU: the --memory-limit the weights alone need, unless the host has less (it would be refused)."""
-        limit_mib = align_up(self.memory_probe.total_bytes() + needed - free, MiB) // MiB
-        host = host_memory_bytes()
-        if host is not None and limit_mib * MiB > host:
-            return (f"a host with more memory (the weights alone need --memory-limit {limit_mib}MiB; it has {host // MiB}MiB)",)
-        return (f"--memory-limit {limit_mib}MiB or more (ServerArgs.memory_limit from Python; the weights alone need that "
-                "much, the KV cache more)",)

@@ -185,6 +185,18 @@ def suggest_kv_cache_memory(req: PlanRequest, free_after_load: int, *, kv_cache_
     return (*out, *(f"--kv-cache-memory {free_after_load} with {fix}" for fix in others))
 
 
+def memory_limit_for_weights(*, total_bytes: int, weights_bytes: int, free_bytes: int,
+                             host_memory: int | None) -> tuple[str, ...]:
+    """On the CPU: the --memory-limit the weights alone need (today's limit grown by what they lack), unless the
+    host has less than that (`host_memory`, when known): such a limit would be refused."""
+    limit_mib = align_up(total_bytes + weights_bytes - free_bytes, MiB) // MiB
+    if host_memory is not None and limit_mib * MiB > host_memory:
+        return (f"a host with more memory (the weights alone need --memory-limit {limit_mib}MiB; "
+                f"it has {host_memory // MiB}MiB)",)
+    return (f"--memory-limit {limit_mib}MiB or more (ServerArgs.memory_limit from Python; the weights alone need "
+            "that much, the KV cache more)",)
+
+
 HOST_LIMIT_STEP = 64 * MiB
 
 
