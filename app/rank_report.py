@@ -91,13 +91,13 @@ def render_stages(plans: list[RankPlan], *, tp_size: int) -> str:
     agreed = plans[0].max_total_num_tokens
     stage_of = {r.rank: s for s, r in enumerate(plans)}
     lines = [f"stages: pp {len(plans)}" + (f" (each stage's {tp_size} TP ranks hold the same)" if tp_size > 1 else "")
-             + f"; every rank holds {agreed:,} tokens, the smallest stage's (stage {stage_of[smallest.rank]}); "
-             "the report above is stage 0's"]
+             + f"; each stage plans with the ranks' smallest free memory, then every rank holds the smallest "
+             f"stage's {agreed:,} tokens (stage {stage_of[smallest.rank]}); the report above is stage 0's"]
     for s, r in enumerate(plans):
         idle = r.budget_bytes - r.planned_bytes
         lines.append(
             f"  stage {s}  layers {r.layers[0]}-{r.layers[1] - 1}  {r.bytes_per_token:,} B/token  "
-            f"weights {format_bytes(r.weights_bytes)}  alone {r.own_max_total_num_tokens:,} tokens  "
+            f"weights {format_bytes(r.weights_bytes)}  own plan {r.own_max_total_num_tokens:,} tokens  "
             f"planned {format_bytes(r.planned_bytes)}  idle {format_bytes(idle)}"
         )
     return "\n".join(lines)

@@ -191,9 +191,12 @@ def test_through_the_cli_a_contradiction_exits_2(tmp_path: Path, capsys: pytest.
 @pytest.mark.parametrize(("text", "message"), [
     ('{"mamba_full_memory_ratio": Infinity}', "--mamba-full-memory-ratio inf is not a finite number; use one such as 0.9"),
     ("mamba-full-memory-ratio = inf", "--mamba-full-memory-ratio inf is not a finite number"),  # was: internal error
-    ('{"mem_fraction_static": NaN}', "Expected `float` > 0.0 - at `$.mem_fraction_static`"),
-    (f'{{"page_size": {MAX_COUNT + 1}}}', f"Expected `int` <= {MAX_COUNT} - at `$.page_size`"),
-    (f'{{"max_running_requests": {10**23}}}', f"Expected `int` <= {MAX_COUNT} - at `$.max_running_requests`"),
+    # a settings file's value is named by its flag and field, not by msgspec's `$.` path (issue 22)
+    ('{"mem_fraction_static": NaN}',
+     "mem-fraction-static = nan is refused (--mem-fraction-static, ServerArgs.mem_fraction_static): expected float > 0.0"),
+    (f'{{"page_size": {MAX_COUNT + 1}}}', f"(--page-size, ServerArgs.page_size): expected int <= {MAX_COUNT}"),
+    (f'{{"max_running_requests": {10**23}}}',
+     f"(--max-running-requests, ServerArgs.max_running_requests): expected int <= {MAX_COUNT}"),
 ])
 def test_a_setting_past_its_type_is_refused(text: str, message: str, tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:

@@ -54,8 +54,9 @@ def test_the_text_report_names_the_stages(capsys: pytest.CaptureFixture[str]) ->
     assert main(["plan", *CASES["Jamba-v0.1 H200 PP 3"][0]]) == 0
     out = capsys.readouterr().out
     assert "max total tokens    5,851,205" in out
-    assert "stages: pp 3; every rank holds 5,851,205 tokens, the smallest stage's (stage 1)" in out
-    assert out.count("\n  stage ") == 3 and "alone 11,733,305 tokens" in out
+    assert ("stages: pp 3; each stage plans with the ranks' smallest free memory, then every rank holds the smallest "
+            "stage's 5,851,205 tokens (stage 1)") in out
+    assert out.count("\n  stage ") == 3 and "own plan 11,733,305 tokens" in out
 
 
 def test_one_stage_has_no_stages(capsys: pytest.CaptureFixture[str]) -> None:
