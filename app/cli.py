@@ -247,5 +247,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _speaks_for_the_ranks(environ: Mapping[str, str]) -> bool:
     """Whether this process reports a failure every rank shares: alone, or rank 0 of the ranks torchrun started
     (RANK in its environment). Bad input is the same on every rank, and the ranks agree on a failing step
-    (kvcache.runtime.rank_agreement), so one line says it; a bug is reported by the rank that hit it."""
+    (kvcache.inputs.rank_agreement), so one line says it; a bug is reported by the rank that hit it."""
     return environ.get("RANK", "0").strip() in ("0", "")
