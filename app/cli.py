@@ -236,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - the one place every failure becomes one line
         failure = failure_of(exc)
-        if failure.kind != "internal_error" and not _speaks_for_the_ranks(os.environ):
+        if failure.kind in ("bad_input", "does_not_fit") and not _speaks_for_the_ranks(os.environ):
             return failure.exit_code  # rank 0 says it: every rank read the same input, or agreed on the error
         if any(len(arg) > 2 and "--json".startswith(arg) for arg in args):  # --json, or argparse's --js
             print(failure.json())
@@ -247,5 +247,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _speaks_for_the_ranks(environ: Mapping[str, str]) -> bool:
     """Whether this process reports a failure every rank shares: alone, or rank 0 of the ranks torchrun started
     (RANK in its environment). Bad input is the same on every rank, and the ranks agree on a failing step
-    (kvcache.inputs.rank_agreement), so one line says it; a bug is reported by the rank that hit it."""
+    (kvcache.inputs.rank_agreement), so one line says it; a bug is reported by the rank that hit it, and a lost
+    rank by every survivor (rank 0 may be the one lost)."""
     return environ.get("RANK", "0").strip() in ("0", "")
