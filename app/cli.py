@@ -191,7 +191,8 @@ def run(ns: argparse.Namespace) -> int:
 
     if command == "plan" and server_args.pp_size > 1 and server_args.engine != VLLM.name and \
             launched_world_size(os.environ) == 1:
-        output = run_stages(make_container, server_args, run_one)  # every stage, as its rank would plan it
+        output = run_stages(make_container, server_args, run_one,  # every stage, as its rank would plan it
+                            num_layers=model.num_hidden_layers)
     else:
         output = run_one(make_container())
     if output is not None:

@@ -29,9 +29,10 @@ def stage_state(server_args: ServerArgs, stage: int, group: InProcessGroup) -> P
 
 
 def run_stages(make_container: Callable[[], EngineContainer], server_args: ServerArgs,
-               run_one: Callable[[EngineContainer], str | None]) -> str | None:
+               run_one: Callable[[EngineContainer], str | None], *, num_layers: int) -> str | None:
     """`run_one` on a container per stage, each in its own thread; stage 0's output (the others print nothing)."""
     stages = server_args.pp_size
+    ParallelState(pp_size=stages).layer_range(num_layers)  # more stages than layers is refused before any thread starts
     group = InProcessGroup(stages)
     outputs: list[str | None] = [None] * stages
     errors: list[BaseException | None] = [None] * stages

@@ -69,3 +69,10 @@ def test_a_stage_that_does_not_fit_fails_every_stage_in_one_line(capsys: pytest.
     assert main(["plan", "--model", "DeepSeek-V3", "--gpu", "H200", "--pp-size", "2"]) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("kvcache: does not fit: rank 0 (tp 0/1, pp 0/2)")
+
+
+def test_more_stages_than_layers_are_refused_before_any_stage_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    # one thread (and one gather slot) a stage: 2**31 - 1 stages took 20 GB of host memory before this check
+    assert main(["plan", "--gpu", "H200", "--pp-size", "2147483647"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("kvcache: error: 30 layers cannot be split over --pp-size 2147483647; use at most 30\n")
