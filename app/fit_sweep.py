@@ -13,11 +13,12 @@ refused plan would search for. One container (and one weight count) serves every
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal
 
 import msgspec
 import torch
+from dependency_injector import providers
 
 from app.weights import DummyWeightLoader
 from containers import EngineContainer
@@ -86,20 +87,19 @@ class FitRow(msgspec.Struct, frozen=True, kw_only=True):
 
 
 @dataclass(frozen=True, slots=True)
-class _Worker:
-    """One worker of a combination, as the cells need it: its weight bytes per GPU."""
+class _Stage:
+    """One pipeline stage's first TP rank as `plan` wires it: its sizing, its pools, each worker's weight bytes."""
 
-    weights_bytes: int
+    sizing: WorkerSizing
+    layout: CacheLayout
+    weights: tuple[int, ...]  # the target's, then a draft's
 
 
 @dataclass(frozen=True, slots=True)
 class _Combination:
-    """A (TP, PP, KV dtype, context) point: the target worker's sizing as `plan` wires it, its pools, and each
-    worker's weights."""
+    """A (TP, PP, KV dtype, context) point: every pipeline stage (one without --pp-size)."""
 
-    sizing: WorkerSizing
-    layout: CacheLayout
-    workers: tuple[_Worker, ...]
+    stages: tuple[_Stage, ...]
 
 
 @dataclass(slots=True)
@@ -110,7 +110,7 @@ class FitSweep:
     settings: dict[str, Any]  # ServerArgs fields from --config and the flags, without the swept ones
     target: FitTarget
     _combinations: dict[tuple[int, int, str, int | None], _Combination | ConfigError] = field(default_factory=dict)
-    _weights: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
+    _weights: dict[tuple[int, int, int], tuple[int, ...]] = field(default_factory=dict)
 
     def combination(self, card: SimulatedCard, tp: int, pp: int, dtype: str,
                     context: int | None) -> _Combination | ConfigError:
@@ -118,53 +118,65 @@ class FitSweep:
         combination shares it; the container's probe is `card`'s, which no cell asks, each makes its own)."""
         key = (tp, pp, dtype, context)
         if key not in self._combinations:
-            self._combinations[key] = self._build(card, tp, pp, dtype, context)
+            values = {**self.settings, "device": "meta", "tp_size": tp, "pp_size": pp, "kv_cache_dtype": dtype}
+            if context is not None:
+                values["context_length"] = context
+            server_args = ServerArgs.from_mapping(values)  # a bad flag value is bad input for every cell: exit 2
+            try:
+                self._combinations[key] = _Combination(tuple(self._stage(server_args, card, s) for s in range(pp)))
+            except ConfigError as exc:
+                self._combinations[key] = exc
         return self._combinations[key]
 
-    def _build(self, card: SimulatedCard, tp: int, pp: int, dtype: str,
-               context: int | None) -> _Combination | ConfigError:
-        values = {**self.settings, "device": "meta", "tp_size": tp, "pp_size": pp, "kv_cache_dtype": dtype}
-        if context is not None:
-            values["context_length"] = context
-        server_args = ServerArgs.from_mapping(values)  # a bad flag value is bad input for every cell: exit 2
+    def _stage(self, server_args: ServerArgs, card: SimulatedCard, stage: int) -> _Stage:
+        """Stage `stage`'s wiring: the container `plan` builds, given that stage's ParallelState (stage 0's is the
+        container's own, the single-process layout)."""
         container = EngineContainer(server_args=server_args, model_config=self.model, card=card)
         try:
+            if stage > 0:
+                state = replace(container.parallel_state(), pp_rank=stage)
+                container.parallel_state.override(providers.Object(state))
             container.draft_model_config()
             engine = container.engine()
             sizing = container.target.configurator().sizing
             layout = sizing.layout()  # refuses a TP size the heads do not divide, a dtype the head dims do not pack
-            weights = self._weights.get((tp, pp))
-            if weights is None:
-                weights = tuple(_weight_bytes(runner) for runner in engine.workers)
-                self._weights[(tp, pp)] = weights
-            return _Combination(sizing=sizing, layout=layout, workers=tuple(_Worker(w) for w in weights))
-        except ConfigError as exc:
-            return exc
+            key = (server_args.tp_size, server_args.pp_size, stage)
+            if key not in self._weights:  # the KV dtype and the context change no weight
+                self._weights[key] = tuple(_weight_bytes(runner) for runner in engine.workers)
+            return _Stage(sizing=sizing, layout=layout, weights=self._weights[key])
         finally:
             container.shutdown_resources()
 
     def cell(self, card: SimulatedCard, tp: int, pp: int, dtype: str, context: int | None = None) -> FitRow:
-        """One cell: does the model plan on `card` with these values, and does the plan meet the target."""
+        """One cell: does the model plan on `card` with these values, and does the plan meet the target. With
+        pipeline stages, as the ranks agree (KVCacheConfigurator._plan): every stage plans with the smallest
+        free memory, then keeps the smallest stage's tokens."""
         context = self.target.context_length if context is None else context
         combination = self.combination(card, tp, pp, dtype, context)
         row = dict(card=card.name, card_bytes=card.total_bytes, tp_size=tp, pp_size=pp, gpus=tp * pp,
                    kv_cache_dtype=dtype, context_length=context or self.model.context_length(None))
         if isinstance(combination, ConfigError):
             return _refused(row, "invalid", str(combination).splitlines()[0])
-        row["kv_cache_dtype_resolved"] = combination.sizing.kv_cache_dtype.name
-        probe = probe_for_device(META, memory_limit=None, card=card)  # the card `plan --gpu` simulates
-        free_before = probe.free_bytes()
-        for worker in combination.workers:  # ModelRunner.load_weights' check and debit, worker by worker
-            if worker.weights_bytes > probe.free_bytes():
-                return _refused(row, "weights", f"weights {_gib(worker.weights_bytes)} per GPU, "
-                                f"{_gib(probe.free_bytes())} free", weights_bytes=combination.workers[0].weights_bytes,
-                                needed_bytes=worker.weights_bytes, available_bytes=probe.free_bytes())
-            probe.note_allocation(worker.weights_bytes)
-        row["weights_bytes"] = combination.workers[0].weights_bytes
+        stages = combination.stages
+        row["kv_cache_dtype_resolved"] = stages[0].sizing.kv_cache_dtype.name
+        row["weights_bytes"] = max(stage.weights[0] for stage in stages)
+        memories = []
+        for stage in stages:
+            probe = probe_for_device(META, memory_limit=None, card=card)  # the card `plan --gpu` simulates
+            free_before = probe.free_bytes()
+            for weights in stage.weights:  # ModelRunner.load_weights' check and debit, worker by worker
+                if weights > probe.free_bytes():
+                    return _refused(row, "weights", f"weights {_gib(weights)} per GPU, {_gib(probe.free_bytes())} free",
+                                    needed_bytes=weights, available_bytes=probe.free_bytes())
+                probe.note_allocation(weights)
+            memories.append(WorkerMemory(total_bytes=probe.total_bytes(), free_before_load=free_before,
+                                         free_after_load=probe.free_bytes()))
+        memory = WorkerMemory.smallest(memories)
         try:
-            memory = WorkerMemory(total_bytes=probe.total_bytes(), free_before_load=free_before,
-                                  free_after_load=probe.free_bytes())
-            plan, request = plan_without_advice(combination.sizing, combination.layout, memory)
+            planned = [plan_without_advice(stage.sizing, stage.layout, memory) for stage in stages]
+            tokens = min(plan.max_total_num_tokens for plan, _ in planned)
+            planned = [(plan, request) if plan.max_total_num_tokens <= tokens else
+                       _replanned(request, tokens) for plan, request in planned]
         except (WeightsLeaveNoRoomError, KVCacheMemoryTooLargeError) as exc:
             return _refused(row, "weights", f"{exc.what} (needed {_gib(exc.needed_bytes)}, "
                             f"available {_gib(exc.available_bytes)})",
@@ -174,12 +186,14 @@ class FitSweep:
                             needed_bytes=exc.needed_bytes, available_bytes=exc.available_bytes)
         except ConfigError as exc:
             return _refused(row, "invalid", str(exc).splitlines()[0])
-        held = requests_at_context(request, plan)
+        held = min(requests_at_context(request, plan) for plan, request in planned)
+        plan = min((p for p, _ in planned), key=lambda p: p.budget.budget_bytes)  # the tightest stage's
         headroom, why = self._against_target(plan, held)
         return FitRow(**row, fits=not why, outcome="target" if why else "fits", why_not=why,
                       needed_bytes=None, available_bytes=None,
-                      budget_bytes=plan.budget.budget_bytes, max_total_tokens=plan.max_total_num_tokens,
-                      max_running_requests=plan.max_running_requests, requests_at_context=held, headroom=headroom)
+                      budget_bytes=plan.budget.budget_bytes, max_total_tokens=tokens,
+                      max_running_requests=min(p.max_running_requests for p, _ in planned),
+                      requests_at_context=held, headroom=headroom)
 
     def _against_target(self, plan: MemoryPoolConfig, held: int) -> tuple[float, str]:
         """(what the plan holds over the target, why it falls short or "")."""
@@ -204,6 +218,13 @@ def plan_without_advice(sizing: WorkerSizing, layout: CacheLayout,
     """WorkerSizing.plan's budget, request and planner for one rank with this memory, raising the same typed
     errors without the advice a refused plan searches for (a sweep asks only yes or no, and why)."""
     request = sizing.plan_request(layout, sizing.budget(memory))
+    return plan_pool_sizes(request), request
+
+
+def _replanned(request: PlanRequest, at_most_tokens: int) -> tuple[MemoryPoolConfig, PlanRequest]:
+    """A stage's plan capped at the tokens the stages agreed on (WorkerSizing.plan's at_most_tokens)."""
+    if request.max_total_tokens is None or at_most_tokens < request.max_total_tokens:
+        request = msgspec.structs.replace(request, max_total_tokens=at_most_tokens)
     return plan_pool_sizes(request), request
 
 
