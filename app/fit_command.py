@@ -123,10 +123,6 @@ class Progress:
 def run_fit(ns: argparse.Namespace, model: ModelConfig, settings: dict[str, Any]) -> int:
     """Sweep, print the table (or JSON), draw the chart if asked; the exit code."""
     target = fit_target(ns, settings)
-    engine = settings.get("engine", "sglang")
-    if engine != "sglang":  # the cells are WorkerSizing's plans; another engine's answer is its own planner's
-        raise ConfigError(f"fit sweeps SGLang's plans (--engine sglang); --engine {engine} is not swept yet: "
-                          "drop --engine or give --engine sglang")
     cards, tp_sizes = _cards(ns.gpu), _sizes(ns.tp_size, "--tp-size")
     pp_sizes, dtypes = _sizes(ns.pp_size, "--pp-size"), _dtypes(ns.kv_cache_dtype)
     if ns.plot is not None:
