@@ -58,7 +58,8 @@ class EngineContainer(containers.DeclarativeContainer):
     draft_layout = providers.Callable(
         draft_cache_layout, draft_model_config,
         parallel_state=parallel_state, kv_cache_dtype=kv_cache_dtype, model_dtype=model_dtype,
-        mamba_ssm_dtype=server_args.provided.mamba_ssm_dtype,
+        mamba_ssm_dtype=server_args.provided.mamba_ssm_dtype, engine=engine_rules,
+        hybrid_swa_memory=server_args.provided.hybrid_swa_memory,
     )
 
     target = providers.Container(

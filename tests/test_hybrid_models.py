@@ -72,17 +72,23 @@ def test_a_sliding_pool_too_small_for_one_window_names_a_ratio(bootstrap) -> Non
         # 4 GiB hold ~23.7k full tokens (21 x 8 x 512 x 2 = 172,032 B each + 5% of that for the window pool),
         # so the window pool gets ~1.2k tokens: fewer than one 4,096 window plus a page
         bootstrap("gemma-2-9b-it", device="meta", probe_gib=80, kv_cache_memory=4 * GiB,
-                  swa_full_tokens_ratio=0.05, context_length=8192)
+                  swa_full_tokens_ratio=0.05, context_length=8192, enable_hybrid_swa_memory=True)
     ratio = float(str(info.value).split("--swa-full-tokens-ratio ")[1].split()[0])
     engine = bootstrap("gemma-2-9b-it", device="meta", probe_gib=80, kv_cache_memory=4 * GiB,
-                       swa_full_tokens_ratio=ratio, context_length=8192)
+                       swa_full_tokens_ratio=ratio, context_length=8192, enable_hybrid_swa_memory=True)
     plan = engine.engine().target.memory_pool_config
     assert plan.pool("swa").num_tokens >= 4096 + 1  # one window plus a page
 
 
 def test_all_sliding_mistral_holds_every_token_in_one_pool(bootstrap) -> None:
+    # SGLang 0.5.23 keeps MistralForCausalLM in one full pool; asked for a window pool, it holds every token too
     engine = bootstrap("Mistral-7B-v0.1", device="meta", probe_gib=80, kv_cache_memory=8 * GiB)
+    full = engine.engine().target.memory_pool_config
+    assert [(p.name, p.kind) for p in full.kv_pools] == [("full", "full")]
+    engine = bootstrap("Mistral-7B-v0.1", device="meta", probe_gib=80, kv_cache_memory=8 * GiB,
+                       enable_hybrid_swa_memory=True)
     plan = engine.engine().target.memory_pool_config
+    assert plan.max_total_num_tokens == full.max_total_num_tokens
     assert [p.name for p in plan.kv_pools] == ["swa"]
     assert plan.pool("swa").num_tokens == plan.max_total_num_tokens
     assert plan.bytes_per_token == 32 * 8 * 256 * 2  # 131,072

@@ -26,7 +26,7 @@ PINNED: list[tuple[tuple[str, ...], tuple[int, int, int, int], dict[str, int]]] 
     (('DeepSeek-V3', '--gpu', 'H200', '--tp-size', '8', '--max-running-requests', '100000', '--context-length', '4096'),
      (47181852312, 647804, 100000, 47181725696),
      {'req_to_token': 1638416384, 'allocator_index': 20729856, 'kv_mla': 45522553344, 'arena_padding': 26112}),
-    (('gemma-2-9b-it', '--gpu', 'L40S', '--page-size', '16'),
+    (('gemma-2-9b-it', '--gpu', 'L40S', '--page-size', '16', '--enable-hybrid-swa-memory'),
      (21592255037, 69264, 4096, 21590179840),
      {'req_to_token': 134250496, 'allocator_index': 805376, 'kv_full': 11918376960, 'kv_swa': 9534701568, 'arena_padding': 2045440}),
     (('Qwen3-Next-80B-A3B-Thinking', '--gpu', 'H200', '--tp-size', '4'),

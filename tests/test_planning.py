@@ -221,7 +221,8 @@ def test_tokens_fill_the_budget_to_a_page(page: int) -> None:
         ("Llama-3.1-8B-Instruct", {"context_length": 8192}, {"req_to_token", "allocator_index", "kv_full"}),
         ("DeepSeek-V3", {"context_length": 8192}, {"req_to_token", "allocator_index", "kv_mla"}),
         ("gpt-oss-20b", {"page_size": 16}, {"req_to_token", "allocator_index", "kv_full", "kv_swa"}),
-        ("Mistral-7B-v0.1", {}, {"req_to_token", "allocator_index", "kv_swa"}),
+        ("Mistral-7B-v0.1", {}, {"req_to_token", "allocator_index", "kv_full"}),  # SGLang 0.5.23: one full pool
+        ("Mistral-7B-v0.1", {"enable_hybrid_swa_memory": True}, {"req_to_token", "allocator_index", "kv_swa"}),
         (QWEN3_NEXT, {"context_length": 8192}, {"req_to_token", "allocator_index", "state", "kv_full"}),
         ("Nemotron-H-56B-Base-8K", {}, {"req_to_token", "allocator_index", "state", "kv_full"}),
     ],
@@ -274,7 +275,7 @@ def test_a_paired_sliding_pool_gets_its_share(page: int, ratio: float) -> None:
 def test_the_all_sliding_mistral_pool_holds_every_token() -> None:
     # one pool, 32 sliding layers: 131,072 B/token. 1 GiB holds about 6k tokens, fewer than the
     # 32,768 context, but one request only needs its 4,096-token window plus a page.
-    _, plan = plan_for("Mistral-7B-v0.1", 1 * GiB)
+    _, plan = plan_for("Mistral-7B-v0.1", 1 * GiB, enable_hybrid_swa_memory=True)  # a window pool, as asked
     (pool,) = plan.kv_pools
     assert pool.name == "swa" and pool.holds_every_token and pool.num_tokens == plan.max_total_num_tokens
     assert 4_097 <= plan.max_total_num_tokens < 32_768

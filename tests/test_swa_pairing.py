@@ -47,7 +47,7 @@ def test_only_the_draft_pairs_a_window_pool(tmp_path: Path) -> None:
     draft's hybrid pool; the target's own pool stays plain."""
     draft = json.loads((PRESETS / "Llama-3.2-1B-Instruct.json").read_text())
     draft |= {"layer_types": ["sliding_attention", "full_attention"] * (draft["num_hidden_layers"] // 2),
-              "sliding_window": 1024}
+              "sliding_window": 1024, "is_hybrid_swa": True}  # opts in to SGLang 0.5.23's window pools
     path = tmp_path / "config.json"
     path.write_text(json.dumps(draft))
     engine = _engine("Llama-3.2-1B-Instruct", str(path))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from kvcache.sizing.engine_rules import EngineRules
+from kvcache.engines.sglang_hybrid_swa import architectures, is_hybrid_swa_model, one_full_pool_override
+from kvcache.inputs.server_args import HybridSwaMemory
+from kvcache.models.model_config import ModelConfig
+from kvcache.sizing.engine_rules import EngineRules, WindowPools
 
 
 class SGLangRules(EngineRules):
@@ -11,6 +14,22 @@ class SGLangRules(EngineRules):
     name = "sglang"
     title = "SGLang"
     version = "0.5.23"
+
+    def window_pools(self, model: ModelConfig, switch: HybridSwaMemory) -> WindowPools:
+        """Separate sliding-window pools only for is_hybrid_swa_model's architectures, not overridden
+        (kvcache.engines.sglang_hybrid_swa); --enable-hybrid-swa-memory asks for them anyway (a what-if)."""
+        if switch == "enable":
+            return WindowPools(separate=True, why="--enable-hybrid-swa-memory (SGLang 0.5.23 has no such flag)")
+        if switch == "disable":
+            return WindowPools(separate=False, why="--disable-hybrid-swa-memory")
+        arch = architectures(model)[0]
+        if (override := one_full_pool_override(model)) is not None:
+            return WindowPools(separate=False, why=f"{self.label}'s model override ({override}) keeps {arch} in "
+                                                   "one full pool; --enable-hybrid-swa-memory sizes window pools")
+        if not is_hybrid_swa_model(model):
+            return WindowPools(separate=False, why=f"{self.label} builds window pools only for the architectures "
+                                                   f"is_hybrid_swa_model lists, not {arch}")
+        return WindowPools(separate=True, why=f"{self.label} lists {arch} in is_hybrid_swa_model")
 
 
 SGLANG = SGLangRules()

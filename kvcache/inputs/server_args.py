@@ -36,6 +36,7 @@ ByteCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_BYTES, extra={"unit": "byte
 KVCacheDtypeName = Literal["auto", "bfloat16", "bf16", "float16", "float32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"]
 ModelDtypeName = Literal["auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32"]
 SpeculativeAlgorithm = Literal["none", "EAGLE", "EAGLE3", "STANDALONE", "NEXTN"]
+HybridSwaMemory = Literal["auto", "enable", "disable"]  # who decides on separate sliding-window pools
 EngineName = Literal["sglang", "vllm"]  # kvcache.engines.ENGINES holds each one's rules
 
 DRAFT_MODEL_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
@@ -115,6 +116,12 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         "ranks refuse to start when one has less free memory before load than this fraction of another's "
         f"(SGLang 0.5.23's {SGLANG_MIN_RANK_MEMORY_RATIO}); 0 turns the check off")] = SGLANG_MIN_RANK_MEMORY_RATIO
     # hybrid models
+    disable_hybrid_swa_memory: Annotated[bool, _doc(
+        "one full pool for every attention layer, sliding ones included (SGLang 0.5.23's flag)")] = False
+    enable_hybrid_swa_memory: Annotated[bool, _doc(
+        "separate sliding-window pools for any model with sliding layers, even where the engine keeps one full "
+        "pool (SGLang 0.5.23 does so for models outside its is_hybrid_swa_model list, Gemma-2/3 among them); "
+        "a what-if: SGLang 0.5.23 itself has no such flag")] = False
     swa_full_tokens_ratio: Annotated[float, msgspec.Meta(gt=0, le=1), _doc(
         "sliding-window pool size as a fraction of the full pool")] = float(
         SGLANG_SWA_FULL_TOKENS_RATIO)
@@ -167,6 +174,11 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     @property
     def speculative(self) -> bool:
         return self.speculative_algorithm != "none"
+
+    @property
+    def hybrid_swa_memory(self) -> HybridSwaMemory:
+        """'enable' / 'disable' as a flag asks, else 'auto': the engine's rules decide."""
+        return "enable" if self.enable_hybrid_swa_memory else "disable" if self.disable_hybrid_swa_memory else "auto"
 
     @property
     def resolved_speculative_num_steps(self) -> int:
@@ -311,6 +323,8 @@ def _engine_problems(a: ServerArgs) -> list[str]:
 def _cross_field_problems(a: ServerArgs) -> list[str]:
     """Rules that tie fields together; each message names the flags and a fix."""
     problems: list[str] = _engine_problems(a)
+    if a.enable_hybrid_swa_memory and a.disable_hybrid_swa_memory:
+        problems.append("--enable-hybrid-swa-memory and --disable-hybrid-swa-memory contradict each other: give one")
     if a.mem_fraction_static is not None and a.kv_cache_memory is not None:
         problems.append(
             "--mem-fraction-static and --kv-cache-memory both set the KV budget: give only one "

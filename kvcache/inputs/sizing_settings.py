@@ -13,7 +13,7 @@ import msgspec
 
 from kvcache.arithmetic import exact_fraction
 from kvcache.errors import ConfigError
-from kvcache.inputs.server_args import ServerArgs, token_cap_below_one_page
+from kvcache.inputs.server_args import HybridSwaMemory, ServerArgs, token_cap_below_one_page
 from kvcache.inputs.sglang_ratios import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
 
 
@@ -50,6 +50,7 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
     disable_cuda_graph: bool = False
     disable_overlap_schedule: bool = False
     disable_radix_cache: bool = False
+    hybrid_swa_memory: HybridSwaMemory = "auto"  # separate sliding-window pools: the engine's rule, or a flag's
     swa_full_tokens_ratio: Fraction = SGLANG_SWA_FULL_TOKENS_RATIO
     mamba_full_memory_ratio: Fraction = SGLANG_MAMBA_FULL_MEMORY_RATIO
     mamba_ssm_dtype: str = "float32"
@@ -72,7 +73,7 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
             chunked_prefill_size=a.chunked_prefill_size, cuda_graph_max_bs=a.cuda_graph_max_bs,
             disable_cuda_graph=a.disable_cuda_graph, disable_overlap_schedule=a.disable_overlap_schedule,
             disable_radix_cache=a.disable_radix_cache,
-            swa_full_tokens_ratio=exact_fraction(a.swa_full_tokens_ratio),
+            hybrid_swa_memory=a.hybrid_swa_memory, swa_full_tokens_ratio=exact_fraction(a.swa_full_tokens_ratio),
             mamba_full_memory_ratio=exact_fraction(a.mamba_full_memory_ratio),
             mamba_ssm_dtype=a.mamba_ssm_dtype, max_mamba_cache_size=a.max_mamba_cache_size,
             speculative_algorithm=a.speculative_algorithm,

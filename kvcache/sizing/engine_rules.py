@@ -9,8 +9,19 @@ from __future__ import annotations
 from abc import ABC
 from typing import ClassVar
 
+import msgspec
+
+from kvcache.inputs.server_args import HybridSwaMemory
+from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.planning import PlanRequest, plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
+
+
+class WindowPools(msgspec.Struct, frozen=True, kw_only=True):
+    """Whether a model's sliding-window layers get pools of their own, and why (the report may say it)."""
+
+    separate: bool
+    why: str
 
 
 class EngineRules(ABC):
@@ -24,6 +35,12 @@ class EngineRules(ABC):
     def label(self) -> str:
         """'SGLang 0.5.23': what the report names."""
         return f"{self.title} {self.version}"
+
+    def window_pools(self, model: ModelConfig, switch: HybridSwaMemory) -> WindowPools:
+        """Sliding-window layers in pools of their own unless --disable-hybrid-swa-memory says otherwise."""
+        if switch == "disable":
+            return WindowPools(separate=False, why="--disable-hybrid-swa-memory")
+        return WindowPools(separate=True, why=f"{self.label} sizes sliding-window layers apart")
 
     def plan(self, request: PlanRequest) -> MemoryPoolConfig:
         """The pools for a budget: the project's planner unless an engine sizes them its own way."""

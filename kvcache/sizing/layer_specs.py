@@ -196,6 +196,7 @@ def check_tensor_parallel(model: ModelConfig, attention_tp: int) -> None:
 
 
 # Layers that run two mixers side by side (Falcon-H1; Zamba-2's hybrid layers) cache for both.
+WINDOW_KINDS = frozenset({"sliding_attention", "chunked_attention"})  # attend a window: a pool of their own, or not
 PARALLEL_MIXERS: dict[str, tuple[str, str]] = {"attention_mamba2": ("full_attention", "mamba2")}
 
 
@@ -207,13 +208,20 @@ def model_layer_specs(
     model_dtype: torch.dtype,
     ssm_dtype: torch.dtype = torch.float32,
     layer_ids: range | None = None,
+    window_pools: bool = True,
 ) -> tuple[LayerPlacement, ...]:
-    """The specs of this rank's cached layers (its pipeline range unless `layer_ids` is given)."""
+    """The specs of this rank's cached layers (its pipeline range unless `layer_ids` is given).
+
+    With `window_pools` False (the engine keeps one full pool, as SGLang 0.5.23 does outside its hybrid-SWA
+    list) a sliding or chunked layer caches every token like a full one: its window limits what it attends,
+    not what the pool holds."""
     check_tensor_parallel(model, parallel.attention_tp_size)
     ids = layer_ids if layer_ids is not None else parallel.layer_range(model.num_hidden_layers)
     placements: list[LayerPlacement] = []
     for i in ids:
         for kind in PARALLEL_MIXERS.get(model.layer_kinds[i], (model.layer_kinds[i],)):
+            if not window_pools and kind in WINDOW_KINDS:
+                kind = "full_attention"
             spec = _spec_for(kind, model, parallel, kv_dtype, model_dtype, ssm_dtype)
             if spec is not None:
                 placements.append(LayerPlacement(layer_id=i, spec=spec))

@@ -95,6 +95,7 @@ class WorkerSizing:
             model_config=self.model_config, parallel_state=self.parallel_state,
             kv_cache_dtype=kv_cache_dtype or self.kv_cache_dtype, model_dtype=self.model_dtype,
             mamba_ssm_dtype=self.settings.mamba_ssm_dtype, layer_ids=self.layer_ids, prefix=self.pool_name_prefix,
+            window_pools=self.engine.window_pools(self.model_config, self.settings.hybrid_swa_memory).separate,
         )
 
     def mem_fraction_static(self, total_bytes: int) -> float:
