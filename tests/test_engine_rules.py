@@ -7,12 +7,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import kvcache.models
 from app.cli import main
 from kvcache.engines import ENGINES, engine_rules
 from kvcache.engines.sglang import SGLANG
+from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+from kvcache.inputs.parallel import ParallelState
 from kvcache.models.hf_config import model_config_from_hf
+from kvcache.sizing.pool_layout import worker_cache_layout
 from kvcache.errors import ConfigError
 from kvcache.inputs.server_args import ServerArgs
 
@@ -109,3 +113,13 @@ def test_mistral_and_phi3_windows_are_full_pools_and_gpt_oss_keeps_its_pair(caps
 def test_both_switches_at_once_are_refused() -> None:
     with pytest.raises(ConfigError, match="--enable-hybrid-swa-memory and --disable-hybrid-swa-memory contradict"):
         ServerArgs.from_mapping({"enable_hybrid_swa_memory": True, "disable_hybrid_swa_memory": True})
+
+
+def test_llama4_scouts_published_empty_no_rope_layers_means_every_fourth_layer_nope() -> None:
+    raw = json.loads((CORPUS / "Llama-4-Scout-17B-16E-Instruct.json").read_text())
+    raw.setdefault("text_config", raw)["no_rope_layers"] = []
+    model = model_config_from_hf(raw, name="scout-published")
+    assert model.layer_kinds == tuple("full_attention" if (i + 1) % 4 == 0 else "chunked_attention" for i in range(48))
+    layout = worker_cache_layout(model_config=model, parallel_state=ParallelState(),
+                                 kv_cache_dtype=KV_CACHE_DTYPES["bfloat16"], model_dtype=torch.bfloat16)
+    assert sum(g.bytes_per_token for g in layout.kv_groups) == 48 * 8 * 256 * 2  # 196,608: SGLang 0.5.23's

@@ -21,7 +21,7 @@ def read_llama4(src: ModelSource) -> ModelConfig:
     t = src.text
     heads, n = read_heads(t), num_layers(t)
     uses_rope = t.int_list("no_rope_layers", low=0, high=1)
-    if uses_rope is None:
+    if not uses_rope:  # absent, or [] as the published Scout config has it: transformers reads both as the default
         interval = t.int("no_rope_layer_interval", default=_NOPE_INTERVAL, high=MAX_LAYERS)
         uses_rope = tuple(int((i + 1) % interval != 0) for i in range(n))
     if len(uses_rope) != n:
