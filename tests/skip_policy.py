@@ -32,6 +32,7 @@ ALLOWED_SKIP_REASONS = (
     # an optional package, not a dependency (transformers, triton, numpy, matplotlib, cuda-bindings, ...)
     r"could not import '(?!(%s)[.']).*'" % "|".join(REQUIRED_PACKAGES),
     r"transformers [\w.+-]+ does not know model_type",
+    r"transformers [\w.+-]+ builds no causal LM for",
 )
 _ALLOWED = re.compile("|".join(f"(?:{r})" for r in ALLOWED_SKIP_REASONS))
 
