@@ -53,6 +53,7 @@ import torch  # noqa: E402
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator  # noqa: E402
 from reference_allocators import load_sglang, load_vllm  # noqa: E402
+from reference_tree import add_reference_src_argument  # noqa: E402
 from vllm_steps import SchedulerPath, block_pool_step  # noqa: E402
 
 DECODE_BATCH = 256
@@ -280,7 +281,7 @@ def markdown(rows: list[Row], gpu: bool) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference-src", type=Path, required=True, help="directory holding sglang/ and vllm/")
+    add_reference_src_argument(parser, "sglang/ and vllm/ (SGLang 0.5.23's and vLLM 0.34.0's sources)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (or cuda:N)")
     parser.add_argument("--sizes", nargs="+", type=float, default=[1e4, 1e5, 1e6, 1e7], help="pool sizes in tokens")
     parser.add_argument("--page-sizes", nargs="+", type=int, default=[1, 16, 64])

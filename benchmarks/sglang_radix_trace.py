@@ -11,7 +11,7 @@ again. On fresh pools ours and SGLang's allocators hand out the same indices, at
 paged until freed pages are reused (SGLang's paged free list hands those out first); our request table
 and SGLang's are interchangeable under either allocator.
 
-    python benchmarks/sglang_radix_trace.py [--reference-src /work/ref/src] [--device cuda]
+    python benchmarks/sglang_radix_trace.py [--reference-src DIR, default $KVCACHE_REFERENCE_SRC] [--device cuda]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator  # noqa: E402
 from kvcache.pools import ReqToTokenPool  # noqa: E402
 from reference_allocators import load_sglang, load_sglang_radix  # noqa: E402
+from reference_tree import add_reference_src_argument  # noqa: E402
 from sglang_request_fakes import Batch, Req  # noqa: E402
 
 
@@ -246,8 +247,7 @@ def run_all(reference_src: Path, page_sizes: tuple[int, ...] = (1, 16), report: 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference-src", type=Path, default=Path("/work/ref/src"),
-                        help="a tree holding sglang/ (SGLang 0.5.23's sources)")
+    add_reference_src_argument(parser, "sglang/ (SGLang 0.5.23's sources)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for both sides' Triton paths")
     args = parser.parse_args(argv)
     run_all(args.reference_src, device=args.device)

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reference_allocators import _Anything, _definition_from, _placeholder, _StubFinder, _load  # noqa: E402
+from reference_tree import add_reference_src_argument  # noqa: E402
 
 from app.cli import main as cli_main  # noqa: E402
 from kvcache.engines import vllm_rules  # noqa: E402
@@ -252,8 +253,7 @@ def print_side_by_side(vllm: SimpleNamespace, gpu: str, max_model_len: int) -> N
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference-src", type=Path, default=Path("/work/ref/src"),
-                        help="a directory holding vLLM 0.34.0's vllm/ sources")
+    add_reference_src_argument(parser, "vllm/ (vLLM 0.34.0's sources)")
     parser.add_argument("--gpu", default="H200")
     parser.add_argument("--max-model-len", type=int, default=32768)
     args = parser.parse_args(argv)

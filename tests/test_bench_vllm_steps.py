@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from reference_sources import reference_src_holding
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator
 
-REFERENCE_SRC = Path("/work/ref/src")
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -24,15 +24,14 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 def vllm() -> Iterator[SimpleNamespace]:
     """vLLM's classes loaded through the benchmark's loader; the stand-in modules are removed afterwards."""
     pytest.importorskip("numpy")
-    if not (REFERENCE_SRC / "vllm/v1/core/kv_cache_manager.py").is_file():
-        pytest.skip(f"no vLLM reference tree at {REFERENCE_SRC}")
+    reference_src = reference_src_holding("vllm/v1/core/kv_cache_manager.py", "vLLM")
     finders, modules = list(sys.meta_path), set(sys.modules)
     sys.path.insert(0, str(BENCHMARKS))
     try:
         from reference_allocators import load_vllm
         from vllm_steps import SchedulerPath
 
-        yield SimpleNamespace(classes=load_vllm(REFERENCE_SRC), SchedulerPath=SchedulerPath)
+        yield SimpleNamespace(classes=load_vllm(reference_src), SchedulerPath=SchedulerPath)
     finally:
         sys.path.remove(str(BENCHMARKS))
         sys.meta_path[:] = finders

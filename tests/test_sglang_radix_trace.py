@@ -16,20 +16,24 @@ from types import ModuleType
 
 import pytest
 import torch
+from reference_sources import reference_src_holding
 
-REFERENCE_SRC = Path("/work/ref/src")
 TRITON_PATHS = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture()
-def trace() -> Iterator[ModuleType]:
+def sglang_src() -> Path:
+    """SGLang 0.5.23's source tree (KVCACHE_sglang_src); the test skips without it."""
+    return reference_src_holding("sglang/srt/mem_cache/radix_cache.py", "SGLang")
+
+
+@pytest.fixture()
+def trace(sglang_src: Path) -> Iterator[ModuleType]:
     """The driver module; the stand-in modules, finders and path entries it adds are removed afterwards.
 
     Only sglang's modules and the two benchmark scripts go: a real library first imported meanwhile (triton,
     loaded by SGLang's kernel file) stays, as a compiled extension cannot be imported twice."""
-    if not (REFERENCE_SRC / "sglang/srt/mem_cache/radix_cache.py").is_file():
-        pytest.skip(f"no SGLang reference tree at {REFERENCE_SRC}")
     pytest.importorskip("numpy", reason="SGLang's mem_cache imports NumPy, which this project does not install")
     finders, modules, path = list(sys.meta_path), set(sys.modules), list(sys.path)
     sys.path.insert(0, str(BENCHMARKS))
@@ -45,9 +49,9 @@ def trace() -> Iterator[ModuleType]:
                 del sys.modules[name]
 
 
-def test_sglang_radix_cache_runs_on_our_objects_and_matches_sglangs_allocator(trace: ModuleType) -> None:
+def test_sglang_radix_cache_runs_on_our_objects_and_matches_sglangs_allocator(trace: ModuleType, sglang_src: Path) -> None:
     lines: list[str] = []
-    trace.run_all(REFERENCE_SRC, page_sizes=(1, 4), report=lines.append)
+    trace.run_all(sglang_src, page_sizes=(1, 4), report=lines.append)
     assert len(lines) == 4
     page1, page4, swa1, swa4 = lines
     assert "ours vs SGLang's allocator: the same indices at every step" in page1
@@ -59,25 +63,25 @@ def test_sglang_radix_cache_runs_on_our_objects_and_matches_sglangs_allocator(tr
     assert "the same page layout at every step" in swa4
 
 
-def test_the_trace_catches_an_allocator_handing_out_held_indices(trace: ModuleType) -> None:
+def test_the_trace_catches_an_allocator_handing_out_held_indices(trace: ModuleType, sglang_src: Path) -> None:
     # An allocator that hands out 1..n at every call (held indices, never taken from its free list) fails the census.
     work = trace.Workload(page_size=1)
     req_pool, allocator = trace.ours(work)
     allocator.alloc = lambda n: torch.arange(1, n + 1)
-    trace.load_sglang(REFERENCE_SRC, use_triton=False)
-    sg = trace.load_sglang_radix(REFERENCE_SRC)
+    trace.load_sglang(sglang_src, use_triton=False)
+    sg = trace.load_sglang_radix(sglang_src)
     with pytest.raises(AssertionError, match="held twice|is lost"):
         trace.Trace(sg, work, req_pool, allocator).run()
 
 
 
 @pytest.mark.skipif(not TRITON_PATHS, reason="needs CUDA, or TRITON_INTERPRET=1 with NumPy")
-def test_sglangs_triton_paths_run_on_our_objects(trace: ModuleType) -> None:
+def test_sglangs_triton_paths_run_on_our_objects(trace: ModuleType, sglang_src: Path) -> None:
     # SGLang's Triton row write fills OUR request table from device pointers; on CUDA our paged and SWA
     # allocators run their kernels under SGLang's cache, beside SGLang's Triton allocators.
     lines: list[str] = []
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    trace.run_all(REFERENCE_SRC, page_sizes=(1, 16), report=lines.append, device=device, triton=True)
+    trace.run_all(sglang_src, page_sizes=(1, 16), report=lines.append, device=device, triton=True)
     page1, page16, swa1, swa16 = lines
     assert "ours vs SGLang's allocator: the same indices at every step" in page1
     assert "SWA allocator: the same indices at every step (SWA peers too)" in swa1

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from reference_sources import reference_src_holding
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.pools import ReqToTokenPool
 
-REFERENCE_SRC = Path("/work/ref/src")
 
 
 class Tree:
@@ -144,9 +143,7 @@ def test_request_table_answers_the_schedulers_table_hooks() -> None:
 @pytest.fixture(scope="module")
 def sglang_budgets() -> Iterator[SimpleNamespace]:
     """SGLang 0.5.23's prefill_budget module from the reference tree; sys.modules restored afterwards."""
-    path = REFERENCE_SRC / "sglang/srt/mem_cache/prefill_budget.py"
-    if not path.is_file():
-        pytest.skip(f"no SGLang reference tree at {REFERENCE_SRC}")
+    path = reference_src_holding("sglang/srt/mem_cache/prefill_budget.py", "SGLang") / "sglang/srt/mem_cache/prefill_budget.py"
     import importlib.util
     import types
 

@@ -11,8 +11,8 @@ from skip_policy import is_allowed
 @pytest.mark.parametrize("reason", [
     "needs CUDA", "needs a CUDA device", "needs 2 GPUs", "needs CUDA with Triton, or TRITON_INTERPRET=1 with NumPy",
     "compiles, not interprets", "this torch build has no gloo process groups",
-    "no SGLang reference tree at /work/ref/src", "no vLLM reference tree at /work/ref/src",
-    "no vLLM 0.34.0 reference tree at /work/ref/src (set KVCACHE_REFERENCE_SRC)",
+    "no SGLang reference tree (set KVCACHE_REFERENCE_SRC to a folder holding its sources)",
+    "no vLLM 0.34.0 reference tree at /tmp/src (vllm/v1/core/kv_cache_planning.py is missing)",
     "could not import 'transformers': No module named 'transformers'", "could not import 'matplotlib': No module named 'matplotlib'",
     "transformers 4.40.0 does not know model_type 'qwen3_next'",
 ])

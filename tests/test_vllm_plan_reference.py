@@ -2,24 +2,23 @@
 
 vLLM's get_kv_cache_groups / get_kv_cache_configs / get_max_concurrency_for_kv_cache_config run from
 a vLLM 0.34.0 source tree (benchmarks/vllm_kv_plan.py loads them) on the same layers and the same
-available memory. Skips without that tree (KVCACHE_REFERENCE_SRC names it; /work/ref/src otherwise).
+available memory. Skips without that tree (KVCACHE_REFERENCE_SRC names it).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from reference_sources import reference_src_holding
 
 from kvcache.engines.vllm_plan import VllmSettings
 from kvcache.errors import UnsupportedModelError
 from kvcache.byte_units import GiB
 
-REFERENCE_SRC = Path(os.environ.get("KVCACHE_REFERENCE_SRC", "/work/ref/src"))
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 CORPUS = Path(__file__).with_name("model_corpus")
 NAMES = sorted(p.stem for p in CORPUS.glob("*.json"))
@@ -33,14 +32,13 @@ CASES = {
 @pytest.fixture(scope="module")
 def bench() -> Iterator[SimpleNamespace]:
     """The benchmark module and vLLM's planner; the stand-in modules are removed afterwards."""
-    if not (REFERENCE_SRC / "vllm/v1/core/kv_cache_planning.py").is_file():
-        pytest.skip(f"no vLLM 0.34.0 reference tree at {REFERENCE_SRC} (set KVCACHE_REFERENCE_SRC)")
+    reference_src = reference_src_holding("vllm/v1/core/kv_cache_planning.py", "vLLM 0.34.0")
     finders, modules = list(sys.meta_path), set(sys.modules)
     sys.path.insert(0, str(BENCHMARKS))
     try:
         import vllm_kv_plan
 
-        yield SimpleNamespace(module=vllm_kv_plan, vllm=vllm_kv_plan.load_vllm_planner(REFERENCE_SRC))
+        yield SimpleNamespace(module=vllm_kv_plan, vllm=vllm_kv_plan.load_vllm_planner(reference_src))
     finally:
         sys.path.remove(str(BENCHMARKS))
         sys.meta_path[:] = finders
