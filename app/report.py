@@ -8,6 +8,7 @@ import msgspec
 
 from app.engine import Engine
 from app.model_runner import ModelRunner
+from app.report_header import report_header
 from kvcache.byte_units import format_bytes
 from kvcache.engines import EngineRules
 from kvcache.inputs.dtypes import model_dtype_name
@@ -148,10 +149,8 @@ def render_text(report: BootstrapReport) -> str:
     """The report for a terminal: one fact per line, GiB beside exact bytes."""
     r = report
     lines = [
-        f"model               {r.model}",
-        f"engine              {r.engine} {r.engine_version}  (whose rules the plan follows: --engine)",
-        f"device              {r.device}" + (f"  (plan for {r.card}, nothing allocated)" if r.card else ""),
-        f"dtype / KV dtype    {r.model_dtype} / {r.kv_cache_dtype}",
+        *report_header(model=r.model, engine=r.engine, engine_version=r.engine_version, device=r.device,
+                       card=r.card, model_dtype=r.model_dtype, kv_cache_dtype=r.kv_cache_dtype),
         f"context length      {r.context_length:,}   page size {r.page_size}"
         + (f"  ({r.page_size_note})" if r.page_size_note else ""),
         f"memory              total {format_bytes(r.total_memory_bytes)}",

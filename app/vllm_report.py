@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from app.report_header import report_header
 from kvcache.byte_units import format_bytes
 from kvcache.engines.vllm_answer import VllmAnswer, vllm_answer
 from kvcache.inputs.dtypes import model_dtype_name
@@ -69,10 +70,8 @@ def render_vllm_text(r: VllmReport) -> str:
         f"{f', block {block}' if block not in (0, a.block_size) else ''})"
         for (kind, window, block), layers in kinds.items())
     lines = [
-        f"model               {r.model}",
-        f"engine              vllm {r.engine_version}  (whose rules the plan follows: --engine)",
-        f"device              {r.device}" + (f"  (plan for {r.card}, nothing allocated)" if r.card else ""),
-        f"dtype / KV dtype    {r.model_dtype} / {r.kv_cache_dtype}",
+        *report_header(model=r.model, engine="vllm", engine_version=r.engine_version, device=r.device,
+                       card=r.card, model_dtype=r.model_dtype, kv_cache_dtype=r.kv_cache_dtype),
         f"max model len       {a.max_model_len:,}   block size {a.block_size}   max_num_batched_tokens "
         f"{a.max_num_batched_tokens:,}",
         f"memory              total {format_bytes(a.total_bytes)} x gpu_memory_utilization "
