@@ -113,15 +113,21 @@ def pools_for(model: ModelConfig, page: int, kv: str) -> tuple[ReqToTokenPool, A
     return ReqToTokenPool(size=8, max_context_len=64, device=CPU), pool, allocator
 
 
-def decode_and_compare(model: ModelConfig, page: int, kv: str, steps: int = 12) -> int:
-    """Decode staggered requests through the pools and densely; returns how many logits rows were compared."""
+def paged_and_dense(model: ModelConfig, page: int, kv: str, dense_attention: Any) -> tuple[Any, Any, DecodeRequests]:
+    """One model twice on the same random weights: through the pools, and with `dense_attention` (a class given
+    the FP8 dtype K/V are stored in, or None), plus the requests that drive the pools."""
     weights = random_weights(model)
     req_pool, kv_pool, allocator = pools_for(model, page, kv)
     paged = build_decoder(model_config=model, weights=weights,
                           attention=PoolAttention(token_to_kv_pool=kv_pool, req_to_token=req_pool.req_to_token))
     fp8 = KV_CACHE_DTYPES[kv].torch_dtype if KV_CACHE_DTYPES[kv].stored_as_bytes else None
-    dense = build_decoder(model_config=model, weights=weights, attention=DenseHistory(fp8))
-    requests = DecodeRequests(req_to_token_pool=req_pool, allocator=allocator, device=CPU)
+    dense = build_decoder(model_config=model, weights=weights, attention=dense_attention(fp8))
+    return paged, dense, DecodeRequests(req_to_token_pool=req_pool, allocator=allocator, device=CPU)
+
+
+def decode_and_compare(model: ModelConfig, page: int, kv: str, steps: int = 12) -> int:
+    """Decode staggered requests through the pools and densely; returns how many logits rows were compared."""
+    paged, dense, requests = paged_and_dense(model, page, kv, DenseHistory)
     g = torch.Generator().manual_seed(1)
     running: list[int] = []
     compared = 0

@@ -11,11 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.forward import DecodeBatch, DecodeRequests, ExtendBatch, PoolAttention, build_decoder
+from app.forward import DecodeRequests, ExtendBatch
 from app.forward.extend_attention import causal_extend_attention_torch
 from app.forward.layers import dense_moe, routed_moe
-from kvcache.inputs.dtypes import KV_CACHE_DTYPES
-from test_forward_decode import MODELS, pools_for, random_weights
+from test_forward_decode import MODELS, paged_and_dense, pools_for
 
 CPU = torch.device("cpu")
 
@@ -69,13 +68,7 @@ class DenseCausal:
 def prefill_decode_extend(family: str, page: int, kv: str) -> int:
     """Prompt, decode, extend on the prefix, checked against dense at every step; returns logits rows compared."""
     model = MODELS[family]()
-    weights = random_weights(model)
-    req_pool, kv_pool, allocator = pools_for(model, page, kv)
-    paged = build_decoder(model_config=model, weights=weights,
-                          attention=PoolAttention(token_to_kv_pool=kv_pool, req_to_token=req_pool.req_to_token))
-    fp8 = KV_CACHE_DTYPES[kv].torch_dtype if KV_CACHE_DTYPES[kv].stored_as_bytes else None
-    dense = build_decoder(model_config=model, weights=weights, attention=DenseCausal(fp8))
-    requests = DecodeRequests(req_to_token_pool=req_pool, allocator=allocator, device=CPU)
+    paged, dense, requests = paged_and_dense(model, page, kv, DenseCausal)
     g = torch.Generator().manual_seed(2)
     rows = requests.add(3)
     compared = 0
