@@ -12,4 +12,11 @@ import warnings
 # torch warns at import when NumPy is absent or built for another ABI ("Failed to initialize NumPy: ..."); nothing here
 # hands tensors to NumPy, so the warning is noise in a library, under pytest and under torchrun's ranks. Installed
 # before any module of this package imports torch; torchrun's own launcher process imports torch before us.
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+
+
+def silence_torch_numpy_warning() -> None:
+    """Install the one filter that drops torch's NumPy warning (only that message, only a UserWarning)."""
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+
+
+silence_torch_numpy_warning()

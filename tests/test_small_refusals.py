@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import kvcache  # noqa: F401 - installs the NumPy-warning filter, as any import of the package does
+from kvcache import silence_torch_numpy_warning  # importing the package installs it too
 from app.cli import main
 from app.weights import DummyWeightLoader
 
@@ -63,7 +63,10 @@ def test_weights_that_leave_no_kv_room_are_refused_before_any_is_filled(monkeypa
 
 
 def test_torch_s_numpy_warning_is_silenced_by_importing_the_package() -> None:
+    # importing kvcache installs this filter; pytest may since have restored the filters it saw before collecting
     with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        silence_torch_numpy_warning()
         warnings.warn("Failed to initialize NumPy: No module named 'numpy' (Triggered internally at tensor_numpy.cpp)",
                       UserWarning)
         warnings.warn("another warning", UserWarning)
