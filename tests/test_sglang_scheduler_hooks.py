@@ -203,3 +203,80 @@ def test_a_failing_on_alloc_hook_leaves_no_row_taken() -> None:
     with pytest.raises(RuntimeError, match="injected"):
         pool.alloc_rows(2)
     assert pool.available_size() == 4
+
+
+def test_free_slots_are_the_rows_alloc_can_still_hand_out() -> None:
+    pool = ReqToTokenPool(size=4, max_context_len=8, device=torch.device("cpu"))
+    assert sorted(pool.free_slots) == [1, 2, 3, 4]  # row 0 is padding, never free to hand out
+    taken = pool.alloc_rows(3)
+    assert taken is not None and len(pool.free_slots) == 1 == pool.available_size()
+    assert set(pool.free_slots).isdisjoint(taken)
+    pool.free_rows(taken[:2])
+    assert sorted(pool.free_slots) == sorted([*set(range(1, 5)) - set(taken), *taken[:2]])
+    with pytest.raises(AttributeError):
+        pool.free_slots.append(9)  # type: ignore[attr-defined]  # a copy: a reader cannot return a row behind the pool
+    assert len(pool.free_slots) == 3
+
+
+@pytest.fixture(scope="module")
+def sglang_invariant_checker() -> Iterator[type]:
+    """SGLang 0.5.23's SchedulerInvariantChecker from the reference tree, its imports stubbed (only the request-table
+    check runs: strict idle checking on, so a leak raises); sys.modules restored afterwards."""
+    relative = "sglang/srt/managers/scheduler_components/invariant_checker.py"
+    path = reference_src_holding(relative, "SGLang") / relative
+    import importlib.util
+    import types
+
+    def raise_error_or_warn(obj: Any, strict: bool, counter_name: str, message: str, log_interval: int = 1000) -> None:
+        assert strict
+        raise ValueError(message)
+
+    known = {
+        "sglang.srt.environ": {"envs": SimpleNamespace(SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=SimpleNamespace(
+            get=lambda: True))},
+        "sglang.srt.utils.common": {"raise_error_or_warn": raise_error_or_warn},
+        "sglang.srt.observability.scheduler_stage_metrics": {"scheduler_stage_method": lambda stage: lambda f: f},
+        "sglang.srt.mem_cache.memory_pool": {"ReqToTokenPool": ReqToTokenPool},
+    }
+    stubbed = ("sglang.srt.disaggregation.utils", "sglang.srt.managers.scheduler_components.pool_stats_observer",
+               "sglang.srt.mem_cache.allocator", "sglang.srt.mem_cache.allocator.page_interleave",
+               "sglang.srt.mem_cache.allocator.swa", "sglang.srt.mem_cache.base_prefix_cache",
+               "sglang.srt.runtime_context", "sglang.srt.utils.watchdog", *known)
+    saved = dict(sys.modules)
+    try:
+        for name in sorted({n.rsplit(".", i)[0] for n in stubbed for i in range(n.count(".") + 1)}):
+            module = types.ModuleType(name)
+            module.__path__ = []
+            module.__dict__.update(known.get(name, {}))
+            module.__getattr__ = lambda attr, name=name: type(attr, (), {})  # any other name: a bare class
+            sys.modules[name] = module
+        spec = importlib.util.spec_from_file_location("sglang.srt.managers.scheduler_components.invariant_checker", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        yield module.SchedulerInvariantChecker
+    finally:
+        sys.modules.clear()
+        sys.modules.update(saved)
+
+
+def test_sglangs_own_idle_check_counts_our_request_table(sglang_invariant_checker: type) -> None:
+    """_check_req_pool: free rows + rows a session holds == size + pre_alloc_size, else 'memory leak detected'."""
+    pool = ReqToTokenPool(size=4, max_context_len=8, device=torch.device("cpu"))
+    held = {"rows": 0}
+    checker = sglang_invariant_checker(
+        is_hybrid_swa=False, is_hybrid_ssm=False, disaggregation_mode=None, page_size=1, full_tokens_per_layer=None,
+        swa_tokens_per_layer=None, max_total_num_tokens=64, tree_cache=None, token_to_kv_pool_allocator=None,
+        req_to_token_pool=pool, pool_stats_observer=SimpleNamespace(session_held_req_count=lambda: held["rows"]),
+        get_last_batch=lambda: None, get_running_batch=lambda: None, scheduler_stage_metrics=None)
+    checker._check_req_pool()  # idle: 4 free rows of 4
+    rows = pool.alloc_rows(1)
+    assert rows is not None
+    with pytest.raises(ValueError, match="req_to_token_pool memory leak detected!available_size=3"):
+        checker._check_req_pool()  # a row held by nobody the scheduler knows: 3 + 0 != 4
+    held["rows"] = 1
+    checker._check_req_pool()  # a session holds it: 3 + 1 == 4
+    pool.free_rows(rows)
+    held["rows"] = 0
+    checker._check_req_pool()

@@ -99,6 +99,12 @@ class ReqToTokenPool:
     def available_size(self) -> int:
         return len(self._free_slots)
 
+    @property
+    def free_slots(self) -> tuple[int, ...]:
+        """The rows free to hand out (never padding row 0), under SGLang 0.5.23's name: its scheduler's idle check
+        counts them against size + pre_alloc_size. A copy, so a reader cannot take or return a row behind the pool."""
+        return tuple(self._free_slots)
+
     def clear(self) -> None:
         self._free_slots: list[int] = list(range(1, self.size + 1))
         self._held = bytearray(self.size + 1)
