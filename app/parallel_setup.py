@@ -16,6 +16,8 @@ destroyed at shutdown in every case.
 from __future__ import annotations
 
 import os
+import socket
+import time
 from datetime import timedelta
 from typing import Iterator, Mapping
 
@@ -23,13 +25,17 @@ import torch
 import torch.distributed as dist
 
 from kvcache.inputs.devices import resolve_device
-from kvcache.errors import ConfigError
+from kvcache.errors import ConfigError, RankLostError
 from kvcache.inputs.parallel import ParallelState, ProcessGroups, group_ranks
 from kvcache.inputs.server_args import ServerArgs
 
 # How long a rank waits for the others at one collective before giving up (torch's default is 10 minutes;
 # a start-up step that takes this long means a rank died).
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+# How long the ranks wait for each other to join the process group. torchrun starts its workers together and
+# kills the rest when one exits, so a rank missing for this long failed before joining, or was never started;
+# waiting out the collective timeout instead would keep the others hung for minutes.
+RENDEZVOUS_TIMEOUT = timedelta(minutes=2)
 
 
 def _launcher_int(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -74,8 +80,45 @@ def _init_default_group(server_args: ServerArgs, environ: Mapping[str, str]) -> 
         check_local_rank(local_rank, torch.cuda.device_count())
         torch.cuda.set_device(local_rank)
         backend = "nccl"
-    dist.init_process_group(backend=backend, init_method="env://", timeout=COLLECTIVE_TIMEOUT)
+    store = _rendezvous(environ, world_size=launched_world_size(environ), rank=_launcher_int(environ, "RANK", 0))
+    dist.init_process_group(backend=backend, store=store, rank=_launcher_int(environ, "RANK", 0),
+                            world_size=launched_world_size(environ), timeout=COLLECTIVE_TIMEOUT)
+    store.set_timeout(COLLECTIVE_TIMEOUT)  # joined: from here on a rank that is slow is not missing
     return local_rank
+
+
+def _wait_for_rank_zero(host: str, port: int, *, deadline: float) -> None:
+    """Poll until rank 0's store accepts connections (TimeoutError at `deadline`). torch's own client retries too,
+    but logs a C++ stack trace to stderr on every failed try; an operator must see one line."""
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"nothing listened at {host}:{port}") from None
+            time.sleep(0.2)
+
+
+def _rendezvous(environ: Mapping[str, str], *, world_size: int, rank: int) -> dist.TCPStore:
+    """Every rank meets at torchrun's MASTER_ADDR:MASTER_PORT (rank 0 serves the store), waiting at most
+    RENDEZVOUS_TIMEOUT for the others: a rank that never comes is RankLostError (exit 4), not a hang."""
+    host = environ.get("MASTER_ADDR", "127.0.0.1")
+    port = _launcher_int(environ, "MASTER_PORT", 29500)
+    waited = int(RENDEZVOUS_TIMEOUT.total_seconds())
+    try:
+        if rank != 0:
+            _wait_for_rank_zero(host, port, deadline=time.monotonic() + RENDEZVOUS_TIMEOUT.total_seconds())
+        return dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=RENDEZVOUS_TIMEOUT,
+                             wait_for_workers=True)
+    except (dist.DistError, TimeoutError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        joining = (f"waited {waited} s for all {world_size} ranks to join at {host}:{port}" if rank == 0 else
+                   f"could not join rank 0 at {host}:{port} within {waited} s")
+        raise RankLostError(
+            f"rank {rank} {joining}: another rank failed before the process group formed, or was never started "
+            f"(its own output says why; with torchrun check every node's launcher); nothing is allocated here "
+            f"[{reason[:160]}]") from None
 
 
 def _new_groups(server_args: ServerArgs, rank: int, created: list[object]) -> ProcessGroups:
