@@ -89,6 +89,7 @@ def cache_bytes(name: str, tp: int = 1) -> tuple[int, int]:
     ("Mistral-Small-3.1-24B-Instruct-2503", 40 * 8 * 256 * 2),  # 163,840
     ("gpt-oss-120b", 36 * 8 * (64 + 64) * 2),  # 73,728
     ("Llama-4-Scout-17B-16E-Instruct", 48 * 8 * 256 * 2),  # 196,608 (36 chunked + 12 global layers)
+    ("dbrx-instruct", 40 * 8 * 256 * 2),  # 163,840: attn_config.kv_n_heads, head_dim = d_model / n_heads
     # MLA: kv_lora_rank 512 + rope 64 per layer; DeepSeek-V3.2 and GLM-5 (index_topk set) add the indexer's
     # 128 fp8 key bytes + 4 bytes of float32 scale: SGLang 0.5.23's DSA pool, 1,284 B per layer in bf16
     ("Kimi-K2-Instruct", 61 * 576 * 2),  # 70,272
@@ -132,7 +133,7 @@ def test_hybrid_token_and_state_bytes_by_hand(name: str, tokens: int, state: int
     ("starcoder2-15b", 15.96e9), ("starcoder", 15.5e9), ("SmolLM3-3B", 3.08e9), ("mistral-nemo-instruct-2407", 12.2e9),
     ("codellama-34b-instruct-hf", 33.7e9), ("yi-34b", 34.4e9), ("gemma-3-27b-it", 27.4e9),
     ("Qwen2-VL-7B-Instruct", 8.29e9), ("Mistral-Small-3.1-24B-Instruct-2503", 24.0e9), ("Qwen1.5-MoE-A2.7B", 14.3e9),
-    ("ERNIE-4.5-21B-A3B-PT", 21.8e9),
+    ("ERNIE-4.5-21B-A3B-PT", 21.8e9), ("dbrx-instruct", 132e9),
 ])
 def test_parameters_match_the_published_total(name: str, published: float) -> None:
     assert count_parameters(corpus(name)) == pytest.approx(published, rel=0.01)

@@ -183,10 +183,30 @@ def moe_block(f: ConfigFields, hidden: int, experts: int, *, score_bias: bool = 
                **({"shared_name": "shared_expert", "shared_gate": True} if gate else {}), **names)
 
 
+_MLP_LAYER_TYPES = {"dense": False, "sparse": True}
+_ROUTING_SETTINGS = ("first_k_dense_replace", "moe_layer_start_index", "mlp_only_layers", "decoder_sparse_step",
+                     "interleave_moe_layer_step", "moe_layer_freq", "moe_layer_interval")
+
+
 def moe_layers(f: ConfigFields, n: int) -> tuple[bool, ...]:
-    """Which of the n layers route to experts: after first_k_dense_replace, every moe_layer_freq-th /
-    decoder_sparse_step-th / interleave_moe_layer_step-th, never the mlp_only_layers. A model given experts
-    routes to them in some layer: settings that leave every layer dense contradict the expert count."""
+    """Which of the n layers route to experts: transformers 5's `mlp_layer_types` (dense / sparse per layer), or
+    after first_k_dense_replace, every moe_layer_freq-th / decoder_sparse_step-th / interleave_moe_layer_step-th,
+    never the mlp_only_layers; a config with both must say the same in both. A model given experts routes to
+    them in some layer: settings that leave every layer dense contradict the expert count."""
+    listed = f.mapped_list("mlp_layer_types", table=_MLP_LAYER_TYPES, length=n)
+    if listed is None:
+        return _routed_by_settings(f, n)
+    if any(f.has(name) for name in _ROUTING_SETTINGS) and listed != _routed_by_settings(f, n):
+        f.fail("mlp_layer_types", list(f.raw["mlp_layer_types"]), "'sparse' exactly where first_k_dense_replace, "
+               "mlp_only_layers, moe_layer_freq and decoder_sparse_step route to the experts, when both are given")
+    if not any(listed):
+        f.fail("mlp_layer_types", list(f.raw["mlp_layer_types"]), f"at least one 'sparse' of the {n} layers "
+                                                                  "(the config gives experts)")
+    return listed
+
+
+def _routed_by_settings(f: ConfigFields, n: int) -> tuple[bool, ...]:
+    """Routing from the older settings (every layer routes when none is given)."""
     first_dense = f.int("first_k_dense_replace", "moe_layer_start_index", default=0, low=0, high=n - 1)
     dense_only = set(f.int_list("mlp_only_layers", high=n - 1) or ())
     step = f.int("decoder_sparse_step", "interleave_moe_layer_step", default=1, high=n)
@@ -291,7 +311,7 @@ def describe(src: ModelSource, *, kinds: tuple[LayerKind, ...], heads: Heads, we
     """The ModelConfig: the common cache fields, this family's extras, and the weight layout."""
     t = src.text
     positions = t.int("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx",
-                      "max_seq_len", high=MAX_POSITIONS)
+                      "max_seq_len", "model_max_length", high=MAX_POSITIONS)
     _check_rope_scaling(t)
     fields: dict[str, Any] = dict(
         name=src.name, architecture=src.architecture, model_type=src.model_type,

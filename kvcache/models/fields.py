@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import torch
 
@@ -30,6 +30,7 @@ MIN_CONV_KERNEL = 2
 MAX_CONV_KERNEL = 64
 
 _MISSING: Any = object()
+T = TypeVar("T")
 
 
 def _shown(value: Any) -> str:
@@ -173,6 +174,26 @@ class ConfigFields:
         if length is not None and len(value) != length:
             self.fail(name, f"a list of {len(value)}", f"one entry per layer ({length})")
         return tuple(value)
+
+    def mapped_list(self, *names: str, table: Mapping[str, T], length: int | None = None) -> tuple[T, ...] | None:
+        """A per-layer list of names under any of `names` (transformers 5 renamed several, and their entries:
+        'mamba' -> 'linear_attention', 'attention' -> 'full_attention'), each entry mapped through `table`;
+        None when absent. Two of the lists given must map to the same layers: one model, one answer."""
+        found: tuple[str, tuple[T, ...]] | None = None
+        for name in names:
+            listed = self.text_list(name, length=length)
+            if listed is None:
+                continue
+            unknown = [(i, e) for i, e in enumerate(listed) if e not in table]
+            if unknown:
+                i, entry = unknown[0]
+                self.fail(f"{name}[{i}]", entry, f"one of {', '.join(table)}")
+            mapped = tuple(table[e] for e in listed)
+            if found is None:
+                found = (name, mapped)
+            elif mapped != found[1]:
+                self.fail(name, list(listed), f"the same layers as '{self.path}{found[0]}' gives, when both are given")
+        return None if found is None else found[1]
 
     def section(self, *names: str) -> ConfigFields | None:
         """A nested object (text_config, vision_config...) as its own fields, or None when absent."""

@@ -19,6 +19,7 @@ import msgspec
 from kvcache.errors import UnsupportedModelError
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.decoder import ModelSource
+from kvcache.models.families.dbrx import read_dbrx
 from kvcache.models.families.deepseek import read_deepseek
 from kvcache.models.families.eagle import read_eagle, read_eagle3
 from kvcache.models.families.gemma import read_gemma
@@ -48,7 +49,7 @@ FAMILIES: dict[str, Reader] = {
     "FalconH1ForCausalLM": read_falcon_h1, "GraniteMoeHybridForCausalLM": read_granite_hybrid,
     "BambaForCausalLM": read_bamba, "Zamba2ForCausalLM": read_zamba2, "JambaForCausalLM": read_jamba,
     "KimiLinearForCausalLM": read_kimi_linear, "MiMoForCausalLM": read_mimo,
-    "LlamaForCausalLMEagle": read_eagle, "LlamaForCausalLMEagle3": read_eagle3,
+    "LlamaForCausalLMEagle": read_eagle, "LlamaForCausalLMEagle3": read_eagle3, "DbrxForCausalLM": read_dbrx,
 }
 MODEL_TYPES: dict[str, Reader] = {
     "gemma2": read_gemma, "gemma3": read_gemma, "gemma3_text": read_gemma,
@@ -57,7 +58,7 @@ MODEL_TYPES: dict[str, Reader] = {
     "qwen3_5_moe": read_qwen3_next, "qwen3_5_text": read_qwen3_next, "qwen3_5_moe_text": read_qwen3_next,
     "nemotron_h": read_nemotron_h, "llama4": read_llama4, "llama4_text": read_llama4, "falcon_h1": read_falcon_h1,
     "granitemoehybrid": read_granite_hybrid, "bamba": read_bamba, "zamba2": read_zamba2, "jamba": read_jamba,
-    "kimi_linear": read_kimi_linear, "mimo": read_mimo,
+    "kimi_linear": read_kimi_linear, "mimo": read_mimo, "dbrx": read_dbrx,
 }
 # Architectures that look like decoders but whose cache no reader here describes.
 UNSUPPORTED: dict[str, str] = {

@@ -1,8 +1,9 @@
 """Mamba hybrids beyond Nemotron-H: Falcon-H1, Granite-4 hybrid, Bamba, Zamba-2 (Mamba-2) and Jamba (Mamba-1).
 
 - Falcon-H1: every layer runs attention and Mamba-2 side by side (cache for both), then an MLP.
-- Granite-4 hybrid (`layer_types` mamba/attention) and Bamba (`attn_layer_indices`): each
-  layer is Mamba-2 or attention, then an MLP (Granite: MoE + shared expert).
+- Granite-4 hybrid (`layer_types` mamba/attention; linear_attention/full_attention as transformers 5
+  saves them) and Bamba (`attn_layer_indices`): each layer is Mamba-2 or attention, then an MLP
+  (Granite: MoE + shared expert).
 - Zamba-2 (`layers_block_type` mamba/hybrid): hybrid layers add a shared attention block
   over [hidden, embedding], whose two weight copies (num_mem_blocks) are counted once.
 - Jamba: attention every attn_layer_period-th layer (from attn_layer_offset), Mamba-1
@@ -101,16 +102,16 @@ def _either_or(src: ModelSource, kinds: tuple[LayerKind, ...], ffn: Block) -> Mo
                     **mamba2_cache_fields(mamba))
 
 
+# Granite-4 hybrid's layer_types (or its alias layers_block_type), under the older names and transformers 5's.
+_GRANITE_KINDS: dict[str, LayerKind] = {"mamba": "mamba2", "attention": "full_attention",
+                                        "linear_attention": "mamba2", "full_attention": "full_attention"}
+
+
 def read_granite_hybrid(src: ModelSource) -> ModelConfig:
     t = src.text
     n = num_layers(t)
-    types = t.text_list("layer_types", length=n) or ("mamba",) * n
-    kinds: list[LayerKind] = []
-    for i, entry in enumerate(types):
-        if entry not in ("mamba", "attention"):
-            t.fail(f"layer_types[{i}]", entry, "'mamba' or 'attention'")
-        kinds.append("mamba2" if entry == "mamba" else "full_attention")
-    return _either_or(src, tuple(kinds), _ffn_granite(t, hidden_size(t)))
+    kinds = t.mapped_list("layer_types", "layers_block_type", table=_GRANITE_KINDS, length=n) or ("mamba2",) * n
+    return _either_or(src, kinds, _ffn_granite(t, hidden_size(t)))
 
 
 def read_bamba(src: ModelSource) -> ModelConfig:

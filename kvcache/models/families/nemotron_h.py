@@ -1,7 +1,9 @@
 """Nemotron-H / Nemotron-3: `hybrid_override_pattern` picks each layer: M Mamba-2, * attention,
 - squared-ReLU MLP, E MoE (no cache for - and E). Nemotron-3 Super/Ultra ship one MTP step
 (`num_nextn_predict_layers` 1) of `mtp_hybrid_override_pattern` / `mtp_layers_block_type` layers (* and E),
-the first with enorm, hnorm and a column-parallel eh_proj, the last with a final norm: a NEXTN draft's."""
+the first with enorm, hnorm and a column-parallel eh_proj, the last with a final norm: a NEXTN draft's.
+The layers may instead be listed (`layers_block_type`, or `layer_types`), as mamba / attention / mlp / moe or, as
+transformers 5 saves them, linear_attention / full_attention / mlp / moe."""
 
 from __future__ import annotations
 
@@ -20,7 +22,10 @@ from kvcache.models.generic import attention_block, text_model_type
 from kvcache.models.weight_blocks import Block, Layer, Linear, Mamba2Mixer, Norm, PlainMLP
 
 _KINDS: dict[str, LayerKind] = {"M": "mamba2", "*": "full_attention", "-": "mlp", "E": "mlp"}
-_LETTERS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+# A listed layer's letter, under the older names and transformers 5's (which renames mamba and attention).
+_LETTERS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E", "linear_attention": "M", "full_attention": "*"}
+_LISTS = ("layers_block_type", "layer_types")
+_MTP_LISTS = ("mtp_layers_block_type", "mtp_layer_types")
 
 
 def mamba2_mixer(t: ConfigFields, hidden: int, *, heads: int, head_dim: int) -> Mamba2Mixer:
@@ -40,26 +45,24 @@ def mamba2_cache_fields(m: Mamba2Mixer) -> dict[str, int]:
                 mamba_n_groups=m.groups, mamba_conv_kernel=m.conv_kernel)
 
 
-def _listed_pattern(t: ConfigFields, listed_name: str, pattern_name: str, n: int | None) -> str | None:
-    """A layer pattern spelled as letters (`pattern_name`) or as a list of block types (`listed_name`)."""
-    listed = t.text_list(listed_name, length=n)
+def _listed_pattern(t: ConfigFields, listed_names: tuple[str, ...], pattern_name: str, n: int | None) -> str | None:
+    """A layer pattern spelled as letters (`pattern_name`) or as a list of block types (any of `listed_names`)."""
+    listed = t.mapped_list(*listed_names, table=_LETTERS, length=n)
     pattern = t.text(pattern_name, default="") or None
     if listed is None:
         return pattern
-    for i, b in enumerate(listed):  # Nemotron-3 Ultra spells it out
-        if b not in _LETTERS:
-            t.fail(f"{listed_name}[{i}]", b, "one of mamba, attention, mlp, moe")
-    letters = "".join(_LETTERS[b] for b in listed)
+    letters = "".join(listed)
     if pattern is not None and pattern != letters:
-        t.fail(pattern_name, pattern, f"the layers {listed_name} lists ({letters}), when both are given")
+        named = next(name for name in listed_names if t.has(name))
+        t.fail(pattern_name, pattern, f"the layers {named} lists ({letters}), when both are given")
     return letters
 
 
 def read_nemotron_h(src: ModelSource) -> ModelConfig:
     t = src.text
-    listed = t.raw.get("layers_block_type")
-    n = num_layers(t) if not isinstance(listed, list) or t.has("num_hidden_layers") else len(listed)
-    pattern = _listed_pattern(t, "layers_block_type", "hybrid_override_pattern", n)
+    listed = next((t.raw[name] for name in _LISTS if isinstance(t.raw.get(name), list)), None)
+    n = num_layers(t) if listed is None or t.has("num_hidden_layers") else len(listed)  # transformers 5 drops the count
+    pattern = _listed_pattern(t, _LISTS, "hybrid_override_pattern", n)
     if pattern is None:
         pattern = t.text("hybrid_override_pattern")
     if len(pattern) != n:
@@ -95,8 +98,12 @@ def _mtp_pattern(t: ConfigFields) -> str:
     ['attention', 'moe'] when the config has MTP but does not list them (the config class's default)."""
     if not t.int("num_nextn_predict_layers", default=0, low=0, high=1):
         return ""
-    pattern = _listed_pattern(t, "mtp_layers_block_type", "mtp_hybrid_override_pattern", None) or "*E"
+    pattern = _listed_pattern(t, _MTP_LISTS, "mtp_hybrid_override_pattern", None) or "*E"
     if set(pattern) - {"*", "E"}:
+        listed = next((name for name in _MTP_LISTS if t.has(name)), None)
+        if listed is not None:
+            t.fail(listed, t.raw[listed], "only attention and moe layers (full_attention and moe, as transformers 5 "
+                                          "writes them): the MTP step's")
         t.fail("mtp_hybrid_override_pattern", pattern, "only the letters * and E (attention and MoE MTP layers)")
     return pattern
 
