@@ -19,6 +19,7 @@ from kvcache.allocators.eviction import evict_shortfall
 from kvcache.allocators.free_group import FreeGroup, FreeGroupState
 from kvcache.allocators.free_log import FreeLog, FreeLogState
 from kvcache.allocators.scheduler_hooks import SchedulerCapacityHooks
+from kvcache.pools.planned_views import Views
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +107,13 @@ class FreeListAllocator(SharedAllocatorAPI):
 
     def __init__(
         self, *, capacity: int, page_size: int, device: torch.device | str, check_frees: bool, unit: str,
-        kvcache: Any = None,
+        kvcache: Any = None, prefix: str = "allocator.", views: Views | None = None,
     ) -> None:
         self._device = torch.device(device)
         self._page_size = page_size
         self._checking = check_frees
-        self._log = FreeLog(capacity=capacity, device=self._device, unit=unit, stride=page_size, check=check_frees)
+        self._log = FreeLog(capacity=capacity, device=self._device, unit=unit, stride=page_size, check=check_frees,
+                            prefix=prefix, views=views)
         self._group = FreeGroup()
         self._kvcache = kvcache
         # The hot paths take flat int64 tensors on this device as they are; -2 (no tensor's get_device())
@@ -146,9 +148,9 @@ class FreeListAllocator(SharedAllocatorAPI):
         """Device bytes of the index buffers (kvcache.sizing.allocator_footprint states the formula)."""
         return self._log.nbytes
 
-    def named_tensors(self, prefix: str = "allocator.") -> dict[str, torch.Tensor]:
+    def named_tensors(self) -> dict[str, torch.Tensor]:
         """The free list's device buffers by the plan's names (kvcache.sizing.allocator_footprint)."""
-        return self._log.named_tensors(prefix)
+        return self._log.named_tensors()
 
     def get_kvcache(self) -> Any:
         """The KV pool these indices address (None when built without one)."""

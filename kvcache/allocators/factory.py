@@ -3,7 +3,8 @@
 SWA-paired when the plan pairs a sliding-window pool with a full pool (MemoryPoolConfig.paired_window_pool:
 the one place hybrid-ness is decided; the pool builder asks the same plan for its hybrid pool);
 otherwise token-level at page_size 1 and paged above, as SGLang 0.5.23 chooses. Sizes come
-from the plan alone.
+from the plan alone; its buffers are the builder's views of the plan's allocator slots (or, given
+none, as for the fresh allocator of a resize, its own).
 """
 
 from __future__ import annotations
@@ -14,19 +15,21 @@ import torch
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.pools.allocator_protocol import TokenAllocator
+from kvcache.pools.planned_views import Views
 from kvcache.sizing.pool_config import MemoryPoolConfig
 
 
-def allocator_for_plan(*, plan: MemoryPoolConfig, device: torch.device, kvcache: Any = None) -> TokenAllocator:
+def allocator_for_plan(*, plan: MemoryPoolConfig, device: torch.device, kvcache: Any = None,
+                       views: Views | None = None) -> TokenAllocator:
     """The allocator over the plan's token rows: SWA-paired, token-level or paged; `kvcache` is the KV pool
-    its indices address (what get_kvcache() returns)."""
+    its indices address (what get_kvcache() returns); `views` the builder's carve of the plan's tensors."""
     window = plan.paired_window_pool
     if window is not None:
         return SWATokenToKVPoolAllocator(
             full_size=plan.max_total_num_tokens, swa_size=window.num_tokens, page_size=plan.page_size, device=device,
-            kvcache=kvcache,
+            kvcache=kvcache, views=views,
         )
     if plan.page_size == 1:
-        return TokenToKVPoolAllocator(size=plan.max_total_num_tokens, device=device, kvcache=kvcache)
+        return TokenToKVPoolAllocator(size=plan.max_total_num_tokens, device=device, kvcache=kvcache, views=views)
     return PagedTokenToKVPoolAllocator(size=plan.max_total_num_tokens, page_size=plan.page_size, device=device,
-                                       kvcache=kvcache)
+                                       kvcache=kvcache, views=views)

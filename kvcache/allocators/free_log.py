@@ -1,8 +1,8 @@
 """FreeLog: the free ids of one pool in an append-only device log; alloc hands out views, free appends.
 
-Layout: TWO int64 logs of 2 * capacity entries each, both allocated up front through
-kvcache.memory.device_buffers (so they are slots of the worker's arena, counted by the plan), one
-of them active, and host ints head <= tail. The free ids are exactly active[head:tail].
+Layout: TWO int64 logs of 2 * capacity entries each, the views of the plan's free-list slots
+(kvcache.sizing.allocator_footprint.free_log_slots) the builder carved from the worker's arena (or,
+built alone, carved from an arena of its own: kvcache.pools.planned_views), one of them active, and host ints head <= tail. The free ids are exactly active[head:tail].
 
 - take(n)  returns the view log[head:head+n] and moves head up: no kernel, no sync.
 - put(xs)  copies xs into log[tail:tail+len] and moves tail up: one kernel, no sync
@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kvcache.memory import device_buffers
-from kvcache.sizing.allocator_footprint import FREE_LOGS, LOG_LENGTH_FACTOR
+from kvcache.sizing.allocator_footprint import FREE_LOGS, LOG_LENGTH_FACTOR, free_log_slots
 from kvcache.allocators.backups import BackupState, LatestBackup
+from kvcache.pools.planned_views import Views, slots_nbytes, take_views
 
 
 
@@ -63,9 +63,11 @@ class _Saved:
 
 
 class FreeLog:
-    """Ids stride*1 .. stride*capacity, all free at first; a fresh log hands out the lowest first."""
+    """Ids stride*1 .. stride*capacity, all free at first; a fresh log hands out the lowest first. Its buffers
+    are the views named `{prefix}free_log.0`, `.1` (and `{prefix}is_free`) in `views`, or its own."""
 
-    def __init__(self, *, capacity: int, device: torch.device, unit: str, stride: int = 1, check: bool = False) -> None:
+    def __init__(self, *, capacity: int, device: torch.device, unit: str, stride: int = 1, check: bool = False,
+                 prefix: str = "allocator.", views: Views | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"a free list needs at least one {unit}, got capacity {capacity}")
         if check and device.type == "meta":
@@ -74,15 +76,14 @@ class FreeLog:
         self._device = device
         self._unit = unit
         self._stride = stride
-        self._logs = tuple(device_buffers.allocate_zeros((LOG_LENGTH_FACTOR * capacity,), torch.int64, device)
-                           for _ in range(FREE_LOGS))
+        self._slots = free_log_slots(capacity, check, prefix=prefix)
+        self._views = take_views(self._slots, views, device)
+        self._logs = tuple(self._views[:FREE_LOGS])
         self._active = 0
         self._log = self._logs[0]
         self._length = LOG_LENGTH_FACTOR * capacity
         self._saved: _Saved | None = None
-        self._is_free: torch.Tensor | None = None
-        if check:
-            self._is_free = device_buffers.allocate_zeros((capacity + 1,), torch.bool, device)
+        self._is_free: torch.Tensor | None = self._views[FREE_LOGS] if check else None
         self._backups = LatestBackup()
         self._head = self._tail = 0
         if device.type == "cpu":  # fault every page in now: the hot path would fault once per 4 KiB written
@@ -101,15 +102,12 @@ class FreeLog:
 
     @property
     def nbytes(self) -> int:
-        """Device bytes held for the life of the log (kvcache.sizing.allocator_footprint states the formula)."""
-        return device_buffers.tensor_bytes(t for t in (*self._logs, self._is_free) if t is not None)
+        """Device bytes held for the life of the log: its planned slots (kvcache.sizing.allocator_footprint)."""
+        return slots_nbytes(self._slots)
 
-    def named_tensors(self, prefix: str = "") -> dict[str, torch.Tensor]:
-        """`free_log.0`, `free_log.1` (and `is_free` when checking), each after `prefix`."""
-        out = {f"{prefix}free_log.{i}": log for i, log in enumerate(self._logs)}
-        if self._is_free is not None:
-            out[f"{prefix}is_free"] = self._is_free
-        return out
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """`{prefix}free_log.0`, `.1` (and `{prefix}is_free` when checking), the plan's names."""
+        return dict(zip((t.name for s in self._slots for t in s.tensors), self._views))
 
     def free_ids(self) -> torch.Tensor:
         """The free ids, in the order take() would hand them out (a view)."""

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kvcache.memory import device_buffers
 from kvcache.allocators.backups import BackupState, LatestBackup
+from kvcache.pools.planned_views import Views, slots_nbytes, take_views
+from kvcache.sizing.allocator_footprint import full_to_swa_slot
 
 
 
@@ -41,10 +42,12 @@ def page_rows(starts: torch.Tensor, page_size: int) -> torch.Tensor:
 
 
 class FullToSWAMap:
-    """One row per full-pool row (tokens plus the padding page) and the -1 row; rows of free tokens read 0."""
+    """One row per full-pool row (tokens plus the padding page) and the -1 row; rows of free tokens read 0.
+    The table is the view named `{prefix}full_to_swa` in `views` (the plan's), or its own."""
 
-    def __init__(self, *, rows: int, device: torch.device) -> None:
-        self._table = device_buffers.allocate_zeros((rows + 1,), torch.int64, device)
+    def __init__(self, *, rows: int, device: torch.device, prefix: str = "allocator.", views: Views | None = None) -> None:
+        self._slot = full_to_swa_slot(rows, prefix=prefix)
+        (self._table,) = take_views([self._slot], views, device)
         self._table[-1] = -1
         self._backups = LatestBackup("index map state", "", "")
         self._journal: list[tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -57,7 +60,11 @@ class FullToSWAMap:
 
     @property
     def nbytes(self) -> int:
-        return device_buffers.tensor_bytes([self._table])
+        """Its planned slot (kvcache.sizing.allocator_footprint.full_to_swa_slot)."""
+        return slots_nbytes([self._slot])
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        return {t.name: self._table for t in self._slot.tensors}
 
     def lookup(self, full_indices: torch.Tensor) -> torch.Tensor:
         return self._table[full_indices]

@@ -27,6 +27,7 @@ import torch
 
 from kvcache.allocators import paged_kernels
 from kvcache.allocators.base import INDEX_DTYPES, FreeListAllocator, as_indices, check_need_size, reject_meta
+from kvcache.pools.planned_views import Views
 from kvcache.allocators.locations import (
     SMALL_BATCH,
     ExtendPlan,
@@ -79,14 +80,14 @@ class PagedTokenToKVPoolAllocator(FreeListAllocator):
 
     def __init__(
         self, *, size: int, page_size: int, device: torch.device | str, check_frees: bool = False, kvcache: Any = None,
-        kernels: PagedKernels | None | Literal["auto"] = "auto",
+        kernels: PagedKernels | None | Literal["auto"] = "auto", prefix: str = "allocator.", views: Views | None = None,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if size < page_size or size % page_size:
             raise ValueError(f"size {size} must be a positive multiple of page_size {page_size}")
         super().__init__(capacity=size // page_size, page_size=page_size, device=device,
-                         check_frees=check_frees, unit="page", kvcache=kvcache)
+                         check_frees=check_frees, unit="page", kvcache=kvcache, prefix=prefix, views=views)
         if kernels == "auto":
             kernels = paged_kernels.load() if self._device.type == "cuda" else None
         self._kernels: PagedKernels | None = kernels

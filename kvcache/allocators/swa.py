@@ -32,6 +32,7 @@ from kvcache.allocators.scheduler_hooks import SWACapacityHooks
 from kvcache.allocators.swa_frees import SWAFrees
 from kvcache.allocators.token import TokenToKVPoolAllocator
 from kvcache.allocators.backups import BackupState, LatestBackup
+from kvcache.pools.planned_views import Views
 
 
 SideAllocator = TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
@@ -47,20 +48,24 @@ class SWAAllocatorState(BackupState):
     free_group: FreeGroupState
 
 
-def _side(name: str, size: int, page_size: int, device: torch.device, check: bool, kvcache: Any) -> SideAllocator:
+def _side(name: str, size: int, page_size: int, device: torch.device, check: bool, prefix: str,
+          views: Views | None) -> SideAllocator:
     if size < page_size or size % page_size:
         raise ValueError(f"{name} {size} must be a positive multiple of page_size {page_size}")
     if page_size == 1:
-        return TokenToKVPoolAllocator(size=size, device=device, check_frees=check, kvcache=kvcache)
-    return PagedTokenToKVPoolAllocator(size=size, page_size=page_size, device=device, check_frees=check, kvcache=kvcache)
+        return TokenToKVPoolAllocator(size=size, device=device, check_frees=check, prefix=prefix, views=views)
+    return PagedTokenToKVPoolAllocator(size=size, page_size=page_size, device=device, check_frees=check,
+                                       prefix=prefix, views=views)
 
 
 class SWATokenToKVPoolAllocator(SWAFrees, SWACapacityHooks, SharedAllocatorAPI):
-    """Full and SWA allocators behind SGLang 0.5.23's allocator API; hands out full-pool indices."""
+    """Full and SWA allocators behind SGLang 0.5.23's allocator API; hands out full-pool indices. Its buffers are
+    the views named `{prefix}full.*`, `{prefix}swa.*` and `{prefix}full_to_swa` in `views` (the builder's carve
+    of kvcache.sizing.allocator_footprint.allocator_slots), or, without views, its own."""
 
     def __init__(
         self, *, full_size: int, swa_size: int, page_size: int, device: torch.device | str, check_frees: bool = False,
-        kvcache: Any = None,
+        kvcache: Any = None, prefix: str = "allocator.", views: Views | None = None,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -68,9 +73,11 @@ class SWATokenToKVPoolAllocator(SWAFrees, SWACapacityHooks, SharedAllocatorAPI):
         self._page_size = page_size
         self._check = check_frees
         self._kvcache: Any = None
-        self.full_attn_allocator = _side("full_size", full_size, page_size, self._device, check_frees, None)
-        self.swa_attn_allocator = _side("swa_size", swa_size, page_size, self._device, check_frees, None)
-        self._map = FullToSWAMap(rows=full_size + page_size, device=self._device)
+        self.full_attn_allocator = _side("full_size", full_size, page_size, self._device, check_frees,
+                                         f"{prefix}full.", views)
+        self.swa_attn_allocator = _side("swa_size", swa_size, page_size, self._device, check_frees,
+                                        f"{prefix}swa.", views)
+        self._map = FullToSWAMap(rows=full_size + page_size, device=self._device, prefix=prefix, views=views)
         self._group = FreeGroup()
         self._backups = LatestBackup()
         if kvcache is not None:
@@ -110,10 +117,10 @@ class SWATokenToKVPoolAllocator(SWAFrees, SWACapacityHooks, SharedAllocatorAPI):
         """Device bytes of both free lists and the map (kvcache.sizing.allocator_footprint states the formula)."""
         return self.full_attn_allocator.nbytes + self.swa_attn_allocator.nbytes + self._map.nbytes
 
-    def named_tensors(self, prefix: str = "allocator.") -> dict[str, torch.Tensor]:
+    def named_tensors(self) -> dict[str, torch.Tensor]:
         """Both sides' free lists and the map, by the plan's names (kvcache.sizing.allocator_footprint)."""
-        return {**self.full_attn_allocator.named_tensors(f"{prefix}full."),
-                **self.swa_attn_allocator.named_tensors(f"{prefix}swa."), f"{prefix}full_to_swa": self._map.table}
+        return {**self.full_attn_allocator.named_tensors(), **self.swa_attn_allocator.named_tensors(),
+                **self._map.named_tensors()}
 
     def get_kvcache(self) -> Any:
         return self._kvcache

@@ -13,16 +13,19 @@ from typing import Any
 import torch
 
 from kvcache.allocators.base import FreeListAllocator, as_indices, check_need_size, reject_meta
+from kvcache.pools.planned_views import Views
 
 
 class TokenToKVPoolAllocator(FreeListAllocator):
-    """SGLang 0.5.23's token allocator API; `size` usable tokens, indices are int64 on `device`."""
+    """SGLang 0.5.23's token allocator API; `size` usable tokens, indices are int64 on `device`. Its free list is
+    the views named `{prefix}free_log.*` in `views` (the builder's carve of the plan), or its own."""
 
-    def __init__(self, *, size: int, device: torch.device | str, check_frees: bool = False, kvcache: Any = None) -> None:
+    def __init__(self, *, size: int, device: torch.device | str, check_frees: bool = False, kvcache: Any = None,
+                 prefix: str = "allocator.", views: Views | None = None) -> None:
         if size < 1:
             raise ValueError(f"size must be a positive number of tokens, got {size}")
         super().__init__(capacity=size, page_size=1, device=device, check_frees=check_frees, unit="token index",
-                         kvcache=kvcache)
+                         kvcache=kvcache, prefix=prefix, views=views)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """need_size free token indices (a view kept until `size` more tokens are freed), or None when fewer are free."""

@@ -9,6 +9,7 @@ below the allocators that satisfy it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
@@ -43,6 +44,8 @@ class TokenAllocator(Protocol):
 class AllocatorFactory(Protocol):
     """Builds the allocator a plan calls for (its rows and sizes come from the plan alone); `kvcache` is the
     attention KV pool it addresses, or None when that pool is built after it (a hybrid SWA pool needs the
-    allocator's map: the builder then calls the allocator's attach_kvcache)."""
+    allocator's map: the builder then calls the allocator's attach_kvcache). `views` are the builder's carve of
+    the plan's tensors by name (the allocator's `allocator.*` among them); None: it allocates its own."""
 
-    def __call__(self, *, plan: "MemoryPoolConfig", device: torch.device, kvcache: Any = None) -> TokenAllocator: ...
+    def __call__(self, *, plan: "MemoryPoolConfig", device: torch.device, kvcache: Any = None,
+                 views: "Mapping[str, torch.Tensor] | None" = None) -> TokenAllocator: ...

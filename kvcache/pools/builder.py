@@ -1,9 +1,10 @@
 """Build the pools a plan describes, on any device, from one arena; check them against the plan.
 
-Each worker's buffers are carved from one allocation (kvcache.memory.device_buffers.Arena) of
-the plan's `arena_bytes`; after the build a guard compares every buffer's bytes, and
-the arena's use, with the plan and raises PlanMismatchError when they differ. If any
-step fails, nothing stays allocated.
+Each worker makes one allocation (kvcache.memory.device_buffers.Arena) of the plan's `arena_bytes`
+and carves the plan's tensor list (MemoryPoolConfig.worker_slots) from it in one pass; the pools
+and the allocator are handed those views by name and allocate nothing. A guard then checks that
+every tensor they hold is the view carved for it, name by name, and that the arena's use is the
+plan's, and raises PlanMismatchError when not. If any step fails, nothing stays allocated.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from kvcache.pools.allocator_protocol import AllocatorFactory, TokenAllocator
+from kvcache.pools.planned_views import Views, carve_slots
 from kvcache.byte_units import format_bytes
 from kvcache.memory.device_buffers import Arena
 from kvcache.errors import PlanMismatchError, PoolBuildError, PoolOutOfMemoryError
@@ -53,24 +55,26 @@ class WorkerPools:
             out.update(self.allocator.named_tensors())  # type: ignore[attr-defined]
         if self.state_pool is not None:
             out.update(self.state_pool.named_tensors())
-        for name, pool in self.kv_pools.items():
-            out.update(pool.named_tensors(f"kv_{name}"))
+        for pool in self.kv_pools.values():
+            out.update(pool.named_tensors())
         return out
 
 
-def _build_kv_group(group: KVPoolGroup, plan: MemoryPoolConfig, device: torch.device) -> MHATokenToKVPool | MLATokenToKVPool:
-    size = plan.pool(group.name).num_tokens
-    spec = group.spec
+def _build_kv_group(group: KVPoolGroup, plan: MemoryPoolConfig, device: torch.device,
+                    views: Views) -> MHATokenToKVPool | MLATokenToKVPool:
+    pool_plan = plan.pool(group.name)
+    spec, buffer = group.spec, pool_plan.slot().buffer
     if isinstance(spec, MLASpec):
         return MLATokenToKVPool(
-            size=size, page_size=plan.page_size, dtype=spec.dtype, kv_lora_rank=spec.kv_lora_rank,
+            size=pool_plan.num_tokens, page_size=plan.page_size, dtype=spec.dtype, kv_lora_rank=spec.kv_lora_rank,
             qk_rope_head_dim=spec.qk_rope_head_dim, layer_ids=group.layer_ids, device=device,
-            index_row_bytes=spec.index_bytes_per_token, packed_latent=spec.packed_latent,
+            index_head_dim=spec.index_head_dim, buffer=buffer, views=views,
         )
     assert isinstance(spec, (FullAttentionSpec, SlidingWindowSpec))
     return MHATokenToKVPool(
-        size=size, page_size=plan.page_size, dtype=spec.dtype, kv_heads=spec.kv_heads, head_dim=spec.head_dim,
-        v_head_dim=spec.v_head_dim, layer_ids=group.layer_ids, device=device,
+        size=pool_plan.num_tokens, page_size=plan.page_size, dtype=spec.dtype, kv_heads=spec.kv_heads,
+        head_dim=spec.head_dim, v_head_dim=spec.v_head_dim, layer_ids=group.layer_ids, device=device, buffer=buffer,
+        views=views,
     )
 
 
@@ -83,13 +87,15 @@ def build_worker_pools(
     device refusing memory (kvcache.memory.out_of_memory) becomes PoolOutOfMemoryError, anything else is a bug."""
     draft = shared_req_to_token_pool is not None
     arena: Arena | None = None
+    views: Views | None = None
     try:
         arena = Arena(plan.arena_bytes(draft=draft), device)
-        with arena.active():
-            pools = _build_in(arena, plan, layout, device, allocator_factory, shared_req_to_token_pool, shared_allocator)
-        check_against_plan(pools, plan, draft=draft)
+        views = carve_slots(arena, plan.worker_slots(draft=draft))  # the plan's tensor list, in one pass
+        pools = _build_in(arena, views, plan, layout, device, allocator_factory, shared_req_to_token_pool,
+                          shared_allocator)
+        check_against_plan(pools, views, plan, draft=draft)
     except BaseException as exc:  # whatever failed, nothing built stays allocated
-        arena = pools = None  # type: ignore[assignment]
+        arena = views = pools = None  # type: ignore[assignment]
         traceback.clear_frames(exc.__traceback__)  # the error keeps no buffer alive
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -106,33 +112,35 @@ def build_worker_pools(
 
 
 def _build_in(
-    arena: Arena, plan: MemoryPoolConfig, layout: CacheLayout, device: torch.device, allocator_factory: AllocatorFactory,
-    shared_req_to_token_pool: ReqToTokenPool | None, shared_allocator: TokenAllocator | None,
+    arena: Arena, views: Views, plan: MemoryPoolConfig, layout: CacheLayout, device: torch.device,
+    allocator_factory: AllocatorFactory, shared_req_to_token_pool: ReqToTokenPool | None,
+    shared_allocator: TokenAllocator | None,
 ) -> WorkerPools:
     req_pool = shared_req_to_token_pool
     if req_pool is None:
         req_pool = ReqToTokenPool(
             size=plan.max_running_requests, max_context_len=plan.req_to_token_row_width, device=device,
-            with_state_slots=plan.state_pool is not None,
+            with_state_slots=plan.state_pool is not None, views=views,
         )
-    kv_pools = {g.name: _build_kv_group(g, plan, device) for g in layout.kv_groups}
+    kv_pools = {g.name: _build_kv_group(g, plan, device, views) for g in layout.kv_groups}
     window = plan.window_pool(draft=shared_req_to_token_pool is not None)
     state_pool = None
     if layout.state is not None:
         assert plan.state_pool is not None
         state_pool = RecurrentStatePool(
             num_slots=plan.state_pool.num_slots, spec=layout.state.spec, layer_ids=layout.state.layer_ids, device=device,
+            views=views,
         )
     if shared_allocator is not None:
         allocator = shared_allocator
         token_to_kv_pool = _attention_pool(kv_pools, window, allocator)
     elif window is not None:  # the hybrid pool needs the allocator's full -> SWA map first
-        allocator = allocator_factory(plan=plan, device=device, kvcache=None)
+        allocator = allocator_factory(plan=plan, device=device, kvcache=None, views=views)
         token_to_kv_pool = _attention_pool(kv_pools, window, allocator)
         allocator.attach_kvcache(token_to_kv_pool)  # type: ignore[attr-defined]
     else:
         token_to_kv_pool = _attention_pool(kv_pools, None, None)
-        allocator = allocator_factory(plan=plan, device=device, kvcache=token_to_kv_pool)
+        allocator = allocator_factory(plan=plan, device=device, kvcache=token_to_kv_pool, views=views)
     return WorkerPools(
         arena=arena, kv_pools=kv_pools, token_to_kv_pool=token_to_kv_pool,
         state_pool=state_pool,
@@ -141,17 +149,24 @@ def _build_in(
     )
 
 
-def check_against_plan(pools: WorkerPools, plan: MemoryPoolConfig, *, draft: bool) -> None:
-    """The guard: the tensors built are the plan's, name by name (shape and dtype), and the arena's size and use
-    are the plan's, or PlanMismatchError."""
+def check_against_plan(pools: WorkerPools, views: Views, plan: MemoryPoolConfig, *, draft: bool) -> None:
+    """The guard: the tensors built are the plan's, name by name (shape and dtype), each the very view carved for
+    it (none allocated on its own), and the arena's size and use are the plan's, or PlanMismatchError."""
     slots = plan.worker_slots(draft=draft)
     planned = {t.name: (t.shape, t.dtype) for s in slots for t in s.tensors}
-    built = {name: (tuple(t.shape), dtype_name(t.dtype)) for name, t in pools.named_tensors().items()}
+    held = pools.named_tensors()
+    built = {name: (tuple(t.shape), dtype_name(t.dtype)) for name, t in held.items()}
     if built != planned:
         diff = [k for k in list(planned) + [k for k in built if k not in planned] if built.get(k) != planned.get(k)]
         raise PlanMismatchError(
             f"the KV tensors built differ from the plan in {len(diff)} of {len(planned)} (name: built, planned): "
             + ", ".join(f"{k}: {built.get(k)}, {planned.get(k)}" for k in diff[:4])
+        )
+    own = [name for name, t in held.items() if t is not views[name]]
+    if own:
+        raise PlanMismatchError(
+            f"{len(own)} of the KV tensors built are not the views carved from the worker's arena (allocated on their "
+            f"own, outside the plan's bytes): {', '.join(own[:4])}"
         )
     arena = pools.arena
     planned_use = sum(s.nbytes for s in slots)

@@ -58,14 +58,6 @@ def dequantize_fp4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return signed * scale
 
 
-def cache_segments(rows: int, heads: int, dim: int, dtype: KVCacheDtype) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    """The buffers one [rows, heads, dim] cache tensor needs: data, and FP4's scale bytes."""
-    segments = [((rows, heads, dtype.data_elements(dim)), dtype.storage_dtype)]
-    if dtype.scale_group:
-        segments.append(((rows, heads, dtype.scale_elements(dim)), torch.uint8))
-    return segments
-
-
 class CacheTensor:
     """One logical [rows, heads, dim] cache tensor in a KV dtype: data, plus scales for FP4."""
 
@@ -78,7 +70,7 @@ class CacheTensor:
 
     @staticmethod
     def take(parts: list[torch.Tensor], dtype: KVCacheDtype) -> "CacheTensor":
-        """Build from the front of `parts` (as carved from cache_segments), consuming them."""
+        """Build from the front of `parts` (the views of kvcache.sizing.layer_specs.cache_row's tensors), consuming them."""
         n = 2 if dtype.scale_group else 1
         taken = [parts.pop(0) for _ in range(n)]
         return CacheTensor(taken, dtype)
@@ -93,12 +85,10 @@ class CacheTensor:
     def read(self) -> torch.Tensor:
         return decode_view(self.data, self.dtype)
 
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.data,) if self.scales is None else (self.data, self.scales)
-
-    def named(self, name: str) -> dict[str, torch.Tensor]:
-        """The data as `name`, and FP4's scales as `{name}_scales` (the plan's names)."""
-        return {name: self.data} if self.scales is None else {name: self.data, f"{name}_scales": self.scales}
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its data and scales."""
+        return sum(t.numel() * t.element_size() for t in (self.data, self.scales) if t is not None)
 
 
 class LayerIndex:

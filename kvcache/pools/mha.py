@@ -1,7 +1,8 @@
 """MHATokenToKVPool: K and V buffers per layer for MHA/GQA (and sliding-window) layers.
 
-All layers' buffers are views into one allocation (one block of rounding, one failure point).
-Methods follow SGLang 0.5.23's KV pool API: a layer is a global layer number or an
+All layers' buffers are views of one slot of the worker's arena, the pool's planned tensors
+(kvcache.sizing.layer_specs.AttentionSpec.row_tensors over its rows), handed to it by the builder
+(kvcache.pools.planned_views); built alone it carves them from an arena of its own. Methods follow SGLang 0.5.23's KV pool API: a layer is a global layer number or an
 object with `.layer_id` (SGLang passes its RadixAttention layer).
 
 Each buffer has size + page_size rows: row (page) 0 absorbs padded writes, so token
@@ -15,16 +16,19 @@ from typing import Any, Sequence
 import torch
 
 from kvcache.inputs.dtypes import KVCacheDtype
-from kvcache.memory.device_buffers import carve, tensor_bytes
-from kvcache.pools.codec import CacheTensor, LayerIndex, cache_segments
+from kvcache.pools.codec import CacheTensor, LayerIndex
+from kvcache.pools.planned_views import Views, slots_nbytes, take_views
+from kvcache.sizing.layer_specs import AttentionSpec
+from kvcache.sizing.tensor_plan import PlannedSlot, per_layer
 
 
 class MHATokenToKVPool:
-    """Per-token K/V for `layer_ids` (global layer numbers), each [rows, kv_heads, head_dim]."""
+    """Per-token K/V for `layer_ids` (global layer numbers), each [rows, kv_heads, head_dim]: the views named
+    `{buffer}.{layer}.k`, `.v` (and FP4's `_scales`) in `views`, or, without views, an arena of its own."""
 
     def __init__(
         self, *, size: int, page_size: int, dtype: KVCacheDtype, kv_heads: int, head_dim: int, v_head_dim: int,
-        layer_ids: Sequence[int], device: torch.device,
+        layer_ids: Sequence[int], device: torch.device, buffer: str = "kv_full", views: Views | None = None,
     ) -> None:
         self.size = size
         self.page_size = page_size
@@ -36,9 +40,10 @@ class MHATokenToKVPool:
         self.start_layer = self.layer_ids[0] if self.layer_ids else 0
         self.end_layer = self.layer_ids[-1] if self.layer_ids else -1
         self.head_num, self.head_dim, self.v_head_dim = kv_heads, head_dim, v_head_dim
-        rows = size + page_size
-        per_layer = cache_segments(rows, kv_heads, head_dim, dtype) + cache_segments(rows, kv_heads, v_head_dim, dtype)
-        parts = carve(per_layer * len(self.layer_ids), device)  # one allocation for every layer's K and V
+        row = AttentionSpec(kv_heads, head_dim, v_head_dim, dtype).row_tensors()
+        self._slot = PlannedSlot(buffer, per_layer(buffer, self.layer_ids, row, size + page_size))
+        self._views = take_views([self._slot], views, device)
+        parts = list(self._views)
         self._k: list[CacheTensor] = []
         self._v: list[CacheTensor] = []
         for _ in self.layer_ids:
@@ -72,17 +77,14 @@ class MHATokenToKVPool:
         self._v[i].write(loc, cache_v if v_scale is None else cache_v / v_scale)
 
     def get_kv_size_bytes(self) -> tuple[int, int]:
-        """Bytes of all K buffers and of all V buffers (SGLang 0.5.23)."""
-        return (tensor_bytes(t for c in self._k for t in c.tensors()), tensor_bytes(t for c in self._v for t in c.tensors()))
+        """Bytes of all K buffers and of all V buffers, FP4 scales included (SGLang 0.5.23)."""
+        return sum(c.nbytes for c in self._k), sum(c.nbytes for c in self._v)
 
     @property
     def nbytes(self) -> int:
-        return tensor_bytes(t for c in (*self._k, *self._v) for t in c.tensors())
+        """Its slot of the arena: every layer's K and V back to back, 512-byte aligned (the plan's bytes)."""
+        return slots_nbytes([self._slot])
 
-    def named_tensors(self, prefix: str) -> dict[str, torch.Tensor]:
-        """Every tensor by the plan's name (`{prefix}.{layer}.k`, `.k_scales`, `.v`, ...), layer by layer."""
-        out: dict[str, torch.Tensor] = {}
-        for layer, k, v in zip(self.layer_ids, self._k, self._v):
-            out.update(k.named(f"{prefix}.{layer}.k"))
-            out.update(v.named(f"{prefix}.{layer}.v"))
-        return out
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor by the plan's name (`{buffer}.{layer}.k`, `.k_scales`, `.v`, ...), layer by layer."""
+        return dict(zip((t.name for t in self._slot.tensors), self._views))

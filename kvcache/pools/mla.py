@@ -4,6 +4,8 @@ The first kv_lora_rank elements are the compressed KV (the 'value' view); the re
 is the decoupled RoPE key. DeepSeek-V3.2 (sparse attention) adds per layer the indexer's
 key buffer, [rows, index_row_bytes] of uint8: fp8 keys and their float32 scales; with an fp8
 KV cache its latent is one packed byte row per token (`packed_latent`, kvcache.sizing.dsa_latent).
+The tensors are the views kvcache.sizing.layer_specs.MLASpec.row_tensors plans, handed to it by the
+builder (kvcache.pools.planned_views); built alone it carves them from an arena of its own.
 """
 
 from __future__ import annotations
@@ -12,41 +14,41 @@ from typing import Any, Sequence
 
 import torch
 
-from kvcache.sizing.dsa_latent import DSAFp8Latent, PackedLatentTensor
+from kvcache.sizing.dsa_latent import PackedLatentTensor
 from kvcache.inputs.dtypes import KVCacheDtype
-from kvcache.memory.device_buffers import carve, tensor_bytes
-from kvcache.pools.codec import CacheTensor, LayerIndex, cache_segments
+from kvcache.pools.codec import CacheTensor, LayerIndex
+from kvcache.pools.planned_views import Views, slots_nbytes, take_views
+from kvcache.sizing.layer_specs import MLASpec
+from kvcache.sizing.tensor_plan import PlannedSlot, per_layer
 
 
 class MLATokenToKVPool:
-    """Per-token MLA latents for `layer_ids`; row (page) 0 is padding."""
+    """Per-token MLA latents for `layer_ids`; row (page) 0 is padding. `index_head_dim` > 0 (DeepSeek-V3.2)
+    adds the sparse-attention indexer's keys. The views named `{buffer}.{layer}.latent` (`_scales`, `.index_k`)
+    in `views`, or, without views, an arena of its own."""
 
     def __init__(
         self, *, size: int, page_size: int, dtype: KVCacheDtype, kv_lora_rank: int, qk_rope_head_dim: int,
-        layer_ids: Sequence[int], device: torch.device, index_row_bytes: int = 0,
-        packed_latent: DSAFp8Latent | None = None,
+        layer_ids: Sequence[int], device: torch.device, index_head_dim: int = 0, buffer: str = "kv_mla",
+        views: Views | None = None,
     ) -> None:
+        spec = MLASpec(kv_lora_rank, qk_rope_head_dim, dtype, index_head_dim=index_head_dim)
         self.size = size
         self.page_size = page_size
         self.dtype = dtype
         self.device = device
         self.kv_lora_rank = kv_lora_rank
         self.qk_rope_head_dim = qk_rope_head_dim
-        self.packed_latent = packed_latent
-        self.index_row_bytes = index_row_bytes  # 0 unless DSA: the indexer's per-token key row
+        self.packed_latent = packed_latent = spec.packed_latent
+        self.index_row_bytes = spec.index_bytes_per_token  # 0 unless DSA: the indexer's per-token key row
         self._local = LayerIndex(layer_ids)
         self.layer_ids = self._local.layer_ids
         self.layer_num = len(self.layer_ids)
         self.start_layer = self.layer_ids[0] if self.layer_ids else 0
         self.end_layer = self.layer_ids[-1] if self.layer_ids else -1
-        rows = size + page_size
-        if packed_latent is None:
-            segments = cache_segments(rows, 1, kv_lora_rank + qk_rope_head_dim, dtype)
-        else:
-            segments = [((rows, 1, packed_latent.row_bytes), torch.uint8)]
-        if index_row_bytes:
-            segments.append(((rows, index_row_bytes), torch.uint8))
-        parts = carve(segments * len(self.layer_ids), device)  # one allocation for every layer
+        self._slot = PlannedSlot(buffer, per_layer(buffer, self.layer_ids, spec.row_tensors(), size + page_size))
+        self._views = take_views([self._slot], views, device)
+        parts = list(self._views)
         self._kv: list[CacheTensor | PackedLatentTensor] = []
         self._index: list[torch.Tensor] = []
         for _ in self.layer_ids:
@@ -54,7 +56,7 @@ class MLATokenToKVPool:
                 self._kv.append(CacheTensor.take(parts, dtype))
             else:
                 self._kv.append(PackedLatentTensor(parts.pop(0), packed_latent))
-            if index_row_bytes:
+            if index_head_dim:
                 self._index.append(parts.pop(0))
 
     def _buffer(self, layer_id: Any) -> CacheTensor | PackedLatentTensor:
@@ -102,13 +104,9 @@ class MLATokenToKVPool:
 
     @property
     def nbytes(self) -> int:
-        return tensor_bytes([*(t for c in self._kv for t in c.tensors()), *self._index])
+        """Its slot of the arena: every layer's latent (and indexer keys) back to back, 512-byte aligned."""
+        return slots_nbytes([self._slot])
 
-    def named_tensors(self, prefix: str) -> dict[str, torch.Tensor]:
-        """Every tensor by the plan's name (`{prefix}.{layer}.latent`, `.index_k`), layer by layer."""
-        out: dict[str, torch.Tensor] = {}
-        for i, layer in enumerate(self.layer_ids):
-            out.update(self._kv[i].named(f"{prefix}.{layer}.latent"))
-            if self._index:
-                out[f"{prefix}.{layer}.index_k"] = self._index[i]
-        return out
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor by the plan's name (`{buffer}.{layer}.latent`, `.index_k`), layer by layer."""
+        return dict(zip((t.name for t in self._slot.tensors), self._views))

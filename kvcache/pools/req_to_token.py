@@ -4,7 +4,9 @@ Row 0 is padding (never handed out: CUDA-graph padded batches point at it). Hybr
 models also map each row to its recurrent-state slot (`req_to_state_slot`). The API
 is SGLang 0.5.23's: alloc(reqs) binds a row to each request that has none (a chunked
 request keeps its row), free(req) unbinds it, write(indices, values) stores indices.
-Ours also refuses a double free and a row out of range, on the host at no device cost.
+Ours also refuses a double free and a row out of range, on the host at no device cost. Its tensors are
+the views of the plan's request-table slot (kvcache.sizing.pool_config.request_table_slot), handed to it by
+the builder (kvcache.pools.planned_views); built alone it carves them from an arena of its own.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from typing import Any
 
 import torch
 
-from kvcache.memory import device_buffers
-from kvcache.memory.device_buffers import tensor_bytes
 from kvcache.pools.held_slots import release_held
+from kvcache.pools.planned_views import Views, slots_nbytes, take_views
+from kvcache.sizing.pool_config import request_table_slot
 
 
 def kv_record(req: Any) -> Any:
@@ -29,17 +31,19 @@ def holds_row(req: Any) -> bool:
 
 
 class ReqToTokenPool:
-    """`size` request rows (plus the padding row) of `max_context_len` token indices."""
+    """`size` request rows (plus the padding row) of `max_context_len` token indices: the views named
+    `req_to_token.table` (and `.state_slot`) in `views`, or, without views, an arena of its own."""
 
     pre_alloc_size = 0  # SGLang 0.5.23: extra rows only its disaggregated-decode pool has
     enable_mamba_extra_buffer_lazy = False
 
-    def __init__(self, *, size: int, max_context_len: int, device: torch.device, with_state_slots: bool = False) -> None:
+    def __init__(self, *, size: int, max_context_len: int, device: torch.device, with_state_slots: bool = False,
+                 views: Views | None = None) -> None:
         self.size = size
         self.max_context_len = max_context_len
         self.device = device
-        segments = [((size + 1, max_context_len), torch.int32)] + ([((size + 1,), torch.int32)] if with_state_slots else [])
-        parts = device_buffers.carve(segments, device)
+        self._slot = request_table_slot(size, max_context_len, with_state_slots)
+        self._views = parts = take_views([self._slot], views, device)
         self.req_to_token = parts[0]
         self.req_to_state_slot = parts[1] if with_state_slots else None
         self.req_generation = torch.zeros(size + 1, dtype=torch.int64)  # host; +1 per reuse, never reset
@@ -144,11 +148,9 @@ class ReqToTokenPool:
 
     @property
     def nbytes(self) -> int:
-        return tensor_bytes(t for t in (self.req_to_token, self.req_to_state_slot) if t is not None)
+        """Its slot of the arena (the plan's bytes)."""
+        return slots_nbytes([self._slot])
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
         """The table and (hybrid models) the state-slot column, by the plan's names."""
-        out = {"req_to_token.table": self.req_to_token}
-        if self.req_to_state_slot is not None:
-            out["req_to_token.state_slot"] = self.req_to_state_slot
-        return out
+        return dict(zip((t.name for t in self._slot.tensors), self._views))

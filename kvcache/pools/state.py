@@ -1,7 +1,9 @@
 """RecurrentStatePool: per-request conv and SSM state for Mamba-2 / gated-delta-net layers.
 
 Slot 0 is padding; a request holds `slots_per_request` slots (more than one when a
-radix cache keeps states of shared prefixes).
+radix cache keeps states of shared prefixes). Its tensors are the views of the plan's state slot
+(RecurrentStateSpec.slot_tensors per layer), handed to it by the builder (kvcache.pools.planned_views);
+built alone it carves them from an arena of its own.
 """
 
 from __future__ import annotations
@@ -11,23 +13,27 @@ from typing import Sequence
 import torch
 
 from kvcache.sizing.layer_specs import RecurrentStateSpec
-from kvcache.memory import device_buffers
-from kvcache.memory.device_buffers import tensor_bytes
 from kvcache.pools.codec import LayerIndex
 from kvcache.pools.held_slots import release_held
+from kvcache.pools.planned_views import Views, slots_nbytes, take_views
+from kvcache.sizing.tensor_plan import PlannedSlot, per_layer
+
+STATE_BUFFER = "state"  # the plan's name of the state pool's slot, and the prefix of its tensors
 
 
 class RecurrentStatePool:
-    """`num_slots` slots (padding included) of every state layer's conv and SSM tensors."""
+    """`num_slots` slots (padding included) of every state layer's conv and SSM tensors: the views named
+    `state.{layer}.ssm` and `.conv` in `views`, or, without views, an arena of its own."""
 
-    def __init__(self, *, num_slots: int, spec: RecurrentStateSpec, layer_ids: Sequence[int], device: torch.device) -> None:
+    def __init__(self, *, num_slots: int, spec: RecurrentStateSpec, layer_ids: Sequence[int], device: torch.device,
+                 views: Views | None = None) -> None:
         self.num_slots = num_slots
         self.spec = spec
         self.device = device
         self._local = LayerIndex(layer_ids)
         self.layer_ids = self._local.layer_ids
-        segments = [((num_slots, *spec.ssm_shape), spec.ssm_dtype), ((num_slots, *spec.conv_shape), spec.conv_dtype)]
-        parts = device_buffers.carve(segments * len(self.layer_ids), device)  # one allocation, SSM first for alignment
+        self._slot = PlannedSlot(STATE_BUFFER, per_layer(STATE_BUFFER, self.layer_ids, spec.slot_tensors(), num_slots))
+        self._views = parts = take_views([self._slot], views, device)  # every layer's SSM then conv (the wider dtype first)
         self.ssm: list[torch.Tensor] = parts[0::2]
         self.conv: list[torch.Tensor] = parts[1::2]
         self._free: list[int] = list(range(num_slots - 1, 0, -1))
@@ -60,11 +66,9 @@ class RecurrentStatePool:
 
     @property
     def nbytes(self) -> int:
-        return tensor_bytes((*self.conv, *self.ssm))
+        """Its slot of the arena (the plan's bytes)."""
+        return slots_nbytes([self._slot])
 
-    def named_tensors(self, prefix: str = "state") -> dict[str, torch.Tensor]:
+    def named_tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor by the plan's name (`state.{layer}.ssm`, `.conv`), layer by layer."""
-        out: dict[str, torch.Tensor] = {}
-        for layer, ssm, conv in zip(self.layer_ids, self.ssm, self.conv):
-            out[f"{prefix}.{layer}.ssm"], out[f"{prefix}.{layer}.conv"] = ssm, conv
-        return out
+        return dict(zip((t.name for t in self._slot.tensors), self._views))

@@ -24,15 +24,25 @@ FREE_LOGS = 2  # the active log and the one a compaction copies into
 ALLOCATOR_BUFFER = "allocator_index"  # the name of the allocator's slots in the plan's buffers
 
 
-def free_list_slots(tokens: int, page_size: int, check_frees: bool = False, *,
-                    prefix: str = "allocator.") -> tuple[PlannedSlot, ...]:
-    """The two free logs, each its own slot of int64 ids (two entries per page each; per token at page_size 1:
-    2 x 16 B = 32 B/token), plus one bool per id and one for the padding id when checking frees."""
-    ids = tokens // page_size
+def free_log_slots(ids: int, check_frees: bool = False, *, prefix: str = "allocator.") -> tuple[PlannedSlot, ...]:
+    """One free list of `ids` ids: two logs, each its own slot of int64 ids (two entries per id each), plus one
+    bool per id and one for the padding id when checking frees (kvcache.allocators.free_log takes these)."""
     logs = tuple(PlannedSlot(ALLOCATOR_BUFFER, (tensor(f"{prefix}free_log.{i}", (LOG_LENGTH_FACTOR * ids,), "int64"),))
                  for i in range(FREE_LOGS))
     flags = (PlannedSlot(ALLOCATOR_BUFFER, (tensor(f"{prefix}is_free", (ids + 1,), "bool"),)),) if check_frees else ()
     return logs + flags
+
+
+def free_list_slots(tokens: int, page_size: int, check_frees: bool = False, *,
+                    prefix: str = "allocator.") -> tuple[PlannedSlot, ...]:
+    """The free list of `tokens` tokens in pages of page_size: one id per page (per token at page_size 1:
+    2 logs x 16 B = 32 B/token)."""
+    return free_log_slots(tokens // page_size, check_frees, prefix=prefix)
+
+
+def full_to_swa_slot(full_rows: int, *, prefix: str = "allocator.") -> PlannedSlot:
+    """The int64 full -> SWA map: a row per full-pool row (tokens plus the padding page) and the trailing -1 row."""
+    return PlannedSlot(ALLOCATOR_BUFFER, (tensor(f"{prefix}full_to_swa", (full_rows + 1,), "int64"),))
 
 
 @functools.lru_cache(maxsize=4096)  # the planner's search asks for the same sizes several times per candidate
@@ -43,10 +53,9 @@ def allocator_slots(
     for an SWA pair both sides' lists and the int64 full -> SWA map (full rows plus the trailing -1 row)."""
     if swa_tokens is None:
         return free_list_slots(full_tokens, page_size, check_frees)
-    table = tensor("allocator.full_to_swa", (full_tokens + page_size + 1,), "int64")
     return (free_list_slots(full_tokens, page_size, check_frees, prefix="allocator.full.")
             + free_list_slots(swa_tokens, page_size, check_frees, prefix="allocator.swa.")
-            + (PlannedSlot(ALLOCATOR_BUFFER, (table,)),))
+            + (full_to_swa_slot(full_tokens + page_size),))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -96,8 +96,3 @@ class PackedLatentTensor:
         """The packed rows, as SGLang 0.5.23 hands them to its fp8 DSA kernels."""
         return self.data
 
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.data,)
-
-    def named(self, name: str) -> dict[str, torch.Tensor]:
-        return {name: self.data}

@@ -22,6 +22,15 @@ REQ_TO_TOKEN_ELEMENT_BYTES = 4  # int32 token indices
 DRAFT_POOL_PREFIX = "draft_"  # a draft worker's pools, which the target's plan pays for
 
 
+def request_table_slot(requests: int, row_width: int, with_state_slots: bool) -> PlannedSlot:
+    """The request table: int32 token indices per row (row 0 is padding), and for a hybrid model each row's
+    state slot (kvcache.pools.req_to_token takes these)."""
+    rows = requests + 1
+    table = tensor("req_to_token.table", (rows, row_width), "int32")
+    state = (tensor("req_to_token.state_slot", (rows,), "int32"),) if with_state_slots else ()
+    return PlannedSlot("req_to_token", (table, *state))
+
+
 class KVPoolPlan(msgspec.Struct, frozen=True, kw_only=True):
     """One per-token pool: `num_tokens` usable rows plus one padding page."""
 
@@ -108,11 +117,8 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
         return slot_size((self.max_running_requests + 1) * width * REQ_TO_TOKEN_ELEMENT_BYTES)
 
     def req_to_token_slot(self) -> PlannedSlot:
-        """The request table, int32 token indices per row, and for a hybrid model each row's state slot."""
-        rows = self.max_running_requests + 1
-        table = tensor("req_to_token.table", (rows, self.req_to_token_row_width), "int32")
-        state = (tensor("req_to_token.state_slot", (rows,), "int32"),) if self.state_pool else ()
-        return PlannedSlot("req_to_token", (table, *state))
+        """The request table (kvcache.sizing.pool_config.request_table_slot)."""
+        return request_table_slot(self.max_running_requests, self.req_to_token_row_width, self.state_pool is not None)
 
     def worker_slots(self, *, draft: bool = False) -> tuple[PlannedSlot, ...]:
         """Every tensor one worker carves from its arena, slot by slot in arena order (worker_buffers' order):

@@ -22,6 +22,13 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """'bfloat16' -> torch.bfloat16 (the inverse of dtype_name)."""
+    dtype = getattr(torch, name)
+    assert isinstance(dtype, torch.dtype), name
+    return dtype
+
+
 _ITEMSIZE: dict[str, int] = {}
 
 
@@ -29,9 +36,7 @@ def itemsize(name: str) -> int:
     """Bytes of one element of the torch dtype named `name`."""
     size = _ITEMSIZE.get(name)
     if size is None:
-        dtype = getattr(torch, name)
-        assert isinstance(dtype, torch.dtype), name
-        size = _ITEMSIZE[name] = dtype.itemsize
+        size = _ITEMSIZE[name] = torch_dtype(name).itemsize
     return size
 
 

@@ -53,9 +53,10 @@ class RecordingAllocator:
         self.calls: list[tuple[str, Any]] = []
 
     @classmethod
-    def from_plan(cls, *, plan: MemoryPoolConfig, device: torch.device, kvcache: Any = None) -> "RecordingAllocator":
-        """The allocator the plan calls for (kvcache.allocators.factory), wrapped."""
-        return cls(allocator_for_plan(plan=plan, device=device, kvcache=kvcache))
+    def from_plan(cls, *, plan: MemoryPoolConfig, device: torch.device, kvcache: Any = None,
+                  views: Any = None) -> "RecordingAllocator":
+        """The allocator the plan calls for (kvcache.allocators.factory) on the builder's views, wrapped."""
+        return cls(allocator_for_plan(plan=plan, device=device, kvcache=kvcache, views=views))
 
     def _record(self, name: str, arg: Any = None) -> None:
         self.calls.append((name, arg))
@@ -132,7 +133,7 @@ class FailingAllocatorFactory:
     def __init__(self, error: BaseException) -> None:
         self.error = error
 
-    def __call__(self, *, plan: MemoryPoolConfig, device: torch.device, kvcache: Any = None) -> Any:
+    def __call__(self, *, plan: MemoryPoolConfig, device: torch.device, kvcache: Any = None, views: Any = None) -> Any:
         raise self.error
 
 

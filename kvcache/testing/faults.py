@@ -2,7 +2,7 @@
 
 The points are the calls every bootstrap already makes, each one of the steps that can fail on a device or
 between ranks: `arena` (one allocation that holds a worker's weights or its KV pools: weights first, then the
-KV arena), `buffer` (each pool and allocator buffer carved from it, or allocated alone), `collective` (each
+KV arena), `buffer` (each slot of a pool or allocator carved from an arena: the KV arena, or one of their own), `collective` (each
 all_gather / all_reduce the ranks agree through); `graph_capture` and `resize` (CUDA only) are the engine's,
 hooked by the caller (kvcache imports nothing of app). An allocation
 fails as the device fails it (torch.OutOfMemoryError); a collective as a peer that went away fails it (a
@@ -73,7 +73,7 @@ class FaultInjector:
         (owner, attribute, point) hooks of the layers above kvcache: the engine's graph capture and resize."""
         hooks: list[tuple[Any, str, FaultPoint]] = [
             (device_buffers.Arena, "__init__", "arena"),
-            (device_buffers, "allocate_zeros", "buffer"),
+            (device_buffers.Arena, "carve_slot", "buffer"),
             (dist, "all_gather", "collective"),
             (dist, "all_reduce", "collective"),
             *more,
