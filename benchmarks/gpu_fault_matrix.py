@@ -35,7 +35,7 @@ import torch  # noqa: E402
 from app.cli import main  # noqa: E402
 from app.forward import graphs  # noqa: E402
 from app import model_runner  # noqa: E402
-from kvcache.memory import device_buffers  # noqa: E402
+from kvcache.testing.arena_census import ArenaCensus  # noqa: E402
 from kvcache.testing.faults import FaultInjector  # noqa: E402
 from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG  # noqa: E402
 
@@ -58,9 +58,10 @@ def allocated(device: str) -> int | None:
     return torch.cuda.memory_allocated()
 
 
-def start(argv: list[str], injector: FaultInjector) -> tuple[int, str]:
+def start(argv: list[str], injector: FaultInjector, census: ArenaCensus | None = None) -> tuple[int, str]:
     err = io.StringIO()
-    with injector.installed(*ENGINE_HOOKS), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+    with (census or ArenaCensus()).installed(), injector.installed(*ENGINE_HOOKS), \
+            contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         code = main(argv)
     return code, err.getvalue().strip()
 
@@ -76,11 +77,11 @@ def walk(device: str, name: str, argv: list[str]) -> list[dict[str, Any]]:
             continue  # one process: no collectives (tests/test_rank_faults.py walks them on two ranks)
         for at in range(1, hits + 1):
             before = allocated(device)
-            injector = FaultInjector(point=point, at=at)  # type: ignore[arg-type]
-            code, line = start(argv, injector)
-            after = allocated(device)
+            injector, census = FaultInjector(point=point, at=at), ArenaCensus()  # type: ignore[arg-type]
+            code, line = start(argv, injector, census)
+            after = allocated(device)  # collects garbage first
             left = None if before is None or after is None else after - before
-            arenas = len(device_buffers._ARENAS)
+            arenas = census.alive()
             ok = injector.fired and code == 3 and line.count("\n") == 0 and not left and arenas == 0
             rows.append({"config": name, "fault": f"{point} #{at}", "code": code, "left_bytes": left,
                          "arenas_alive": arenas, "ok": ok, "note": line[:160]})

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from app.cli import main
 from kvcache.memory import device_buffers
+from kvcache.testing.arena_census import ArenaCensus
 
 NEEDS_GLOO = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="this torch build has no gloo process groups")
@@ -56,42 +57,44 @@ def scenarios(model: str, rank: int) -> dict[str, list[str]]:
 
 
 def _failing_allocations(rank: int, made: list[weakref.ref[torch.Tensor]]) -> Any:
-    """allocate_zeros that records every buffer; on rank 1 the second buffer (the KV pool) runs out of memory."""
-    real = device_buffers.allocate_zeros
+    """Arena.carve_slot that records every buffer carved; on rank 1 the second one (after the request table) runs
+    out of memory."""
+    real = device_buffers.Arena.carve_slot
 
-    def allocate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def carve(arena: device_buffers.Arena, parts: Any) -> list[torch.Tensor]:
         if rank == 1 and made:
             raise torch.OutOfMemoryError("out of memory (simulated on rank 1)")
-        t = real(shape, dtype, device)
-        made.append(weakref.ref(t))
-        return t
+        views = real(arena, parts)
+        made.append(weakref.ref(views[0]))
+        return views
 
-    return allocate
+    return carve
 
 
 def run_rank(rank: int, model: str, ports: dict[str, int], out_dir: str) -> None:
     torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it hangs)
 
     results: dict[str, Any] = {}
-    real_allocate = device_buffers.allocate_zeros
+    real_carve = device_buffers.Arena.carve_slot
     for name, argv in scenarios(model, rank).items():
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(ports.get(name, 1)))
         made: list[weakref.ref[torch.Tensor]] = []
         if name == "build_fails":
-            device_buffers.allocate_zeros = _failing_allocations(rank, made)
+            device_buffers.Arena.carve_slot = _failing_allocations(rank, made)  # type: ignore[method-assign]
         if name == "embedded":
             dist.init_process_group("gloo", init_method="env://")
         out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        census = ArenaCensus()
+        with census.installed(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(argv)
-        device_buffers.allocate_zeros = real_allocate
+        device_buffers.Arena.carve_slot = real_carve  # type: ignore[method-assign]
         gc.collect()
         results[name] = {
             "code": code, "stdout": out.getvalue(), "stderr": err.getvalue(),
             "group_left": dist.is_initialized(), "buffers_made": len(made),
             "buffers_alive": sum(ref() is not None for ref in made),
-            "arenas_alive": len(device_buffers._ARENAS),  # weights and KV arenas still referenced anywhere
+            "arenas_alive": census.alive(),  # weights and KV arenas still referenced anywhere
         }
         if name == "embedded" and dist.is_initialized():
             dist.destroy_process_group()
@@ -118,11 +121,12 @@ def run_fault_walk(rank: int, model: str, port: int, walk: list[tuple[str, int, 
     for point, at, action in walk:
         armed = rank == 1 and at > 0
         injector = FaultInjector(point=point, at=at, action=action) if armed else FaultInjector()  # type: ignore[arg-type]
-        err = io.StringIO()
-        with injector.installed(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        err, census = io.StringIO(), ArenaCensus()
+        with census.installed(), injector.installed(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(err):
             code = main([*FAULT_ARGV, "--model", model])
         gc.collect()
         results.append({"step": f"{point} #{at} {action}", "code": code, "stderr": err.getvalue(),
-                        "hits": dict(injector.hits), "fired": injector.fired, "arenas_alive": len(device_buffers._ARENAS)})
+                        "hits": dict(injector.hits), "fired": injector.fired, "arenas_alive": census.alive()})
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()

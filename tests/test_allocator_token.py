@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcache.memory import device_buffers
 from kvcache.allocators import TokenToKVPoolAllocator
-from kvcache.sizing.allocator_footprint import allocator_index_bytes
+from kvcache.sizing.allocator_footprint import allocator_index_bytes, free_log_slots
 from kvcache.byte_units import MiB
 from kvcache.memory.device_buffers import Arena
+from kvcache.pools.planned_views import carve_slots
 
 CPU = torch.device("cpu")
 
@@ -325,8 +325,8 @@ def test_compactions_allocate_nothing_beyond_the_plan_and_lose_no_index(check_fr
     planned = allocator_index_bytes(100, 1, check_frees=check_frees)
     assert planned == 2 * 2_048 + (512 if check_frees else 0)
     arena = Arena(10 * MiB, CPU)
-    with arena.active():
-        a = TokenToKVPoolAllocator(size=100, device=CPU, check_frees=check_frees)
+    views = carve_slots(arena, free_log_slots(100, check_frees))
+    a = TokenToKVPoolAllocator(size=100, device=CPU, check_frees=check_frees, views=views)
     held = a.alloc(30)
     assert held is not None
     held = held.clone()
@@ -334,7 +334,9 @@ def test_compactions_allocate_nothing_beyond_the_plan_and_lose_no_index(check_fr
         out = a.alloc(7)
         assert out is not None
         a.free(out.flip(0) if step % 2 else out)
-    assert a.nbytes == device_buffers.tensor_bytes(_held_tensors(a)) == planned == arena.used
+    arena_storage = next(iter(views.values())).untyped_storage().data_ptr()
+    assert {t.untyped_storage().data_ptr() for t in _held_tensors(a)} == {arena_storage}  # nothing of its own
+    assert a.nbytes == planned == arena.used
     rest = a.alloc(a.available_size())
     assert rest is not None
     assert sorted([*held.tolist(), *rest.tolist()]) == list(range(1, 101))  # every index once

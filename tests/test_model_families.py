@@ -41,7 +41,7 @@ def test_dsa_indexer_buffer_is_allocated_beside_the_latent() -> None:
     spec = next(g.spec for g in layout(corpus("DeepSeek-V3.2")).kv_groups if g.name == "mla")
     assert isinstance(spec, MLASpec) and spec.index_bytes_per_token == 128 + 128 // 128 * 4
     pool = MLATokenToKVPool(size=64, page_size=64, dtype=spec.dtype, kv_lora_rank=512, qk_rope_head_dim=64,
-                            layer_ids=[0, 1], device=torch.device("cpu"), index_row_bytes=spec.index_bytes_per_token)
+                            layer_ids=[0, 1], device=torch.device("cpu"), index_head_dim=spec.index_head_dim)
     index = pool.get_index_k_with_scale_buffer(1)
     assert index.shape == (128, 132) and index.dtype == torch.uint8
     assert pool.nbytes == 2 * 128 * spec.bytes_per_token  # rows = size + one padding page

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import weakref
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -99,16 +101,16 @@ def test_a_pool_build_failing_part_way_frees_everything(make_engine, monkeypatch
     runner = engine.engine().target
     runner.load_weights()
     made: list[weakref.ref[torch.Tensor]] = []
-    real = device_buffers.allocate_zeros
+    real = device_buffers.Arena.carve_slot
 
-    def fail_on_the_kv_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        if made:  # the request table came first; the KV pool is next
+    def fail_after_the_request_table(arena: device_buffers.Arena, parts: Any) -> list[torch.Tensor]:
+        if made:  # the request table's slot came first; the allocator's and the KV pool's come next
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        t = real(shape, dtype, device)
-        made.append(weakref.ref(t))
-        return t
+        views = real(arena, parts)
+        made.append(weakref.ref(views[0]))
+        return views
 
-    monkeypatch.setattr(device_buffers, "allocate_zeros", fail_on_the_kv_pool)
+    monkeypatch.setattr(device_buffers.Arena, "carve_slot", fail_after_the_request_table)
     with pytest.raises(PoolBuildError, match="failed part-way .* everything built so far was freed"):
         runner.init_memory_pool()
     gc.collect()

@@ -13,6 +13,10 @@ from kvcache.memory import device_buffers
 from kvcache.allocators import TokenToKVPoolAllocator
 from kvcache.byte_units import GiB, MiB
 from kvcache.memory.device_buffers import Arena, arena_size
+from kvcache.pools.planned_views import carve_slots
+from kvcache.sizing.layer_specs import FullAttentionSpec
+from kvcache.sizing.tensor_plan import PlannedSlot, per_layer
+from kvcache.testing.arena_census import ArenaCensus
 from kvcache.errors import ConfigError, PlanMismatchError
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.sizing.planning import candidate_plan, plan_cost, plan_pool_sizes
@@ -76,49 +80,56 @@ def test_a_draft_worker_has_its_own_arena_and_the_target_pays_for_both(make_engi
     assert runtime.target.kv_cache.allocated_bytes + draft_arena == plan.total_bytes <= 2 * GiB
 
 
-def _checking_allocator(*, plan: Any, device: torch.device, kvcache: Any = None) -> TokenToKVPoolAllocator:
+def _checking_allocator(*, plan: Any, device: torch.device, kvcache: Any = None,
+                        views: Any = None) -> TokenToKVPoolAllocator:
     """An allocator with is-free flags the plan did not pay for."""
     return TokenToKVPoolAllocator(size=plan.max_total_num_tokens, device=device, check_frees=True)
 
 
-def _undersized_allocator(*, plan: Any, device: torch.device, kvcache: Any = None) -> TokenToKVPoolAllocator:
+def _undersized_allocator(*, plan: Any, device: torch.device, kvcache: Any = None,
+                          views: Any = None) -> TokenToKVPoolAllocator:
     """An allocator over half the plan's tokens: smaller index buffers than planned."""
     return TokenToKVPoolAllocator(size=plan.max_total_num_tokens // 2, device=device)
 
 
-@pytest.mark.parametrize("factory", [_checking_allocator, _undersized_allocator])
+def _own_buffers_allocator(*, plan: Any, device: torch.device, kvcache: Any = None,
+                           views: Any = None) -> TokenToKVPoolAllocator:
+    """The plan's allocator, shapes and all, on buffers of its own instead of the arena's views."""
+    return TokenToKVPoolAllocator(size=plan.max_total_num_tokens, device=device)
+
+
+@pytest.mark.parametrize("factory", [_checking_allocator, _undersized_allocator, _own_buffers_allocator])
 def test_the_guard_refuses_a_build_that_differs_from_the_plan(make_engine: Any, factory: Any) -> None:
     from dependency_injector import providers
 
     engine = make_engine(kv_cache_memory=64 * MiB)
     engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
     engine.target.allocator_factory.override(providers.Callable(factory))
-    gc.collect()
-    arenas_before = len(device_buffers._ARENAS)
-    with pytest.raises(PlanMismatchError, match="plan"):
+    with ArenaCensus().installed() as census, pytest.raises(PlanMismatchError, match="plan"):
         engine.target.configurator().configure(pre_model_load_memory=GiB)
     gc.collect()
-    assert len(device_buffers._ARENAS) == arenas_before  # the arena, and every view of it, is gone
+    assert census.made >= 1 and census.alive() == 0  # the arena, and every view of it, is gone
 
 
 def test_an_arena_refuses_a_buffer_beyond_its_size() -> None:
     arena = Arena(10 * MiB, torch.device("cpu"))
-    with arena.active():
-        device_buffers.allocate_zeros((8 * MiB,), torch.uint8, torch.device("cpu"))
-        with pytest.raises(PlanMismatchError, match="does not fit in the KV arena: 8,388,608 of 10,485,760 B"):
-            device_buffers.allocate_zeros((2 * MiB + 1,), torch.uint8, torch.device("cpu"))  # a 2 MiB + 512 B slot
+    arena.carve_slot([((8 * MiB,), torch.uint8)])
+    with pytest.raises(PlanMismatchError, match="does not fit in the KV arena: 8,388,608 of 10,485,760 B"):
+        arena.carve_slot([((2 * MiB + 1,), torch.uint8)])  # a 2 MiB + 512 B slot
     assert arena.used == 8 * MiB
 
 
-def test_views_of_an_arena_count_their_slots() -> None:
+def test_a_pool_built_on_views_of_an_arena_holds_them_and_counts_its_slot() -> None:
     arena = Arena(10 * MiB, META)
-    with arena.active():
-        pool = MHATokenToKVPool(size=1000, page_size=1, dtype=KV_CACHE_DTYPES["bfloat16"], kv_heads=2, head_dim=64,
-                                v_head_dim=64, layer_ids=range(3), device=META)
-        small = device_buffers.allocate_zeros((100,), torch.int64, META)
-    # 1,001 rows x 3 layers x (K + V) x 2 heads x 64 x 2 B = 1,537,536 B (512-aligned); 800 B -> 1,024 B
-    assert pool.nbytes == 1_537_536 and device_buffers.tensor_bytes([small]) == 1024
-    assert arena.used == 1_537_536 + 1024
+    row = FullAttentionSpec(2, 64, 64, KV_CACHE_DTYPES["bfloat16"]).row_tensors()
+    views = carve_slots(arena, [PlannedSlot("kv_full", per_layer("kv_full", (0, 1, 2), row, 1001))])
+    (small,) = arena.carve_slot([((100,), torch.int64)])
+    pool = MHATokenToKVPool(size=1000, page_size=1, dtype=KV_CACHE_DTYPES["bfloat16"], kv_heads=2, head_dim=64,
+                            v_head_dim=64, layer_ids=range(3), device=META, views=views)
+    # 1,001 rows x 3 layers x (K + V) x 2 heads x 64 x 2 B = 1,537,536 B (512-aligned); 800 B -> a 1,024 B slot
+    assert pool.nbytes == 1_537_536 and arena.used == 1_537_536 + 1024
+    assert list(pool.named_tensors()) == list(views) and all(pool.named_tensors()[n] is v for n, v in views.items())
+    assert small.shape == (100,)
 
 
 @pytest.mark.parametrize("head_dim", [16, 32, 48, 64, 80, 96, 112, 128, 192, 256])
@@ -175,9 +186,7 @@ def test_an_arena_that_cannot_be_allocated_is_a_build_error_with_nothing_held(ma
     engine = make_engine(kv_cache_memory=64 * MiB, probe=FixedMemoryProbe(total_bytes=GiB))
     configurator = engine.target.configurator()
     monkeypatch.setattr(device_buffers, "_flat", out_of_memory)
-    gc.collect()
-    arenas_before = len(device_buffers._ARENAS)
-    with pytest.raises(PoolBuildError, match="failed part-way on cpu: CUDA out of memory"):
+    with ArenaCensus().installed() as census, pytest.raises(PoolBuildError, match="failed part-way on cpu: CUDA out"):
         configurator.configure(pre_model_load_memory=GiB)
     assert len(asked) == 1 and asked[0] % (2 * MiB) == 0  # one request, the whole arena
-    assert len(device_buffers._ARENAS) == arenas_before
+    assert census.made == 0

@@ -64,6 +64,10 @@ def assert_built_as_planned(plan: MemoryPoolConfig, built: dict[str, torch.Tenso
         sums[s.buffer] = sums.get(s.buffer, 0) + s.nbytes
     assert sums == plan.worker_buffers()  # the plan's bytes are the sums of its tensor list
     assert arena_used == sum(s.nbytes for s in slots) and plan.arena_bytes() == arena_size(arena_used)
+    if next(iter(built.values())).device.type != "meta":  # every tensor a view of the one arena, in planned order
+        storages = {t.untyped_storage().data_ptr() for t in built.values()}
+        starts = [t.data_ptr() for t in built.values()]
+        assert len(storages) == 1 and starts == sorted(starts)
 
 
 @pytest.mark.parametrize("name", CORPUS_NAMES)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvcache.memory import device_buffers
+from kvcache.testing.arena_census import ArenaCensus
 from kvcache.byte_units import GiB, MiB
 from kvcache.errors import PoolBuildError, PoolOutOfMemoryError
 from kvcache.memory.memory_probe import FixedMemoryProbe
@@ -39,7 +39,7 @@ NOT_REFUSED = [  # anything else that fails mid-build is a bug, whatever its typ
 ]
 
 
-def _refusing_allocator(*, plan: Any, device: torch.device, kvcache: Any = None) -> Any:
+def _refusing_allocator(*, plan: Any, device: torch.device, kvcache: Any = None, views: Any = None) -> Any:
     raise ValueError("this allocator refuses the plan (simulated)")
 
 
@@ -49,11 +49,10 @@ def test_an_error_that_is_not_out_of_memory_still_frees_the_arena(make_engine: A
     engine = make_engine(kv_cache_memory=64 * MiB)
     engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
     engine.target.allocator_factory.override(providers.Callable(_refusing_allocator))
-    arenas_before = len(device_buffers._ARENAS)
-    with pytest.raises(ValueError, match="refuses the plan") as caught:
+    with ArenaCensus().installed() as census, pytest.raises(ValueError, match="refuses the plan") as caught:
         engine.target.configurator().configure(pre_model_load_memory=GiB)
     # no gc.collect(): while the error is still held, its frames must not keep the arena alive
-    assert caught.value is not None and len(device_buffers._ARENAS) == arenas_before
+    assert caught.value is not None and census.made == 1 and census.alive() == 0
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import weakref
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -155,16 +157,16 @@ def test_state_pool_refuses_a_double_free_so_no_two_requests_share_a_state() -> 
 
 def test_a_pool_that_fails_part_way_keeps_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[weakref.ref[torch.Tensor]] = []
-    real = buffers.allocate_zeros
+    real = buffers.Arena.carve_slot
 
-    def fail_on_second(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def fail_on_second(arena: buffers.Arena, parts: Any) -> list[torch.Tensor]:
         if len(made) == 1:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated on the second buffer)")
-        t = real(shape, dtype, device)
-        made.append(weakref.ref(t))
-        return t
+        views = real(arena, parts)
+        made.append(weakref.ref(views[0]))
+        return views
 
-    monkeypatch.setattr(buffers, "allocate_zeros", fail_on_second)
+    monkeypatch.setattr(buffers.Arena, "carve_slot", fail_on_second)
     pools = []
     try:
         for _ in range(2):
@@ -180,5 +182,5 @@ def test_a_pool_that_fails_part_way_keeps_nothing(monkeypatch: pytest.MonkeyPatc
 
 def test_one_allocation_per_pool() -> None:
     pool = mha("bfloat16")
-    storages = {t.untyped_storage().data_ptr() for c in (*pool._k, *pool._v) for t in c.tensors()}
+    storages = {t.untyped_storage().data_ptr() for t in pool.named_tensors().values()}
     assert len(storages) == 1

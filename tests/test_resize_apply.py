@@ -207,12 +207,10 @@ def test_a_resize_releases_every_per_token_buffer_of_an_mla_pool(dtype: str, ind
                                                                 row_bytes: int) -> None:
     """DSA's indexer keys are per token like the latent: a resize that kept their tails mapped would hold
     index_row_bytes x released rows x layers more than the resized plan says."""
-    from kvcache.sizing.dsa_latent import DSAFp8Latent
-
-    packed = DSAFp8Latent(128, 64) if index_row_bytes and dtype == "fp8_e4m3" else None
     pool = MLATokenToKVPool(size=64, page_size=16, dtype=KV_CACHE_DTYPES[dtype], kv_lora_rank=128,
-                            qk_rope_head_dim=64, layer_ids=range(3), device=CPU, index_row_bytes=index_row_bytes,
-                            packed_latent=packed)
+                            qk_rope_head_dim=64, layer_ids=range(3), device=CPU,
+                            index_head_dim=128 if index_row_bytes else 0)  # DSA: 128 fp8 keys + a float32 scale
+    assert pool.index_row_bytes == index_row_bytes
     buffers = pool_buffers(pool)
     assert sum(t.nbytes for t in buffers) == 3 * 80 * row_bytes  # 3 layers x (64 + 16) rows
     released = released_address_ranges(buffers, 16 + 16)

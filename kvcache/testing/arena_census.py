@@ -8,7 +8,6 @@ them are gone.
 from __future__ import annotations
 
 import contextlib
-import gc
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -42,6 +41,5 @@ class ArenaCensus:
         return len(self._made)
 
     def alive(self) -> int:
-        """How many of them something still references (after a garbage collection)."""
-        gc.collect()
+        """How many of them something still references (collect garbage first to count only reachable ones)."""
         return sum(ref() is not None for ref in self._made)

@@ -1,0 +1,123 @@
+"""Pools and allocators take the views they are given: built from plain tensors (no arena) they hold exactly
+those, and a view of another shape, dtype or device, or a missing one, is refused naming it and the plan's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvcache.errors import PlanMismatchError
+from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+from kvcache.memory.device_buffers import Arena
+from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool, RecurrentStatePool, ReqToTokenPool
+from kvcache.pools.planned_views import carve_slots
+from kvcache.sizing.allocator_footprint import allocator_slots, free_list_slots
+from kvcache.sizing.layer_specs import FullAttentionSpec, RecurrentStateSpec
+from kvcache.sizing.pool_config import request_table_slot
+from kvcache.sizing.tensor_plan import PlannedSlot, per_layer, torch_dtype
+
+CPU = torch.device("cpu")
+BF16 = KV_CACHE_DTYPES["bfloat16"]
+
+
+def plain(slots: tuple[PlannedSlot, ...] | list[PlannedSlot]) -> dict[str, torch.Tensor]:
+    """One zeroed tensor of its own per planned tensor: views that come from no arena."""
+    return {t.name: torch.zeros(t.shape, dtype=torch_dtype(t.dtype)) for s in slots for t in s.tensors}
+
+
+def kv_slot(rows: int, layers: tuple[int, ...] = (0, 1)) -> PlannedSlot:
+    return PlannedSlot("kv_full", per_layer("kv_full", layers, FullAttentionSpec(2, 64, 64, BF16).row_tensors(), rows))
+
+
+def mha(views: dict[str, torch.Tensor]) -> MHATokenToKVPool:
+    return MHATokenToKVPool(size=8, page_size=1, dtype=BF16, kv_heads=2, head_dim=64, v_head_dim=64,
+                            layer_ids=(0, 1), device=CPU, views=views)
+
+
+def test_an_mha_pool_built_from_plain_tensors_holds_and_writes_exactly_them() -> None:
+    views = plain([kv_slot(9)])  # 8 tokens + the padding row
+    pool = mha(views)
+    assert list(pool.named_tensors()) == ["kv_full.0.k", "kv_full.0.v", "kv_full.1.k", "kv_full.1.v"]
+    assert all(pool.named_tensors()[name] is t for name, t in views.items())
+    pool.set_kv_buffer(1, torch.tensor([3]), torch.ones(1, 2, 64), torch.full((1, 2, 64), 2.0))
+    assert views["kv_full.1.k"][3].eq(1).all() and views["kv_full.1.v"][3].eq(2).all()
+    assert views["kv_full.0.k"].eq(0).all()  # the other layer is untouched
+    # each layer: 9 rows x (K + V) x 2 heads x 64 x 2 B = 4,608 B; two layers 9,216 B, a 512 B multiple already
+    assert pool.get_kv_size_bytes() == (4_608, 4_608) and pool.nbytes == 9_216
+
+
+def test_the_other_pools_and_every_allocator_take_plain_tensors() -> None:
+    table = plain([request_table_slot(4, 16, True)])
+    req = ReqToTokenPool(size=4, max_context_len=16, device=CPU, with_state_slots=True, views=table)
+    assert req.req_to_token is table["req_to_token.table"] and req.req_to_state_slot is table["req_to_token.state_slot"]
+
+    spec = RecurrentStateSpec(kind="mamba2", conv_shape=(32, 3), ssm_shape=(2, 8, 16), conv_dtype=torch.bfloat16,
+                              ssm_dtype=torch.float32)
+    state_views = plain([PlannedSlot("state", per_layer("state", (1, 3), spec.slot_tensors(), 5))])
+    state = RecurrentStatePool(num_slots=5, spec=spec, layer_ids=(1, 3), device=CPU, views=state_views)
+    assert state.get_state(3) == (state_views["state.3.conv"], state_views["state.3.ssm"])
+
+    mla_views = {"kv_mla.0.latent": torch.zeros(9, 1, 576, dtype=torch.bfloat16)}
+    mla = MLATokenToKVPool(size=8, page_size=1, dtype=BF16, kv_lora_rank=512, qk_rope_head_dim=64, layer_ids=(0,),
+                           device=CPU, views=mla_views)
+    assert mla.get_key_buffer(0) is mla_views["kv_mla.0.latent"]
+
+    for allocator, slots in [
+        (lambda v: TokenToKVPoolAllocator(size=8, device=CPU, views=v), free_list_slots(8, 1)),
+        (lambda v: PagedTokenToKVPoolAllocator(size=64, page_size=16, device=CPU, kernels=None, views=v),
+         free_list_slots(64, 16)),
+        (lambda v: SWATokenToKVPoolAllocator(full_size=64, swa_size=32, page_size=16, device=CPU, views=v),
+         allocator_slots(64, 16, 32)),
+    ]:
+        views = plain(slots)
+        a = allocator(views)
+        assert a.named_tensors().keys() == views.keys()
+        assert all(a.named_tensors()[name] is t for name, t in views.items())
+        out = a.alloc(a.page_size)
+        assert out is not None and out.numel() == a.page_size
+        a.free(out)
+        assert a.available_size() == a.size
+
+
+def test_one_pass_carves_each_slot_back_to_back_and_the_pools_hold_those_views() -> None:
+    slots = (request_table_slot(4, 16, False), *free_list_slots(8, 1), kv_slot(9))
+    arena = Arena(sum(s.nbytes for s in slots), CPU)
+    views = carve_slots(arena, slots)
+    # 5 x 16 int32 = 320 B -> a 512 B slot; each log 16 int64 = 128 B -> 512 B; K/V 9,216 B
+    assert arena.used == arena.nbytes == 512 + 2 * 512 + 9_216
+    base = views["req_to_token.table"].data_ptr()
+    assert [views[n].data_ptr() - base for n in ("allocator.free_log.0", "allocator.free_log.1", "kv_full.0.k",
+                                                 "kv_full.0.v", "kv_full.1.k")] == [512, 1024, 1536, 3840, 6144]
+    req = ReqToTokenPool(size=4, max_context_len=16, device=CPU, views=views)
+    allocator = TokenToKVPoolAllocator(size=8, device=CPU, views=views, kvcache=mha(views))
+    assert req.named_tensors()["req_to_token.table"] is views["req_to_token.table"]
+    assert allocator.named_tensors()["allocator.free_log.1"] is views["allocator.free_log.1"]
+
+
+@pytest.mark.parametrize(("name", "bad", "message"), [
+    ("kv_full.1.v", torch.zeros(8, 2, 64, dtype=torch.bfloat16),
+     "the view given for 'kv_full.1.v' is (8, 2, 64) bfloat16 on cpu; the plan has (9, 2, 64) bfloat16 on cpu"),
+    ("kv_full.0.k", torch.zeros(9, 2, 64, dtype=torch.float16),
+     "the view given for 'kv_full.0.k' is (9, 2, 64) float16 on cpu; the plan has (9, 2, 64) bfloat16 on cpu"),
+    ("kv_full.0.k", torch.zeros(9, 2, 64, dtype=torch.bfloat16, device="meta"),
+     "the view given for 'kv_full.0.k' is (9, 2, 64) bfloat16 on meta; the plan has (9, 2, 64) bfloat16 on cpu"),
+    ("kv_full.1.k", None, "no view was given for 'kv_full.1.k'; the plan has (9, 2, 64) bfloat16 on cpu"),
+])
+def test_a_view_of_another_shape_dtype_or_device_or_none_is_refused_by_name(
+        name: str, bad: torch.Tensor | None, message: str) -> None:
+    views = plain([kv_slot(9)])
+    if bad is None:
+        del views[name]
+    else:
+        views[name] = bad
+    with pytest.raises(PlanMismatchError) as refused:
+        mha(views)
+    assert str(refused.value) == message
+
+
+def test_an_allocator_refuses_free_logs_sized_for_another_capacity() -> None:
+    views = plain(free_list_slots(16, 1))  # logs of 32 ids for an allocator of 8 tokens
+    with pytest.raises(PlanMismatchError, match=r"'allocator.free_log.0' is \(32,\) int64 on cpu; the plan has "
+                                                r"\(16,\) int64 on cpu"):
+        TokenToKVPoolAllocator(size=8, device=CPU, views=views)
