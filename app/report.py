@@ -12,6 +12,7 @@ from app.report_header import report_header
 from kvcache.byte_units import format_bytes
 from kvcache.engines import EngineRules
 from kvcache.inputs.dtypes import model_dtype_name
+from kvcache.memory.memory_budget import headroom_bytes
 from kvcache.sizing.capacity_notes import CapacityNote, capacity_notes
 
 
@@ -62,6 +63,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     draft: WorkerReport | None = None
     measured_headroom: dict[str, Any] | None = None  # kvcache.runtime.measured_headroom.MeasuredSizing.to_dict()
     measured_prediction: dict[str, Any] | None = None  # a dry run: what a measured bootstrap on the card will hold
+    multimodal: dict[str, Any] | None = None  # the engine's multimodal memory rule and what it kept (_multimodal)
 
 
 def _worker(runner: ModelRunner) -> WorkerReport:
@@ -105,7 +107,51 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         draft=_worker(engine.draft) if engine.draft is not None else None,
         measured_headroom=target.measured_sizing.to_dict() if target.measured_sizing is not None else None,
         measured_prediction=_prediction(target, card),
+        multimodal=_multimodal(target),
     )
+
+
+def _multimodal(target: ModelRunner) -> dict[str, Any]:
+    """The engine's multimodal rule for the target and what it kept free: the fraction before and after its cut
+    (a derived fraction only), the bytes that cut keeps beyond the uncut fraction, and the budget's reserve."""
+    sizing, budget = target.sizing, target.memory_pool_config.budget
+    rule = sizing.multimodal()
+    out: dict[str, Any] = {**rule.to_dict(), "cut_by": None, "fraction_before_cut": None,
+                           "fraction": budget.mem_fraction_static, "kept_by_fraction_bytes": 0,
+                           "reserve_bytes": budget.reserved_bytes}  # what the budget kept (none with --kv-cache-memory)
+    if rule.on and budget.mem_fraction_static is not None and sizing.settings.mem_fraction_static is None:
+        before = sizing.derived_fraction_before_multimodal_cut(budget.total_bytes)
+        post_capture = sizing.post_capture_resize().active
+        if post_capture or rule.fraction_factor is not None:
+            out["cut_by"] = "post_capture" if post_capture else "factor"
+        out["fraction_before_cut"] = before
+        out["kept_by_fraction_bytes"] = (headroom_bytes(budget.free_before_load_bytes, budget.mem_fraction_static)
+                                         - headroom_bytes(budget.free_before_load_bytes, before))
+    return out
+
+
+def _multimodal_lines(m: dict[str, Any]) -> list[str]:
+    """Whether the multimodal side is on and, when it is, how the fraction was cut and what the budget kept back."""
+    if not m["multimodal_model"]:
+        return []
+    lines = [f"multimodal          {'on' if m['on'] else 'off'}: {m['why']}"]
+    if not m["on"]:
+        return lines
+    if m["cut_by"] is not None:
+        cut = (f"x {m['fraction_factor']:.6g} (0.95 x the ViT-size factor)" if m["cut_by"] == "factor"
+               else f"- {m['post_capture_cut_mib']} MiB of the card (post-capture resize)")
+        lines.append(f"                    mem_fraction_static {m['fraction_before_cut']} {cut} = {m['fraction']:.6g}: "
+                     f"keeps {format_bytes(m['kept_by_fraction_bytes'])} more free for the multimodal encoder")
+    elif m["fraction"] is not None:
+        why = "as given" if m["fraction_before_cut"] is None else "(no vision_config to size the cut by)"
+        lines.append(f"                    mem_fraction_static {m['fraction']} {why}: not cut")
+    if m["reserve_bytes"]:
+        lines.append(f"                    {format_bytes(m['reserve_bytes'])} of the budget kept for the multimodal "
+                     "embedding cache (allocated after the KV cache)")
+    if not m["prefill_cuda_graphs"]:
+        lines.append("                    no prefill CUDA graphs: the engine captures them only for the multimodal "
+                     "architectures it lists, so none of their reserve is kept")
+    return lines
 
 
 def _prediction(target: ModelRunner, card: str | None) -> dict[str, Any] | None:
@@ -160,6 +206,7 @@ def render_text(report: BootstrapReport) -> str:
         + ("  (vision tower not counted: its shapes are not in config.json)" if r.vision_weights == "not_counted" else ""),
         "KV budget           " + format_bytes(r.budget_bytes)
         + (f"  (mem_fraction_static {r.mem_fraction_static})" if r.mem_fraction_static is not None else "  (--kv-cache-memory)"),
+        *(_multimodal_lines(r.multimodal) if r.multimodal is not None else []),
         f"bytes per token     {r.bytes_per_token:,}",
         f"max total tokens    {r.max_total_num_tokens:,}" + _below_context_note(r),
         f"max running reqs    {r.max_running_requests:,}"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from kvcache.engines.sglang_hybrid_swa import architectures, is_hybrid_swa_model, one_full_pool_override
+from kvcache.engines.sglang_multimodal import sglang_multimodal_memory
 from kvcache.inputs.server_args import HybridSwaMemory
 from kvcache.models.model_config import ModelConfig
-from kvcache.sizing.engine_rules import EngineRules, WindowPools
+from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory, WindowPools
 
 
 class SGLangRules(EngineRules):
@@ -30,6 +31,13 @@ class SGLangRules(EngineRules):
             return WindowPools(separate=False, why=f"{self.label} builds window pools only for the architectures "
                                                    f"is_hybrid_swa_model lists, not {arch}")
         return WindowPools(separate=True, why=f"{self.label} lists {arch} in is_hybrid_swa_model")
+
+    def multimodal(self, model: ModelConfig, *, enable_multimodal: bool | None,
+                   language_model_only: bool) -> MultimodalMemory:
+        """A smaller derived fraction, a 100 MiB reserve and maybe no prefill graphs for a multimodal model whose
+        multimodal side is on (kvcache.engines.sglang_multimodal)."""
+        return sglang_multimodal_memory(model, enable_multimodal=enable_multimodal,
+                                        language_model_only=language_model_only, label=self.label)
 
 
 SGLANG = SGLangRules()

@@ -130,6 +130,13 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         SGLANG_MAMBA_FULL_MEMORY_RATIO)
     mamba_ssm_dtype: Annotated[Literal["float32", "bfloat16", "float16"], _doc("SSM state dtype")] = "float32"
     max_mamba_cache_size: Annotated[PositiveInt, _doc("state slots to keep (instead of the ratio)")] | None = None
+    # multimodal models (SGLang 0.5.23's flags; kvcache.engines.sglang_multimodal)
+    enable_multimodal: Annotated[bool, _doc(
+        "serve the model's multimodal side (images, video, audio); unset, SGLang 0.5.23 turns it on for multimodal "
+        "models but Gemma-3, Llama-4, Step3-VL and Inkling. On, a derived --mem-fraction-static is cut by 0.95 x a "
+        "ViT-size factor and 100 MiB of the KV budget is kept for the embedding cache")] | None = None
+    language_model_only: Annotated[bool, _doc(
+        "serve a multimodal model as text only: none of SGLang 0.5.23's multimodal cuts to the KV budget")] = False
     # speculative decoding
     speculative_algorithm: Annotated[SpeculativeAlgorithm, _doc("speculative decoding")] = "none"
     speculative_draft_model: Annotated[str, _doc("draft model: a preset name, a model directory or a config.json"),
@@ -288,7 +295,7 @@ def token_cap_below_one_page(max_total_tokens: int | None, page_size: int) -> st
 SGLANG_ONLY_FIELDS = ("mem_fraction_static", "kv_cache_memory", "page_size", "max_total_tokens", "max_running_requests",
                       "cuda_graph_max_bs", "disable_overlap_schedule", "enable_post_capture_kv_resize",
                       "enable_dp_attention", "disable_radix_cache", "max_mamba_cache_size", "speculative_algorithm",
-                      "swa_full_tokens_ratio", "mamba_full_memory_ratio")
+                      "swa_full_tokens_ratio", "mamba_full_memory_ratio", "enable_multimodal", "language_model_only")
 VLLM_ONLY_FIELDS = {"gpu_memory_utilization": "--mem-fraction-static", "block_size": "--page-size"}
 FLASH_ATTN_KERNEL_BLOCK = 16
 
@@ -325,6 +332,9 @@ def _cross_field_problems(a: ServerArgs) -> list[str]:
     problems: list[str] = _engine_problems(a)
     if a.enable_hybrid_swa_memory and a.disable_hybrid_swa_memory:
         problems.append("--enable-hybrid-swa-memory and --disable-hybrid-swa-memory contradict each other: give one")
+    if a.enable_multimodal and a.language_model_only:
+        problems.append("--enable-multimodal and --language-model-only contradict each other: give one "
+                        "(--language-model-only serves text only)")
     if a.mem_fraction_static is not None and a.kv_cache_memory is not None:
         problems.append(
             "--mem-fraction-static and --kv-cache-memory both set the KV budget: give only one "

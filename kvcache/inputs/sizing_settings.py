@@ -59,6 +59,8 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
     speculative_num_draft_tokens: int = 0  # extra request-table columns a verify step writes
     enable_post_capture_kv_resize: bool = False
     kv_headroom: str = "auto"
+    enable_multimodal: bool | None = None  # None: the engine's default for the architecture
+    language_model_only: bool = False
 
     @classmethod
     def from_server_args(cls, a: ServerArgs, *, forced_page_size: int | None = None) -> "SizingSettings":
@@ -79,6 +81,7 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
             speculative_algorithm=a.speculative_algorithm,
             speculative_num_draft_tokens=a.resolved_speculative_num_draft_tokens if a.speculative else 0,
             enable_post_capture_kv_resize=a.enable_post_capture_kv_resize, kv_headroom=a.kv_headroom,
+            enable_multimodal=a.enable_multimodal, language_model_only=a.language_model_only,
         )
 
     @property

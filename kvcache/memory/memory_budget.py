@@ -1,7 +1,8 @@
 """The KV budget: bytes the cache may take, from the probe's numbers and ServerArgs.
 
-budget = free_after_load - round(free_before_load * (1 - mem_fraction_static)),
-or `kv_cache_memory` when given (checked against what is free after the weights).
+budget = free_after_load - round(free_before_load * (1 - mem_fraction_static)) - reserved,
+or `kv_cache_memory` when given (checked against what is free after the weights). `reserved` is what the
+engine allocates only after sizing the KV cache (SGLang's multimodal embedding cache), so it is kept out.
 When mem_fraction_static is not given it is derived from the card's size the way
 SGLang does (`kvcache.memory.runtime_reserve`, then `derive_mem_fraction_static`).
 """
@@ -26,6 +27,7 @@ class MemoryBudget(msgspec.Struct, frozen=True, kw_only=True):
     free_after_load_bytes: int
     mem_fraction_static: float | None
     kv_cache_memory_bytes: int | None
+    reserved_bytes: int = 0  # kept out of the budget for buffers allocated after the KV cache is sized
 
     @property
     def weights_and_load_bytes(self) -> int:
@@ -33,12 +35,14 @@ class MemoryBudget(msgspec.Struct, frozen=True, kw_only=True):
         return self.free_before_load_bytes - self.free_after_load_bytes
 
 
+MIN_DERIVED_FRACTION = Fraction(1, 20)  # our floor: SGLang's value goes to zero or below on a card no larger than the reserve
+
+
 def derive_mem_fraction_static(total_bytes: int, reserve_mib: Fraction) -> float:
-    """round((card - reserve) / card, 3), in MiB as SGLang computes it; at least 0.05 (our floor:
-    SGLang's value goes to zero or below on a card no larger than the reserve)."""
+    """round((card - reserve) / card, 3), in MiB as SGLang computes it; at least MIN_DERIVED_FRACTION."""
     card_mib = Fraction(total_bytes, MiB)
     value = round((card_mib - reserve_mib) / card_mib, 3)
-    return float(max(Fraction(1, 20), value))
+    return float(max(MIN_DERIVED_FRACTION, value))
 
 
 def headroom_bytes(free_before_load: int, mem_fraction_static: float) -> int:
@@ -48,7 +52,7 @@ def headroom_bytes(free_before_load: int, mem_fraction_static: float) -> int:
 
 def compute_budget(
     *, total_bytes: int, free_before_load: int, free_after_load: int,
-    mem_fraction_static: float | None, kv_cache_memory: int | None,
+    mem_fraction_static: float | None, kv_cache_memory: int | None, reserved_bytes: int = 0,
 ) -> MemoryBudget:
     """The KV budget in bytes; raises when the weights leave nothing or kv_cache_memory exceeds what is free."""
     if kv_cache_memory is not None:
@@ -58,20 +62,21 @@ def compute_budget(
                 f"{format_bytes(free_after_load)} is free after loading weights",
                 needed_bytes=kv_cache_memory, available_bytes=free_after_load,
             )
-        budget = kv_cache_memory
+        budget, reserved_bytes = kv_cache_memory, 0
     else:
         assert mem_fraction_static is not None
         keep_free = headroom_bytes(free_before_load, mem_fraction_static)
-        budget = free_after_load - keep_free
+        budget = free_after_load - keep_free - reserved_bytes
         if budget <= 0:
+            also = f" and {format_bytes(reserved_bytes)} for buffers allocated after it" if reserved_bytes else ""
             raise WeightsLeaveNoRoomError(
                 f"after loading weights ({format_bytes(free_before_load - free_after_load)}) nothing is left for the "
                 f"KV cache at --mem-fraction-static {mem_fraction_static}: the runtime keeps "
-                f"{format_bytes(keep_free)} free",
-                needed_bytes=keep_free, available_bytes=free_after_load,
+                f"{format_bytes(keep_free)} free{also}",
+                needed_bytes=keep_free + reserved_bytes, available_bytes=free_after_load,
             )
     return MemoryBudget(
         budget_bytes=budget, total_bytes=total_bytes, free_before_load_bytes=free_before_load,
         free_after_load_bytes=free_after_load, mem_fraction_static=mem_fraction_static,
-        kv_cache_memory_bytes=kv_cache_memory,
+        kv_cache_memory_bytes=kv_cache_memory, reserved_bytes=reserved_bytes,
     )

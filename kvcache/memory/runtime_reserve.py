@@ -2,8 +2,9 @@
 
 Follows SGLang 0.5.23 (`arg_groups/memory_hook.py`: `handle_gpu_memory_settings`,
 `reserve_for_graph_mb`; `cuda_graph_hook.py`: `generate_prefill_cuda_graph_batch_sizes`),
-for a CUDA engine that is not disaggregated, with no DeepEP, no VLM and no post-capture
-sizing (that one is `kvcache.sizing.post_capture_eligibility`). All sizes are in MiB of the card,
+for a CUDA engine that is not disaggregated, with no DeepEP and no post-capture sizing (that one is
+`kvcache.sizing.post_capture_eligibility`); a multimodal model's cut comes after, from the engine's rules
+(`kvcache.engines.sglang_multimodal`), which may also turn the prefill graphs off. All sizes are in MiB of the card,
 as SGLang reads them from nvidia-smi; the arithmetic is exact (Fractions).
 
     reserve = 512 + 1.5 * max(chunked_prefill, 2048) + tp * pp / 8 * 1024 + graphs
@@ -47,6 +48,7 @@ class RuntimeShape(msgspec.Struct, frozen=True, kw_only=True):
     uses_mla: bool = False
     max_total_tokens: int | None = None
     max_running_requests: int | None = None
+    prefill_cuda_graphs: bool = True  # False where the engine captures none for the model (SGLang: some multimodal)
 
 
 def _card_mib(total_bytes: int) -> Fraction:
@@ -98,7 +100,7 @@ def prefill_cuda_graph_count(max_tokens: int) -> int:
 
 def prefill_graph_reserve_mib(total_bytes: int, shape: RuntimeShape) -> int:
     """Prefill CUDA graphs (SGLang 0.5.23 captures them by default on CUDA, not with PP > 1)."""
-    if not shape.cuda_graphs or shape.pp_size > 1:
+    if not shape.cuda_graphs or not shape.prefill_cuda_graphs or shape.pp_size > 1:
         return 0
     if shape.uses_mla:
         return MLA_PREFILL_GRAPH_RESERVE_MIB

@@ -60,14 +60,15 @@ def post_capture_headroom_bytes(
     *, plan: MemoryPoolConfig, pre_model_load_bytes: int, cuda_graph_max_bs: int, activation_reserve_mib: Fraction,
 ) -> int:
     """Bytes to leave free after the resize: what the plan's fraction kept back, and the eager
-    activation reserve too when max_running_requests exceeds the largest captured batch."""
+    activation reserve too when max_running_requests exceeds the largest captured batch; plus what the
+    budget reserved for buffers allocated after it (SGLang 0.5.23 keeps its multimodal reserve here too)."""
     fraction = plan.budget.mem_fraction_static
     if fraction is None:
         raise ValueError("a plan made from --kv-cache-memory has no fraction to keep headroom by; it is not resized")
     headroom = headroom_bytes(pre_model_load_bytes, fraction)
     if plan.max_running_requests > cuda_graph_max_bs:
         headroom = max(headroom, int(activation_reserve_mib * MiB))
-    return headroom
+    return headroom + plan.budget.reserved_bytes
 
 
 def compute_post_capture_kv_resize(

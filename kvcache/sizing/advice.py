@@ -212,7 +212,7 @@ def budget_at_memory_limit(budget: MemoryBudget, limit: int, fraction: float) ->
     try:
         return compute_budget(total_bytes=limit, free_before_load=budget.free_before_load_bytes + grow,
                               free_after_load=budget.free_after_load_bytes + grow, mem_fraction_static=fraction,
-                              kv_cache_memory=None).budget_bytes
+                              kv_cache_memory=None, reserved_bytes=budget.reserved_bytes).budget_bytes
     except DoesNotFitError:
         return 0
 

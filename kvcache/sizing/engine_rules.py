@@ -7,11 +7,16 @@ rules (SGLang 0.5.23's, ...) live above, in `kvcache.engines`, and the configura
 from __future__ import annotations
 
 from abc import ABC
-from typing import ClassVar
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, ClassVar
 
 import msgspec
 
+from kvcache.arithmetic import exact_fraction
+from kvcache.byte_units import MiB
 from kvcache.inputs.server_args import HybridSwaMemory
+from kvcache.memory.memory_budget import MIN_DERIVED_FRACTION
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.planning import PlanRequest, plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
@@ -22,6 +27,43 @@ class WindowPools(msgspec.Struct, frozen=True, kw_only=True):
 
     separate: bool
     why: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MultimodalMemory:
+    """What an engine keeps back for a model's multimodal side (image/video/audio encoders and their buffers).
+
+    Off for text models and for engines without such a rule. On, a derived mem_fraction_static is cut
+    (multiplied by `fraction_factor`, or, with the post-capture resize, lowered by `post_capture_cut_mib` of
+    the card), `reserve_bytes` come out of the KV budget, and prefill CUDA graphs may be off."""
+
+    on: bool
+    why: str
+    multimodal_model: bool = False  # whether the engine counts the model as multimodal at all (its side on or off)
+    fraction_factor: Fraction | None = None  # None: a derived fraction is not cut (no vision_config to size by)
+    post_capture_cut_mib: int = 0
+    reserve_bytes: int = 0  # allocated after the KV cache is sized (an embedding cache), so kept out of it
+    prefill_cuda_graphs: bool = True  # False: the engine captures none for this model, so reserves none
+
+    def cut_fraction(self, fraction: float, total_bytes: int, *, post_capture: bool) -> float:
+        """A derived fraction after the cut (not rounded again, as the engine leaves it; at least
+        MIN_DERIVED_FRACTION, where the engine's would reach zero on a small card); unchanged when off."""
+        if not self.on:
+            return fraction
+        if post_capture:
+            cut = exact_fraction(fraction) - Fraction(self.post_capture_cut_mib * MiB, total_bytes)
+        elif self.fraction_factor is not None:
+            cut = exact_fraction(fraction) * self.fraction_factor
+        else:
+            return fraction
+        return float(max(MIN_DERIVED_FRACTION, cut))
+
+    def to_dict(self) -> dict[str, Any]:
+        """--json's view: the switch, why, the factor (a float; None when not cut) and the reserve in bytes."""
+        return {"on": self.on, "why": self.why, "multimodal_model": self.multimodal_model,
+                "fraction_factor": None if self.fraction_factor is None else float(self.fraction_factor),
+                "post_capture_cut_mib": self.post_capture_cut_mib, "reserve_bytes": self.reserve_bytes,
+                "prefill_cuda_graphs": self.prefill_cuda_graphs}
 
 
 class EngineRules(ABC):
@@ -41,6 +83,11 @@ class EngineRules(ABC):
         if switch == "disable":
             return WindowPools(separate=False, why="--disable-hybrid-swa-memory")
         return WindowPools(separate=True, why=f"{self.label} sizes sliding-window layers apart")
+
+    def multimodal(self, model: ModelConfig, *, enable_multimodal: bool | None,
+                   language_model_only: bool) -> MultimodalMemory:
+        """What this engine keeps back for the model's multimodal side: nothing unless an engine says so."""
+        return MultimodalMemory(on=False, why=f"{self.label} has no multimodal memory rule here")
 
     def plan(self, request: PlanRequest) -> MemoryPoolConfig:
         """The pools for a budget: the project's planner unless an engine sizes them its own way."""

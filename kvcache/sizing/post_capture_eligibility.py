@@ -36,9 +36,11 @@ class PostCaptureEligibility(msgspec.Struct, frozen=True, kw_only=True):
 
 def post_capture_eligibility(
     *, server_args: ServerArgs | SizingSettings, device_type: str, is_draft_worker: bool, layout: CacheLayout,
-    kv_cache_dtype: KVCacheDtype,
+    kv_cache_dtype: KVCacheDtype, multimodal_on: bool = False,
 ) -> PostCaptureEligibility:
-    """Whether the post-capture resize runs for this worker, and why (not)."""
+    """Whether the post-capture resize runs for this worker, and why (not). With the model's multimodal side on
+    (`multimodal_on`) the headroom is never measured: the worst-case step runs no vision encoder, so the engine's
+    cut fraction keeps its vision headroom (the resize still runs when --enable-post-capture-kv-resize asks)."""
     a = server_args
     kinds = {g.spec.pool_kind for g in layout.kv_groups}
     blockers = (
@@ -56,6 +58,12 @@ def post_capture_eligibility(
     for blocked, reason in blockers:
         if blocked:
             return PostCaptureEligibility(active=False, reason=reason)
+    if measures_headroom(a) and multimodal_on:
+        why = ("not measured: the worst-case step runs no vision encoder, so with the multimodal side on the "
+               "engine's cut fraction keeps the headroom (--language-model-only measures)")
+        if a.enable_post_capture_kv_resize:
+            return PostCaptureEligibility(active=True, reason=f"on: pools shrink after CUDA-graph capture; {why}")
+        return PostCaptureEligibility(active=False, reason=why)
     if measures_headroom(a):
         return PostCaptureEligibility(active=True, measured=True, reason=(
             "measured: after CUDA-graph capture the pools keep what the worst-case step left free, less a margin"))
@@ -64,12 +72,12 @@ def post_capture_eligibility(
 
 def is_post_capture_kv_active(
     *, server_args: ServerArgs | SizingSettings, device_type: str, is_draft_worker: bool, layout: CacheLayout,
-    kv_cache_dtype: KVCacheDtype,
+    kv_cache_dtype: KVCacheDtype, multimodal_on: bool = False,
 ) -> bool:
     """True when this worker's pools are built resizable and shrunk after capture."""
     return post_capture_eligibility(
         server_args=server_args, device_type=device_type, is_draft_worker=is_draft_worker, layout=layout,
-        kv_cache_dtype=kv_cache_dtype,
+        kv_cache_dtype=kv_cache_dtype, multimodal_on=multimodal_on,
     ).active
 
 

@@ -24,7 +24,7 @@ from kvcache.memory.memory_budget import MemoryBudget, compute_budget, derive_me
 from kvcache.memory.runtime_reserve import RuntimeShape, default_mem_fraction_static
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.advice import KeptFree, suggest_fixes, suggest_kv_cache_memory
-from kvcache.sizing.engine_rules import EngineRules
+from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory
 from kvcache.sizing.planning import PlanRequest
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.pool_layout import CacheLayout, worker_cache_layout
@@ -99,13 +99,25 @@ class WorkerSizing:
         )
 
     def mem_fraction_static(self, total_bytes: int) -> float:
-        """The user's value, or SGLang's rule for a card of `total_bytes` (kvcache.memory.runtime_reserve)."""
-        s, p = self.settings, self.parallel_state
-        if s.mem_fraction_static is not None:
-            return s.mem_fraction_static
+        """The user's value, or SGLang's rule for a card of `total_bytes` (kvcache.memory.runtime_reserve), cut
+        for a multimodal model by the engine's rule (`multimodal()`)."""
+        if self.settings.mem_fraction_static is not None:
+            return self.settings.mem_fraction_static
+        return self.multimodal().cut_fraction(self.derived_fraction_before_multimodal_cut(total_bytes), total_bytes,
+                                              post_capture=self.post_capture_resize().active)
+
+    def derived_fraction_before_multimodal_cut(self, total_bytes: int) -> float:
+        """SGLang's derived fraction for the card, before a multimodal cut (the report shows both)."""
+        p = self.parallel_state
         if self.post_capture_resize().active:  # the resize trims the pools after capture (kvcache.runtime)
             return derive_mem_fraction_static(total_bytes, post_capture_reserve_mib(tp_size=p.tp_size, pp_size=p.pp_size))
         return default_mem_fraction_static(total_bytes, self.runtime_shape())
+
+    def multimodal(self) -> MultimodalMemory:
+        """What the engine keeps back for the model's multimodal side (off for text models and text-only serving)."""
+        s = self.settings
+        return self.engine.multimodal(self.model_config, enable_multimodal=s.enable_multimodal,
+                                      language_model_only=s.language_model_only)
 
     def runtime_shape(self) -> RuntimeShape:
         """What the runtime reserve is sized for: graphs, prefill chunk, parallel sizes, MLA."""
@@ -116,13 +128,14 @@ class WorkerSizing:
             tp_size=p.tp_size, pp_size=p.pp_size, attention_dp_size=p.attention_dp_size,
             uses_mla=any(g.spec.pool_kind == "mla" for g in self.layout().kv_groups),
             max_total_tokens=s.max_total_tokens, max_running_requests=s.max_running_requests,
+            prefill_cuda_graphs=self.multimodal().prefill_cuda_graphs,
         )
 
     def post_capture_resize(self) -> PostCaptureEligibility:
         """Whether this worker's pools are resized after CUDA-graph capture, and why (not)."""
         return post_capture_eligibility(
             server_args=self.settings, device_type=self.device_type, is_draft_worker=self.is_draft_worker,
-            layout=self.layout(), kv_cache_dtype=self.kv_cache_dtype,
+            layout=self.layout(), kv_cache_dtype=self.kv_cache_dtype, multimodal_on=self.multimodal().on,
         )
 
     def budget(self, memory: WorkerMemory) -> MemoryBudget:
@@ -132,7 +145,7 @@ class WorkerSizing:
             total_bytes=memory.total_bytes, free_before_load=memory.free_before_load,
             free_after_load=memory.free_after_load,
             mem_fraction_static=None if s.kv_cache_memory is not None else self.mem_fraction_static(memory.total_bytes),
-            kv_cache_memory=s.kv_cache_memory,
+            kv_cache_memory=s.kv_cache_memory, reserved_bytes=self.multimodal().reserve_bytes,
         )
 
     def plan_request(self, layout: CacheLayout, budget: MemoryBudget, draft_layout: CacheLayout | None = None) -> PlanRequest:
@@ -182,11 +195,13 @@ class WorkerSizing:
 
     def _budget_for(self, memory: WorkerMemory) -> Callable[[float], int]:
         """The budget a given mem_fraction_static would leave with this memory (0 where the weights leave none)."""
+        reserved = self.multimodal().reserve_bytes
+
         def budget_for(fraction: float) -> int:
             try:
                 return compute_budget(total_bytes=memory.total_bytes, free_before_load=memory.free_before_load,
                                       free_after_load=memory.free_after_load, mem_fraction_static=fraction,
-                                      kv_cache_memory=None).budget_bytes
+                                      kv_cache_memory=None, reserved_bytes=reserved).budget_bytes
             except DoesNotFitError:
                 return 0
         return budget_for
