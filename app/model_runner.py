@@ -8,6 +8,7 @@ with a draft loads both workers' weights before the target profiles.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable
 
@@ -22,7 +23,6 @@ from app.forward.measured_sizing import size_from_worst_case
 from app.forward.post_capture import apply_post_capture_resize
 from app.forward.worst_case import ReferenceWorstCaseStep
 from kvcache.runtime.measured_headroom import MeasuredSizing, WorstCaseStep
-from kvcache.memory.device_buffers import cuda_backing
 from kvcache.runtime.resize import PostCaptureKVResize
 from kvcache.memory.vmm_storage import VmmBacking
 from kvcache.byte_units import format_bytes
@@ -281,8 +281,8 @@ class ModelRunner:
         if not configurator.sizing.post_capture_resize().active:
             return configurator.configure(pre_model_load_memory=pre_model_load_memory)
         backing = VmmBacking()
-        with cuda_backing(backing):
-            result = configurator.configure(pre_model_load_memory=pre_model_load_memory)
+        result = dataclasses.replace(configurator, arena_backing=backing).configure(
+            pre_model_load_memory=pre_model_load_memory)
         self._vmm_backing = backing  # only once the pools exist: a failed build leaves nothing to resize
         return result
 

@@ -20,7 +20,7 @@ from kvcache.errors import ConfigError
 from kvcache.inputs.dtypes import KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.sizing_settings import SizingSettings
-from kvcache.memory.device_buffers import Arena
+from kvcache.memory.device_buffers import Arena, ArenaBacking
 from kvcache.memory.memory_probe import MemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.pools import RecurrentStatePool, ReqToTokenPool
@@ -90,6 +90,7 @@ class KVCacheConfigurator:
     pool_name_prefix: str = ""
     draft_layout: CacheLayout | None = None
     shared: SharedTargetCache | None = None
+    arena_backing: ArenaBacking | None = None  # the arena's CUDA storage: VMM when a post-capture resize trims it
 
     # ---- the one public method -------------------------------------------
     def configure(self, *, pre_model_load_memory: int) -> KVCacheConfigResult:
@@ -124,7 +125,7 @@ class KVCacheConfigurator:
             pools = build_worker_pools(
                 plan=plan, layout=layout, device=self.device, allocator_factory=self.allocator_factory,
                 shared_req_to_token_pool=shared.req_to_token_pool if shared else None,
-                shared_allocator=shared.token_to_kv_pool_allocator if shared else None,
+                shared_allocator=shared.token_to_kv_pool_allocator if shared else None, backing=self.arena_backing,
             )
         self.forward_stream.synchronize()
         return pools

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import weakref
 
@@ -127,8 +128,10 @@ def test_pools_that_fail_to_build_leave_nothing_to_resize() -> None:
         def post_capture_resize(self) -> PostCaptureEligibility:
             return PostCaptureEligibility(active=True, reason="on")
 
-    class ResizableButFails:
-        sizing = Resizable()
+    @dataclasses.dataclass(frozen=True)
+    class ResizableButFails:  # the runner gives a resizable build its VMM backing through the arena_backing field
+        sizing: Resizable = dataclasses.field(default_factory=Resizable)
+        arena_backing: Any = None
 
         def configure(self, *, pre_model_load_memory: int) -> None:
             raise PoolBuildError("the pools could not be built")

@@ -3,9 +3,16 @@ those, and a view of another shape, dtype or device, or a missing one, is refuse
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 import torch
 
+from kvcache.byte_units import GiB, MiB
+from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.vmm_storage import VmmBacking
+from kvcache.testing.virtual_memory import FakeVirtualMemory
 from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.errors import PlanMismatchError
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
@@ -121,3 +128,21 @@ def test_an_allocator_refuses_free_logs_sized_for_another_capacity() -> None:
     with pytest.raises(PlanMismatchError, match=r"'allocator.free_log.0' is \(32,\) int64 on cpu; the plan has "
                                                 r"\(16,\) int64 on cpu"):
         TokenToKVPoolAllocator(size=8, device=CPU, views=views)
+
+
+def test_a_worker_given_an_arena_backing_carves_every_tensor_from_that_storage(make_engine: Any) -> None:
+    """The VMM path of a post-capture resize, on the CPU fake of the driver: the configurator's arena_backing is
+    passed to the builder explicitly (no ambient context), and its one allocation holds every tensor."""
+    engine = make_engine(kv_cache_memory=16 * MiB, probe=FixedMemoryProbe(total_bytes=GiB))
+    memory = FakeVirtualMemory(granularity=4096)
+    backing = VmmBacking(chunk_bytes=1 << 20, memory=lambda device: memory)
+    configurator = dataclasses.replace(engine.target.configurator(), arena_backing=backing)
+    result = configurator.configure(pre_model_load_memory=GiB)
+    (allocation,) = backing.allocations
+    plan = result.memory_pool_config
+    assert allocation.reserved >= plan.arena_bytes() == result.allocated_bytes == memory.physical_bytes
+    tensors = [*result.req_to_token_pool.named_tensors().values(),
+               *result.token_to_kv_pool_allocator.named_tensors().values(),
+               *result.token_to_kv_pool.named_tensors().values()]
+    assert len(tensors) == len(plan.tensors())
+    assert all(allocation.base <= t.data_ptr() < allocation.base + plan.arena_bytes() for t in tensors)

@@ -14,12 +14,10 @@ takes `allocation_size(nbytes)`, what the caching allocator gives it: 512-byte b
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import mmap
 from math import prod
 from itertools import accumulate
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -55,19 +53,9 @@ def slot_size(nbytes: int) -> int:
     return align_up(nbytes, SLOT_ALIGN)
 
 
-CudaBacking = Callable[[int, torch.device], torch.Tensor]
-_CUDA_BACKING: contextvars.ContextVar["CudaBacking | None"] = contextvars.ContextVar("cuda_backing", default=None)
-
-
-@contextlib.contextmanager
-def cuda_backing(allocate: CudaBacking) -> Iterator[None]:
-    """Inside, large CUDA allocations (an arena among them) come from `allocate(nbytes, device)`, a uint8
-    tensor, not the caching allocator: kvcache.memory.vmm_storage backs pools resized after CUDA-graph capture."""
-    token = _CUDA_BACKING.set(allocate)
-    try:
-        yield
-    finally:
-        _CUDA_BACKING.reset(token)
+ArenaBacking = Callable[[int, torch.device], torch.Tensor]
+"""Where an arena's bytes come from instead of the device's allocator: `allocate(nbytes, device)`, a uint8 tensor
+(kvcache.memory.vmm_storage.VmmBacking backs the CUDA pools that a post-capture resize trims)."""
 
 
 def _flat(size: int, device: torch.device, *, zeroed: bool) -> torch.Tensor:
@@ -75,10 +63,6 @@ def _flat(size: int, device: torch.device, *, zeroed: bool) -> torch.Tensor:
     pages the kernel hands out already zeroed when first touched (no memset faulting in every page)."""
     if device.type == "cpu" and size >= HOST_MAP_THRESHOLD:
         return torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8)
-    backing = _CUDA_BACKING.get()
-    if device.type == "cuda" and backing is not None and size > SMALL_UP_TO:
-        flat = backing(size, device)
-        return flat.zero_() if zeroed else flat
     if zeroed:
         return torch.zeros(size, dtype=torch.uint8, device=device)
     return torch.empty(size, dtype=torch.uint8, device=device)
@@ -88,13 +72,18 @@ class Arena:
     """One allocation that buffers are carved from back to back, each in a slot of `slot_size(n)` bytes.
 
     It is passed to whoever carves it (kvcache.pools.planned_views for the KV pools, the weight loader):
-    nothing allocates from an arena it was not handed."""
+    nothing allocates from an arena it was not handed. Given a `backing`, it takes its bytes from it (VMM
+    storage for a CUDA worker whose pools a post-capture resize trims) instead of the device's allocator."""
 
     def __init__(self, nbytes: int, device: torch.device, *,
-                 zeroed: bool = True) -> None:
+                 zeroed: bool = True, backing: ArenaBacking | None = None) -> None:
         self.nbytes = nbytes
         self.device = device
-        self._flat = _flat(nbytes, device, zeroed=zeroed)
+        if backing is not None:
+            flat = backing(nbytes, device)
+            self._flat = flat.zero_() if zeroed else flat
+        else:
+            self._flat = _flat(nbytes, device, zeroed=zeroed)
         self.used = 0  # bytes of the slots handed out so far
 
     def _slot(self, nbytes: int, device: torch.device) -> int:

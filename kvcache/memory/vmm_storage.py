@@ -6,7 +6,7 @@ addresses for life, so CUDA graphs captured against the pools stay valid after
 `keep_only` unmaps everything outside the byte ranges still needed
 (kvcache.memory.tail_release decides which blocks). A failed `keep_only` leaves every
 byte mapped again and the kept bytes unchanged. `VmmBacking` is the allocation function
-`kvcache.memory.device_buffers.cuda_backing` takes.
+a worker's arena may be given (kvcache.memory.device_buffers.ArenaBacking).
 
 The driver calls go through a `VirtualMemory`: CUDA's (kvcache.memory.cuda_virtual_memory,
 needing the optional cuda-bindings, imported only when a CUDA pool is built this way),

@@ -18,7 +18,7 @@ import torch
 from kvcache.pools.allocator_protocol import AllocatorFactory, TokenAllocator
 from kvcache.pools.planned_views import Views, carve_slots
 from kvcache.byte_units import format_bytes
-from kvcache.memory.device_buffers import Arena
+from kvcache.memory.device_buffers import Arena, ArenaBacking
 from kvcache.errors import PlanMismatchError, PoolBuildError, PoolOutOfMemoryError
 from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec, SlidingWindowSpec
 from kvcache.memory.out_of_memory import is_out_of_memory
@@ -81,15 +81,16 @@ def _build_kv_group(group: KVPoolGroup, plan: MemoryPoolConfig, device: torch.de
 def build_worker_pools(
     *, plan: MemoryPoolConfig, layout: CacheLayout, device: torch.device, allocator_factory: AllocatorFactory,
     shared_req_to_token_pool: ReqToTokenPool | None = None, shared_allocator: TokenAllocator | None = None,
+    backing: ArenaBacking | None = None,
 ) -> WorkerPools:
-    """Allocate this worker's pools from the plan in one arena. A target builds the table and
-    allocator; a draft is given the target's. On any failure, drop everything and re-raise it; only the
+    """Allocate this worker's pools from the plan in one arena (on `backing`'s storage when given). A target
+    builds the table and allocator; a draft is given the target's. On any failure, drop everything and re-raise it; only the
     device refusing memory (kvcache.memory.out_of_memory) becomes PoolOutOfMemoryError, anything else is a bug."""
     draft = shared_req_to_token_pool is not None
     arena: Arena | None = None
     views: Views | None = None
     try:
-        arena = Arena(plan.arena_bytes(draft=draft), device)
+        arena = Arena(plan.arena_bytes(draft=draft), device, backing=backing)
         views = carve_slots(arena, plan.worker_slots(draft=draft))  # the plan's tensor list, in one pass
         pools = _build_in(arena, views, plan, layout, device, allocator_factory, shared_req_to_token_pool,
                           shared_allocator)
