@@ -2,7 +2,7 @@
 
 transformers 5 (5.15 on) renames a hybrid's layer entries (mamba -> linear_attention, attention ->
 full_attention) and writes Kimi-Linear without linear_attn_config; the corpus holds each model in both
-forms (tests/model_corpus/SOURCES.md says how each was written), and both must plan byte for byte alike.
+forms (saved by transformers 5.19.0 itself, tests/model_corpus/SOURCES.md), and both must plan byte for byte alike.
 A file that states a model both ways must state one model: any disagreement exits 2 with one line naming
 the field. DBRX's cache and weights are checked by hand from databricks/dbrx-instruct's published config.
 """
@@ -29,7 +29,8 @@ from kvcache.sizing.layer_specs import model_layer_specs
 CORPUS = Path(__file__).with_name("model_corpus")
 # (the older form, the same model as transformers 5 writes it)
 PAIRS = [(name, f"{name}-transformers5") for name in (
-    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "granite-4.0-h-tiny-example", "Kimi-Linear-48B-A3B-Instruct")]
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "granite-4.0-h-tiny-example", "Kimi-Linear-48B-A3B-Instruct",
+    "dbrx-instruct")]
 
 
 def raw(name: str) -> dict[str, Any]:
@@ -54,7 +55,8 @@ def plan(path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]) -> dic
 
 
 @pytest.mark.parametrize(("older", "newer"), PAIRS, ids=[p[1] for p in PAIRS])
-@pytest.mark.parametrize("argv", [[], ["--tp-size", "2", "--kv-cache-dtype", "fp8_e4m3"]], ids=["tp1", "tp2-fp8"])
+@pytest.mark.parametrize("argv", [["--tp-size", "2"], ["--tp-size", "4", "--kv-cache-dtype", "fp8_e4m3"]],
+                         ids=["tp2", "tp4-fp8"])
 def test_the_transformers5_form_plans_byte_for_byte_like_the_older_form(
         older: str, newer: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     before, after = plan(CORPUS / f"{older}.json", argv, capsys), plan(CORPUS / f"{newer}.json", argv, capsys)
@@ -73,12 +75,14 @@ def test_both_forms_are_one_description_of_the_model(older: str, newer: str) -> 
 
 def test_the_newer_forms_really_are_the_newer_spelling() -> None:
     """The pairs test something: the transformers 5 files carry none of the older fields they replace."""
-    nemotron, granite, kimi = (raw(p[1]) for p in PAIRS)
+    nemotron, granite, kimi, dbrx = (raw(p[1]) for p in PAIRS)
     assert "hybrid_override_pattern" not in nemotron and "num_hidden_layers" not in nemotron
     assert set(nemotron["layers_block_type"]) == {"linear_attention", "full_attention", "moe"}
     assert set(granite["layer_types"]) == {"linear_attention", "full_attention"}
-    assert "linear_attn_config" not in kimi and "first_k_dense_replace" not in kimi and "max_position_embeddings" not in kimi
+    assert not {"linear_attn_config", "first_k_dense_replace", "max_position_embeddings"} & set(kimi)
     assert read(PAIRS[2][1]).layer_kinds.count("kda") == 20
+    assert dbrx["num_key_value_heads"] == 8 and dbrx["ffn_config"]["hidden_size"] == 6144
+    assert dbrx["rope_parameters"]["rope_theta"] != dbrx["attn_config"]["rope_theta"] == 500_000
 
 
 def test_nemotron_h_lists_in_either_key_and_either_spelling_agree_with_the_pattern() -> None:
@@ -87,6 +91,37 @@ def test_nemotron_h_lists_in_either_key_and_either_spelling_agree_with_the_patte
     both = hf | {"layer_types": [legacy.get(x, x) for x in hf["layers_block_type"]],
                  "hybrid_override_pattern": raw("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")["hybrid_override_pattern"]}
     assert model_config_from_hf(both, name="m").layer_kinds == read("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16").layer_kinds
+
+
+_T5_NAMES = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+_PRESETS = Path(__file__).resolve().parents[1] / "kvcache" / "models" / "presets"
+
+
+def nemotron_as_transformers5_saves_it(hf: dict[str, Any]) -> dict[str, Any]:
+    """A Nemotron-H config rewritten as transformers 5.19's NemotronHConfig saves it: letters and legacy
+    names become layers_block_type / mtp_layers_block_type in the new names, the layer count is dropped."""
+    out = {k: v for k, v in hf.items() if k not in ("hybrid_override_pattern", "mtp_hybrid_override_pattern",
+                                                    "num_hidden_layers", "layer_types")}
+    legacy = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+    for listed, letters in (("layers_block_type", "hybrid_override_pattern"),
+                            ("mtp_layers_block_type", "mtp_hybrid_override_pattern")):
+        pattern = hf.get(letters) or "".join(legacy[x] for x in hf.get(listed, ()))
+        out[listed] = [_T5_NAMES[c] for c in pattern] or ["full_attention", "moe"]
+    return out
+
+
+@pytest.mark.parametrize(("path", "mtp"), [
+    (CORPUS / "NVIDIA-Nemotron-3-Super-120B-A12B-FP8.json", ("full_attention", "mlp")),  # MTP from its letters
+    (CORPUS / "NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16.json", ("full_attention", "mlp")),  # MTP from its list
+    (_PRESETS / "Nemotron-H-56B-Base-8K.json", ()),  # squared-ReLU MLP layers (-), no MTP
+], ids=lambda p: p.stem if isinstance(p, Path) else None)
+def test_every_nemotron_h_reads_alike_in_transformers5_names(path: Path, mtp: tuple[str, ...]) -> None:
+    """The target's layers and the MTP draft's (their cache kinds and weights) are the same model."""
+    hf = json.loads(path.read_text())
+    older = model_config_from_hf(hf, name="m")
+    newer = model_config_from_hf(nemotron_as_transformers5_saves_it(hf), name="m")
+    assert msgspec.structs.replace(newer, hf_config=older.hf_config) == older
+    assert set(older.layer_kinds) >= {"mamba2", "full_attention"} and older.nextn_layer_kinds == mtp
 
 
 def _with(name: str, section: str | None = None, **edit: Any) -> dict[str, Any]:
@@ -144,6 +179,8 @@ CONTRADICTIONS: list[tuple[str, dict[str, Any], str]] = [
      "field 'ffn_config.hidden_size' is 4096; expected d_model (6144)"),
     ("DBRX without its FFN section", _with("dbrx-instruct", ffn_config=None),
      "field 'ffn_config' is None; expected an object with ffn_hidden_size, moe_num_experts and moe_top_k"),
+    ("DBRX top-level KV heads against attn_config", _with("dbrx-instruct-transformers5", num_key_value_heads=4),
+     "field 'num_key_value_heads' is 4; expected attn_config.kv_n_heads (8)"),
     ("DBRX heads that do not split d_model", _with("dbrx-instruct", n_heads=47),
      "field 'n_heads' is 47; expected a divisor of d_model (6144)"),
 ]

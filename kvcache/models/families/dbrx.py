@@ -4,7 +4,9 @@ The top level names the sizes MosaicML's way (d_model, n_heads, n_layers, max_se
 hidden_size, num_attention_heads, num_hidden_layers, max_position_embeddings onto them, so a config that
 gives both must give one value). `attn_config` holds kv_n_heads (1 when absent, as transformers' and SGLang
 0.5.23's DbrxAttentionConfig default it), clip_qkv and rope_theta; `ffn_config` holds ffn_hidden_size,
-moe_num_experts and moe_top_k. Every layer: a bias-free LayerNorm, GQA attention (the checkpoint fuses
+moe_num_experts and moe_top_k. transformers 5 saves the same model with num_key_value_heads at the top and
+ffn_config.hidden_size (each must agree), and a top-level rope_parameters its DBRX never reads (the
+attention's base stays attn_config.rope_theta). Every layer: a bias-free LayerNorm, GQA attention (the checkpoint fuses
 q/k/v into one Wqkv: the same bytes), a second LayerNorm, then GLU experts (w1, v1, w2) behind a router;
 no dense MLP and no shared expert. The cache is a plain full-attention one: kv_n_heads x head_dim
 (d_model / n_heads) for K and for V on every layer.
@@ -44,6 +46,9 @@ def _heads(t: ConfigFields, attn: ConfigFields) -> Heads:
     kv_heads = attn.int("kv_n_heads", default=1, high=heads)
     if heads % kv_heads:
         attn.fail("kv_n_heads", kv_heads, f"a divisor of n_heads ({heads})")
+    stated = t.optional_int("num_key_value_heads", high=MAX_HEADS)  # transformers 5 repeats it at the top
+    if stated is not None and stated != kv_heads:
+        t.fail("num_key_value_heads", stated, f"attn_config.kv_n_heads ({kv_heads}): both name the KV heads")
     return Heads(hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=hidden // heads)
 
 

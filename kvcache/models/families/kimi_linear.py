@@ -90,7 +90,8 @@ def _refuse_kimi_k3_parts(t: ConfigFields) -> None:
     if t.flag("mla_use_output_gate"):
         t.fail("mla_use_output_gate", True, "false: Kimi-K3's gated MLA output is not sized here")
     if t.int("attn_res_block_size", default=0, low=0, high=MAX_HEADS):
-        t.fail("attn_res_block_size", t.raw["attn_res_block_size"], "0: Kimi-K3's attention residuals are not sized here")
+        t.fail("attn_res_block_size", t.raw["attn_res_block_size"],
+               "0: Kimi-K3's attention residuals are not sized here")
     dense = t.optional_int("dense_ffn_hidden")
     if dense is not None and dense != t.int("intermediate_size"):
         t.fail("dense_ffn_hidden", dense, f"intermediate_size ({t.int('intermediate_size')}), the dense MLP's width")
