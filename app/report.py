@@ -52,7 +52,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     free_after_load_bytes: int
     total_memory_bytes: int
     weights_bytes: int
-    vision_weights: str  # "none", "counted", or "not_counted" (the config lacks the tower's shapes)
+    vision_weights: str  # "none", "counted", "not_counted" (the config lacks its shapes) or "not_loaded" (not built)
     buffers: dict[str, int]
     planned_bytes: int
     allocated_bytes: int
@@ -203,7 +203,9 @@ def render_text(report: BootstrapReport) -> str:
         f"                    free before load {format_bytes(r.free_before_load_bytes)}",
         f"                    free after load  {format_bytes(r.free_after_load_bytes)}",
         f"weights             {format_bytes(r.weights_bytes)}"
-        + ("  (vision tower not counted: its shapes are not in config.json)" if r.vision_weights == "not_counted" else ""),
+        + ("  (vision tower not counted: its shapes are not in config.json)" if r.vision_weights == "not_counted" else
+           "  (vision tower not loaded: the engine builds none with the multimodal side off)"
+           if r.vision_weights == "not_loaded" else ""),
         "KV budget           " + format_bytes(r.budget_bytes)
         + (f"  (mem_fraction_static {r.mem_fraction_static})" if r.mem_fraction_static is not None else "  (--kv-cache-memory)"),
         *(_multimodal_lines(r.multimodal) if r.multimodal is not None else []),

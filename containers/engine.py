@@ -42,6 +42,11 @@ class EngineContainer(containers.DeclarativeContainer):
     model_dtype = providers.Callable(resolve_model_dtype, server_args.provided.dtype, model_config.provided.checkpoint_dtype)
     kv_cache_dtype = providers.Callable(resolve_kv_cache_dtype, server_args.provided.kv_cache_dtype, model_dtype)
     engine_rules = providers.Callable(engine_rules, server_args.provided.engine)  # --engine's rules (kvcache.engines)
+    # The target as the engine builds it (SGLang loads no vision tower for text-only Qwen3-VL/3.5, or Llama-4
+    # without --enable-multimodal)
+    served_model_config = engine_rules.provided.served_model.call(
+        model_config, enable_multimodal=server_args.provided.enable_multimodal,
+        language_model_only=server_args.provided.language_model_only)
 
     # The one place the speculative algorithm is read: no draft, the target's own MTP layer, or a checkpoint.
     draft_checkpoint = providers.Callable(  # checked against the target (kvcache.models.draft_pairing)
@@ -65,7 +70,7 @@ class EngineContainer(containers.DeclarativeContainer):
     target = providers.Container(
         WorkerContainer,
         role=providers.Object("target"),
-        server_args=worker_server_args, model_config=model_config, parallel_state=parallel_state,
+        server_args=worker_server_args, model_config=served_model_config, parallel_state=parallel_state,
         device=device, memory_probe=memory_probe, model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype,
         engine_rules=engine_rules, draft_layout=draft_layout, forced_page_size=model_page_size,
     )

@@ -81,9 +81,12 @@ def test_qwen3_5_35b_a3b_on_an_h200_keeps_sglangs_vision_fraction_and_reserve(ca
                                            - round(r["free_before_load_bytes"] * Fraction(97, 1000)))
     # the planner's tokens for that budget (issue 24 quotes 1,401,208 from SGLang, whose hybrid state split differs)
     assert r["max_total_num_tokens"] == 1_394_837
+    # text only: the text rule's fraction, no reserve, and no vision tower loaded (1,655,607 tokens with it)
     text = plan(capsys, QWEN35, "--gpu", "H200", "--language-model-only")
-    assert (text["mem_fraction_static"], text["max_total_num_tokens"]) == (0.903, 1_655_607)  # the text-only plan
+    assert (text["mem_fraction_static"], text["max_total_num_tokens"]) == (0.903, 1_677_310)
     assert text["multimodal"]["on"] is False and text["multimodal"]["reserve_bytes"] == 0
+    assert (text["vision_weights"], r["vision_weights"]) == ("not_loaded", "counted")
+    assert text["weights_bytes"] < r["weights_bytes"]
 
 
 def test_mistral_small_3_1_on_an_h100_loses_its_prefill_graphs_then_is_cut_by_0_95(
@@ -139,6 +142,41 @@ def test_a_text_subconfig_makes_a_wrapper_multimodal_and_mimo_v2_needs_both_towe
     assert not SGLANG.multimodal(mimo, enable_multimodal=None, language_model_only=False).on
     both = msgspec.structs.replace(model, hf_config=vision_only | {"audio_config": {}})
     assert SGLANG.multimodal(both, enable_multimodal=None, language_model_only=False).on
+
+
+# ---- which vision towers SGLang builds -------------------------------------------------------------------
+
+def _parameters(model: ModelConfig) -> int:
+    return sum(spec.numel for spec in model.weights.parameter_specs())
+
+
+# Qwen3.5-35B-A3B's tower as counted (kvcache.models.vision): patch embed 1152 x (3 x 2 x 16 x 16) + bias; 27 layers
+# of two biased norms, biased q/k/v/o 1152 x 1152 and a biased 1152 -> 4304 -> 1152 MLP; a final norm; the
+# projector 1152 -> 2048 with bias
+QWEN35_TOWER = (1152 * 1536 + 1152 + 27 * (4 * 1152 + 4 * 1152 * 1152 + 4 * 1152 + 2 * 1152 * 4304 + 4304 + 1152)
+                + 2 * 1152 + 2048 * 1152 + 2048)
+
+
+@pytest.mark.parametrize("flags, loaded", [
+    ({}, True), ({"language_model_only": True}, False), ({"enable_multimodal": True}, True),
+])
+def test_text_only_qwen3_5_loads_no_vision_tower(flags: dict[str, Any], loaded: bool) -> None:
+    model = corpus(QWEN35)
+    served = SGLANG.served_model(model, enable_multimodal=flags.get("enable_multimodal"),
+                                 language_model_only=flags.get("language_model_only", False))
+    assert _parameters(model) - _parameters(served) == (0 if loaded else QWEN35_TOWER)
+    assert served.vision_weights == ("counted" if loaded else "not_loaded")
+
+
+def test_llama4_builds_its_tower_only_with_enable_multimodal_and_mistral3_always() -> None:
+    scout = raw(SCOUT)
+    scout["vision_config"] = raw(MISTRAL)["vision_config"]  # the corpus config leaves the tower out
+    model = model_config_from_hf(scout, name="scout-with-vision")
+    assert SGLANG.served_model(model, enable_multimodal=None, language_model_only=False).vision_weights == "not_loaded"
+    assert SGLANG.served_model(model, enable_multimodal=True, language_model_only=False).vision_weights == "counted"
+    mistral = corpus(MISTRAL)  # Mistral3's model class builds its tower even when serving text
+    assert SGLANG.served_model(mistral, enable_multimodal=None, language_model_only=True) is mistral
+    assert engine_rules("vllm").served_model(model, enable_multimodal=None, language_model_only=False) is model
 
 
 # ---- the ViT-size factor ------------------------------------------------------------------------------

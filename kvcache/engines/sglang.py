@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvcache.engines.sglang_hybrid_swa import architectures, is_hybrid_swa_model, one_full_pool_override
-from kvcache.engines.sglang_multimodal import sglang_multimodal_memory
+from kvcache.engines.sglang_multimodal import sglang_multimodal_memory, sglang_served_model
 from kvcache.inputs.server_args import HybridSwaMemory
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory, WindowPools
@@ -38,6 +38,11 @@ class SGLangRules(EngineRules):
         multimodal side is on (kvcache.engines.sglang_multimodal)."""
         return sglang_multimodal_memory(model, enable_multimodal=enable_multimodal,
                                         language_model_only=language_model_only, label=self.label)
+
+    def served_model(self, model: ModelConfig, *, enable_multimodal: bool | None,
+                     language_model_only: bool) -> ModelConfig:
+        """Without the vision tower where SGLang's model class builds none (kvcache.engines.sglang_multimodal)."""
+        return sglang_served_model(model, enable_multimodal=enable_multimodal, language_model_only=language_model_only)
 
 
 SGLANG = SGLangRules()

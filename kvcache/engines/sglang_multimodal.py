@@ -29,6 +29,7 @@ from kvcache.byte_units import MiB
 from kvcache.engines.sglang_hybrid_swa import architectures
 from kvcache.models.fields import MAX_LAYERS, ConfigFields
 from kvcache.models.model_config import ModelConfig
+from kvcache.models.vision import without_vision_tower
 from kvcache.sizing.engine_rules import MultimodalMemory
 
 # configs/model_config.py multimodal_model_archs (MIMO_V2_MULTIMODAL_ARCHS written out)
@@ -78,6 +79,16 @@ BREAKABLE_PREFILL_GRAPH_ARCHITECTURES = frozenset({
     "MuseGlimmerForConditionalGeneration", "MuseSparkForConditionalGeneration", "KimiK3ForConditionalGeneration",
     "KimiK25ForConditionalGeneration", "MiniMaxM3SparseForCausalLM",
 })
+
+# models/qwen3_vl.py (Qwen3-VL and its subclasses in qwen3_vl_moe.py, qwen3_5.py, qwen4_exp.py), muse_glimmer.py,
+# cosmos3_edge.py: with --language-model-only (or the config's own) no vision tower is built or loaded
+NO_TOWER_WHEN_LANGUAGE_MODEL_ONLY = frozenset({
+    "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration", "Qwen4ExpForConditionalGeneration", "MuseGlimmerForConditionalGeneration",
+    "Cosmos3EdgeForConditionalGeneration",
+})
+# models/mllama4.py: the vision model is built only with --enable-multimodal (has_vision)
+TOWER_ONLY_WITH_ENABLE_MULTIMODAL = frozenset({"Llama4ForConditionalGeneration"})
 
 # get_hf_text_config's language-model sub-configs: one present makes the config a multimodal wrapper
 TEXT_SUBCONFIG_KEYS = ("thinker_config", "llm_config", "language_config", "text_config")
@@ -146,3 +157,14 @@ def sglang_multimodal_memory(model: ModelConfig, *, enable_multimodal: bool | No
         post_capture_cut_mib=POST_CAPTURE_VLM_CUT_MIB, reserve_bytes=VLM_CACHE_RESERVE_MIB * MiB,
         prefill_cuda_graphs=any(a in BREAKABLE_PREFILL_GRAPH_ARCHITECTURES for a in architectures(model)),
     )
+
+
+def sglang_served_model(model: ModelConfig, *, enable_multimodal: bool | None, language_model_only: bool) -> ModelConfig:
+    """The model as SGLang 0.5.23 builds it: without the vision tower where its model class skips it (text-only
+    serving of the Qwen3-VL family; Llama-4 without --enable-multimodal); else as read."""
+    first = architectures(model)[0]
+    text_only = language_model_only or bool(model.hf_config.get("language_model_only"))
+    if (first in NO_TOWER_WHEN_LANGUAGE_MODEL_ONLY and text_only) or (
+            first in TOWER_ONLY_WITH_ENABLE_MULTIMODAL and not enable_multimodal):
+        return without_vision_tower(model)
+    return model

@@ -23,7 +23,7 @@ LayerKind = Literal[
 KV_LAYER_KINDS: frozenset[str] = frozenset(
     {"full_attention", "sliding_attention", "chunked_attention", "mla", "attention_mamba2"})
 STATE_LAYER_KINDS: frozenset[str] = frozenset({"linear_attention", "kda", "mamba2", "attention_mamba2"})
-VisionWeights = Literal["none", "counted", "not_counted"]
+VisionWeights = Literal["none", "counted", "not_counted", "not_loaded"]  # not_loaded: the engine builds no tower
 # the DSA indexer key's fp8 values per float32 scale: the reader refuses an index_head_dim that is not a
 # multiple of it, and the indexer key cache is sized by it (kvcache.sizing.layer_specs)
 INDEX_SCALE_BLOCK = 128

@@ -7,8 +7,15 @@ model. Towers whose config lacks the shapes are not counted, and the model says 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import msgspec
+
 from kvcache.models.fields import MAX_HEADS, MAX_LAYERS, ConfigFields
+from kvcache.models.model_config import ModelConfig
 from kvcache.models.weight_blocks import Attention, Linear, Norm, Part, PlainMLP
+
+TOWER, PROJECTOR = "vision_tower", "multi_modal_projector"  # the names of the parts vision_tower() counts
 
 # embed_dim first: Qwen2-VL's vision hidden_size is the projector's output, its width is embed_dim
 _SHAPE_FIELDS = (("embed_dim", "hidden_size", "width"), ("num_hidden_layers", "depth", "layers"),
@@ -36,15 +43,25 @@ def vision_tower(top: ConfigFields, text_hidden: int) -> tuple[tuple[Part, ...],
     patch = v.int("patch_size", "spatial_patch_size", high=4096)
     channels = v.int("num_channels", "in_channels", "in_chans", default=3, high=64)
     temporal = v.int("temporal_patch_size", default=1, high=64)
-    parts: list[Part] = [("vision_tower.patch_embed", Linear(hidden, channels * temporal * patch * patch, bias=True))]
+    parts: list[Part] = [(f"{TOWER}.patch_embed", Linear(hidden, channels * temporal * patch * patch, bias=True))]
     image = v.optional_int("image_size", low=patch, high=1 << 16)  # an image holds at least one patch
     if image is not None:
-        parts.append(("vision_tower.position_embedding", Linear(hidden, (image // patch) ** 2)))
+        parts.append((f"{TOWER}.position_embedding", Linear(hidden, (image // patch) ** 2)))
     attention = Attention(hidden=hidden, heads=heads, kv_heads=heads, head_dim=hidden // heads, input_size=hidden,
                           qkv_bias=True, o_bias=True)
     mlp, norm = PlainMLP(hidden, inter, bias=True), Norm(hidden, bias=True)
     for k in range(layers):
-        p = f"vision_tower.layers.{k}."
+        p = f"{TOWER}.layers.{k}."
         parts += [(p + "norm1", norm), (p + "attn", attention), (p + "norm2", norm), (p + "mlp", mlp)]
-    parts += [("vision_tower.post_layernorm", norm), ("multi_modal_projector", Linear(text_hidden, hidden, bias=True))]
+    parts += [(f"{TOWER}.post_layernorm", norm), (PROJECTOR, Linear(text_hidden, hidden, bias=True))]
     return tuple(parts), True
+
+
+def without_vision_tower(model: ModelConfig) -> ModelConfig:
+    """The model as an engine that builds no vision tower loads it: no tower or projector weights (a model
+    without a vision_config is returned as it is)."""
+    if model.vision_weights == "none":
+        return model
+    front = tuple((name, block) for name, block in model.weights.front
+                  if not (name == PROJECTOR or name.startswith(TOWER + ".")))
+    return msgspec.structs.replace(model, weights=replace(model.weights, front=front), vision_weights="not_loaded")

@@ -89,6 +89,11 @@ class EngineRules(ABC):
         """What this engine keeps back for the model's multimodal side: nothing unless an engine says so."""
         return MultimodalMemory(on=False, why=f"{self.label} has no multimodal memory rule here")
 
+    def served_model(self, model: ModelConfig, *, enable_multimodal: bool | None,
+                     language_model_only: bool) -> ModelConfig:
+        """The model as this engine builds it (the weights it loads): as read, unless an engine says otherwise."""
+        return model
+
     def plan(self, request: PlanRequest) -> MemoryPoolConfig:
         """The pools for a budget: the project's planner unless an engine sizes them its own way."""
         return plan_pool_sizes(request)
