@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from math import prod
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from kvcache.inputs.dtypes import KV_CACHE_DTYPES, resolve_kv_cache_dtype, resol
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.memory.device_buffers import arena_size
+from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.models.hf_config import model_config_from_hf
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.presets import load_model_config, preset_names
@@ -35,14 +37,14 @@ CORPUS_NAMES = sorted(p.stem for p in CORPUS.glob("*.json") if p.stem not in REF
 
 
 def planned_and_built(model: ModelConfig, device: str, budget: int, *, context: int = 4096, tp: int = 1,
-                      **settings: object) -> tuple[MemoryPoolConfig, dict[str, torch.Tensor], int]:
+                      kv: str = "auto", **settings: object) -> tuple[MemoryPoolConfig, dict[str, torch.Tensor], int]:
     """One worker's plan, the tensors the builder built for it by name, and the bytes its arena holds."""
     model_dtype = resolve_model_dtype("auto", model.checkpoint_dtype)
     sizing = WorkerSizing(
         settings=SizingSettings(kv_cache_memory=budget, context_length=min(context, model.max_position_embeddings),
                                 **settings),  # type: ignore[arg-type]
         model_config=model, parallel_state=ParallelState(tp_size=tp), model_dtype=model_dtype,
-        kv_cache_dtype=resolve_kv_cache_dtype("auto", model_dtype), device_type=device,
+        kv_cache_dtype=resolve_kv_cache_dtype(kv, model_dtype), device_type=device,
         engine=engine_rules("sglang"),
     )
     plan = sizing.plan(WorkerMemory(total_bytes=4000 * GiB, free_before_load=4000 * GiB, free_after_load=4000 * GiB))
@@ -83,6 +85,42 @@ def test_every_preset_builds_its_planned_tensors_on_the_cpu(name: str) -> None:
     assert_built_as_planned(*planned_and_built(load_model_config(name), "cpu", budget, context=256, tp=tp,
                                                max_running_requests=1, max_mamba_cache_size=1,
                                                disable_radix_cache=True))  # one state slot per request
+
+
+@pytest.mark.parametrize(("name", "kv", "expected"), [
+    ("DeepSeek-V3.2", "fp8_e4m3", {"kv_mla.0.latent": ((1, 656), "uint8"), "kv_mla.0.index_k": ((132,), "uint8")}),
+    ("gpt-oss-120b", "auto", {"allocator.full_to_swa": None, "allocator.swa.free_log.0": None}),
+    ("Qwen3-0.6B", "fp4_e2m1", {"kv_full.0.k": ((8, 64), "uint8"), "kv_full.0.k_scales": ((8, 8), "uint8")}),
+])
+def test_packed_latents_scales_and_swa_maps_are_carved_as_planned(
+        name: str, kv: str, expected: dict[str, tuple[tuple[int, ...], str] | None]) -> None:
+    """The layouts beside plain K/V: DSA's packed fp8 latent and indexer keys, FP4's scale bytes, an SWA pair's
+    second free list and full -> SWA map (shapes per row: a token's tensors in one layer)."""
+    plan, built, used = planned_and_built(model_config_from_hf(CORPUS / f"{name}.json", name=name), "meta", 8 * GiB,
+                                          kv=kv)
+    assert_built_as_planned(plan, built, used)
+    for tensor_name, row in expected.items():
+        if row is not None:
+            assert (tuple(built[tensor_name].shape[1:]), dtype_name(built[tensor_name].dtype)) == row, tensor_name
+        else:
+            assert tensor_name in built
+
+
+def test_a_draft_worker_builds_its_own_planned_tensors_and_shares_the_targets_table_and_allocator(
+        make_engine: Any) -> None:
+    engine = make_engine(device="meta", kv_cache_memory=2 * GiB, speculative_algorithm="EAGLE3",
+                         speculative_draft_model="EAGLE3-LLaMA3.1-Instruct-8B",
+                         model=load_model_config("Llama-3.1-8B-Instruct"), context_length=4096,
+                         probe=FixedMemoryProbe(total_bytes=80 * GiB))
+    runtime = engine.engine()
+    runtime.bootstrap()
+    plan, target, draft = runtime.target.memory_pool_config, runtime.target.kv_cache, runtime.draft.kv_cache
+    drafted = draft.token_to_kv_pool.named_tensors()
+    assert [(n, tuple(t.shape), dtype_name(t.dtype)) for n, t in drafted.items()] == [
+        (t.name, t.shape, t.dtype) for t in plan.tensors(draft=True)]
+    assert list(drafted)[:2] == ["kv_draft_full.0.k", "kv_draft_full.0.v"]
+    assert draft.req_to_token_pool is target.req_to_token_pool
+    assert draft.token_to_kv_pool_allocator is target.token_to_kv_pool_allocator
 
 
 def test_the_tensor_list_of_a_gqa_layer_is_k_then_v_per_layer() -> None:

@@ -1,13 +1,14 @@
-"""The device bytes an allocator's own index buffers take: stated once, used by the planner.
+"""The tensors an allocator's own index buffers are, and their bytes: stated once, for the planner and the allocators.
 
-Stated in sizing so the planner need not import the allocators above it. A token allocator keeps two free logs (kvcache.allocators.free_log ping-pongs between
+Stated in sizing so the planner need not import the allocators above it; the allocators take the views of
+exactly these tensors (kvcache.pools.planned_views). A token allocator keeps two free logs (kvcache.allocators.free_log ping-pongs between
 them on compaction) of two int64 entries per token each, a paged one per page (plus,
 with check_frees, one bool per id and one for the padding id); an SWA allocator keeps
 both sides' free logs and an int64 full -> SWA map with a row per full-pool row (tokens +
 one padding page) and SGLang's trailing -1 row, each buffer in a slot of the worker's KV
-arena (kvcache.memory.device_buffers.slot_size: 512-byte aligned). An allocator built in an
-arena has `nbytes` equal to this (on its own, each buffer takes the caching allocator's
-allocation_size instead, the same up to 1 MiB). Nothing is allocated after construction
+arena (kvcache.memory.device_buffers.slot_size: 512-byte aligned). An allocator's `nbytes` is
+this, whether the builder handed it views of the worker's arena or it carved the same slots from
+an arena of its own. Nothing is allocated after construction
 except, rarely, transient copies: a backup's free ids when a restore spans two
 compactions (free_log), and backup journals of the SWA map, sized by what changes
 between backup and restore.
