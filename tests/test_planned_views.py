@@ -22,7 +22,7 @@ from kvcache.pools.planned_views import carve_slots
 from kvcache.sizing.allocator_footprint import allocator_slots, free_list_slots
 from kvcache.sizing.layer_specs import FullAttentionSpec, RecurrentStateSpec
 from kvcache.sizing.pool_config import request_table_slot
-from kvcache.sizing.tensor_plan import PlannedSlot, per_layer, torch_dtype
+from kvcache.sizing.tensor_plan import PlannedSlot, per_layer, tensor, torch_dtype
 
 CPU = torch.device("cpu")
 BF16 = KV_CACHE_DTYPES["bfloat16"]
@@ -146,3 +146,15 @@ def test_a_worker_given_an_arena_backing_carves_every_tensor_from_that_storage(m
                *result.token_to_kv_pool.named_tensors().values()]
     assert len(tensors) == len(plan.tensors())
     assert all(allocation.base <= t.data_ptr() < allocation.base + plan.arena_bytes() for t in tensors)
+
+
+def test_a_tensor_of_no_elements_takes_no_bytes_and_moves_no_other_view() -> None:
+    """What a conv kernel of 1 would have planned (kernel - 1 = 0 columns; such configs are refused before, exit 2):
+    carved by the list, it is an empty view at its place and every other view lands where the plan says."""
+    slots = (PlannedSlot("state", (tensor("state.0.ssm", (3, 4), "float32"), tensor("state.0.conv", (3, 8, 0), "bfloat16"),
+                                   tensor("state.1.ssm", (3, 4), "float32"))), *free_list_slots(8, 1))
+    arena = Arena(sum(s.nbytes for s in slots), CPU)
+    views = carve_slots(arena, slots)
+    assert views["state.0.conv"].numel() == 0 and arena.used == 512 + 512 + 512
+    assert views["state.1.ssm"].data_ptr() - views["state.0.ssm"].data_ptr() == 48
+    assert views["allocator.free_log.0"].data_ptr() - views["state.0.ssm"].data_ptr() == 512
