@@ -79,7 +79,10 @@ def test_qwen3_5_35b_a3b_on_an_h200_keeps_sglangs_vision_fraction_and_reserve(ca
     assert m["reserve_bytes"] == 104_857_600
     assert m["kept_by_fraction_bytes"] == (round(r["free_before_load_bytes"] * (1 - fraction))
                                            - round(r["free_before_load_bytes"] * Fraction(97, 1000)))
-    # the planner's tokens for that budget (issue 24 quotes 1,401,208 from SGLang, whose hybrid state split differs)
+    # SGLang's own count, 1,401,208 (issue 24): the budget less the 400 state slots, in 20,480-byte tokens; this
+    # project also charges the request table and the allocator's index to the budget, which leaves 1,394,837
+    assert r["plan"]["state_pool"]["num_slots"] == 400 and r["buffers"]["state"] == 400 * 64_389_120
+    assert (r["budget_bytes"] - r["buffers"]["state"]) // r["bytes_per_token"] == 1_401_208
     assert r["max_total_num_tokens"] == 1_394_837
     # text only: the text rule's fraction, no reserve, and no vision tower loaded (1,655,607 tokens with it)
     text = plan(capsys, QWEN35, "--gpu", "H200", "--language-model-only")
