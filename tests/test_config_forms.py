@@ -30,7 +30,7 @@ CORPUS = Path(__file__).with_name("model_corpus")
 # (the older form, the same model as transformers 5 writes it)
 PAIRS = [(name, f"{name}-transformers5") for name in (
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "granite-4.0-h-tiny-example", "Kimi-Linear-48B-A3B-Instruct",
-    "dbrx-instruct")]
+    "dbrx-instruct", "Zamba2-2.7B")]
 
 
 def raw(name: str) -> dict[str, Any]:
@@ -75,12 +75,13 @@ def test_both_forms_are_one_description_of_the_model(older: str, newer: str) -> 
 
 def test_the_newer_forms_really_are_the_newer_spelling() -> None:
     """The pairs test something: the transformers 5 files carry none of the older fields they replace."""
-    nemotron, granite, kimi, dbrx = (raw(p[1]) for p in PAIRS)
+    nemotron, granite, kimi, dbrx, zamba = (raw(p[1]) for p in PAIRS)
     assert "hybrid_override_pattern" not in nemotron and "num_hidden_layers" not in nemotron
     assert set(nemotron["layers_block_type"]) == {"linear_attention", "full_attention", "moe"}
     assert set(granite["layer_types"]) == {"linear_attention", "full_attention"}
     assert not {"linear_attn_config", "first_k_dense_replace", "max_position_embeddings"} & set(kimi)
     assert read(PAIRS[2][1]).layer_kinds.count("kda") == 20
+    assert set(zamba["layers_block_type"]) == {"linear_attention", "hybrid"}
     assert dbrx["num_key_value_heads"] == 8 and dbrx["ffn_config"]["hidden_size"] == 6144
     assert dbrx["rope_parameters"]["rope_theta"] != dbrx["attn_config"]["rope_theta"] == 500_000
 
@@ -153,6 +154,9 @@ CONTRADICTIONS: list[tuple[str, dict[str, Any], str]] = [
      "field 'layers_block_type' is ['mamba', 'mamba'"),
     ("Granite an entry of neither spelling", _with(GRANITE5, layer_types=["moe"] * 8),
      "field 'layer_types[0]' is 'moe'; expected one of mamba, attention, linear_attention, full_attention"),
+    ("Zamba-2 a block of neither spelling",
+     _with("Zamba2-2.7B-transformers5", layers_block_type=["full_attention"] * 54),
+     "field 'layers_block_type[0]' is 'full_attention'; expected one of mamba, hybrid, linear_attention"),
     ("Kimi layer_types against linear_attn_config", _with(KIMI, layer_types=["linear_attention"] * 27),
      "field 'layer_types' is ['linear_attention'"),
     ("Kimi flat heads against linear_attn_config", _with(KIMI, linear_num_heads=16),

@@ -23,7 +23,7 @@ from kvcache.models.hf_config import model_config_from_hf
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted([*ROOT.glob("kvcache/models/presets/*.json"), *ROOT.glob("tests/model_corpus/*.json")])
 SKIP = {"EAGLE3-LLaMA3.1-Instruct-8B", "DeepSeek-V4-Flash", "gemma-4-26B-A4B"}
-# Known, explained gaps: Zamba-2's per-layer LoRA adapters on its shared blocks are not modelled;
+# Known, explained gaps (either form of the config): Zamba-2's per-layer LoRA adapters on its shared blocks are not modelled;
 # SigLIP's patch-conv bias and position table are approximated in Gemma-3's vision tower.
 TOLERANCE = {"Zamba2-2.7B": 0.011, "gemma-3-27b-it": 1e-3}
 
@@ -55,4 +55,4 @@ def test_count_parameters_equals_the_transformers_meta_model(path: Path) -> None
     with_vision = any("vision" in name or "visual" in name for name, _ in model.named_parameters())
     specs = model_config_from_hf(path).weights.parameter_specs()
     ours = sum(s.numel for s in specs if with_vision or not s.name.startswith(("vision_tower.", "multi_modal_projector.")))
-    assert ours == pytest.approx(theirs, rel=TOLERANCE.get(path.stem, 1e-4))
+    assert ours == pytest.approx(theirs, rel=TOLERANCE.get(path.stem.removesuffix("-transformers5"), 1e-4))

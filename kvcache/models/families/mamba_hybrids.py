@@ -4,7 +4,7 @@
 - Granite-4 hybrid (`layer_types` mamba/attention; linear_attention/full_attention as transformers 5
   saves them) and Bamba (`attn_layer_indices`): each layer is Mamba-2 or attention, then an MLP
   (Granite: MoE + shared expert).
-- Zamba-2 (`layers_block_type` mamba/hybrid): hybrid layers add a shared attention block
+- Zamba-2 (`layers_block_type` mamba/hybrid; transformers 5 writes mamba as linear_attention): hybrid layers add a shared attention block
   over [hidden, embedding], whose two weight copies (num_mem_blocks) are counted once.
 - Jamba: attention every attn_layer_period-th layer (from attn_layer_offset), Mamba-1
   elsewhere; MoE every expert_layer_period-th layer. A Mamba-1 state is expressed as
@@ -122,11 +122,15 @@ def read_bamba(src: ModelSource) -> ModelConfig:
     return _either_or(src, kinds, GatedMLP(hidden_size(t), t.int("intermediate_size")))
 
 
+# Zamba-2's layers_block_type: transformers 5 saves its Mamba layers as linear_attention; hybrid stays hybrid.
+_ZAMBA2_BLOCKS = {"mamba": "mamba", "hybrid": "hybrid", "linear_attention": "mamba"}
+
+
 def read_zamba2(src: ModelSource) -> ModelConfig:
     t = src.text
     n = num_layers(t)
-    types = t.text_list("layers_block_type", length=n)
-    if types is None or any(x not in ("mamba", "hybrid") for x in types):
+    types = t.mapped_list("layers_block_type", table=_ZAMBA2_BLOCKS, length=n)
+    if types is None:
         t.fail("layers_block_type", types, f"one of 'mamba' / 'hybrid' per layer ({n})")
     hidden = hidden_size(t)
     heads_n = t.int("num_attention_heads", high=MAX_HEADS)
