@@ -63,7 +63,7 @@ class WorkerPools:
 def _build_kv_group(group: KVPoolGroup, plan: MemoryPoolConfig, device: torch.device,
                     views: Views) -> MHATokenToKVPool | MLATokenToKVPool:
     pool_plan = plan.pool(group.name)
-    spec, buffer = group.spec, pool_plan.slot().buffer
+    spec, buffer = group.spec, pool_plan.buffer
     if isinstance(spec, MLASpec):
         return MLATokenToKVPool(
             size=pool_plan.num_tokens, page_size=plan.page_size, dtype=spec.dtype, kv_lora_rank=spec.kv_lora_rank,

@@ -58,10 +58,14 @@ class KVPoolPlan(msgspec.Struct, frozen=True, kw_only=True):
         """Every layer's rows, in one slot of the worker's arena (kvcache.memory.device_buffers.slot_size)."""
         return slot_size(self.num_rows * self.bytes_per_token)
 
+    @property
+    def buffer(self) -> str:
+        """Its name among the worker's buffers, and the prefix of its tensors' names."""
+        return f"kv_{self.name}"
+
     def slot(self) -> PlannedSlot:
         """Every layer's tensors over num_rows rows, layer by layer, in one slot: `kv_{name}.{layer}.{tensor}`."""
-        buffer = f"kv_{self.name}"
-        return PlannedSlot(buffer, per_layer(buffer, self.layer_ids, self.row, self.num_rows))
+        return PlannedSlot(self.buffer, per_layer(self.buffer, self.layer_ids, self.row, self.num_rows))
 
 
 class StatePoolPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -170,7 +174,7 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
                 out["state"] = self.state_pool.total_bytes
         for p in self.kv_pools:
             if p.of_draft_worker == draft:
-                out[f"kv_{p.name}"] = p.total_bytes
+                out[p.buffer] = p.total_bytes
         return out
 
     def arena_bytes(self, *, draft: bool = False) -> int:
