@@ -217,7 +217,8 @@ def plan_without_advice(sizing: WorkerSizing, layout: CacheLayout,
                         memory: WorkerMemory) -> tuple[MemoryPoolConfig, PlanRequest]:
     """WorkerSizing.plan's budget, request and planner for one rank with this memory, raising the same typed
     errors without the advice a refused plan searches for (a sweep asks only yes or no, and why)."""
-    request = sizing.plan_request(layout, sizing.budget(memory))
+    request = sizing.plan_request(layout, sizing.budget(memory))  # a cell serves requests of its full context:
+    request = msgspec.structs.replace(request, below_one_request="refuse")  # an engine's shorter cap is a "no"
     return plan_pool_sizes(request), request
 
 

@@ -45,6 +45,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     context_length: int
     bytes_per_token: int
     max_total_num_tokens: int
+    request_token_cap: int | None  # tokens one request may hold where the pool is shorter than the context, else None
     max_running_requests: int
     budget_bytes: int
     mem_fraction_static: float | None
@@ -95,8 +96,8 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         device=str(target.device), card=card,
         model_dtype=model_dtype_name(kv.model_dtype), kv_cache_dtype=kv.kv_cache_dtype.name,
         page_size=plan.page_size, page_size_note=page_size_note, context_length=plan.context_length, bytes_per_token=plan.bytes_per_token,
-        max_total_num_tokens=plan.max_total_num_tokens, max_running_requests=plan.max_running_requests,
-        budget_bytes=budget.budget_bytes, mem_fraction_static=budget.mem_fraction_static,
+        max_total_num_tokens=plan.max_total_num_tokens, request_token_cap=plan.request_token_cap,
+        max_running_requests=plan.max_running_requests, budget_bytes=budget.budget_bytes, mem_fraction_static=budget.mem_fraction_static,
         free_before_load_bytes=budget.free_before_load_bytes, free_after_load_bytes=budget.free_after_load_bytes,
         total_memory_bytes=budget.total_bytes, weights_bytes=weights,
         vision_weights=target.model_config.vision_weights, buffers=plan.buffers,
@@ -169,10 +170,12 @@ def _prediction(target: ModelRunner, card: str | None) -> dict[str, Any] | None:
 
 
 def _below_context_note(r: BootstrapReport) -> str:
-    """Why fewer tokens than one full-length request can plan (every layer attends a window), and what that
-    means for an engine that keeps every token of a request instead."""
+    """Why fewer tokens than one full-length request can plan: the engine caps each request (a note says what
+    would lift it), or every layer attends a window, and what that means for an engine that keeps every token."""
     if r.max_total_num_tokens >= r.context_length:
         return ""
+    if any(p["kind"] != "swa" for p in r.plan["kv_pools"]):
+        return f"  (below the {r.context_length:,}-token context: one request holds at most {r.request_token_cap:,})"
     return (f"  (below the {r.context_length:,}-token context: every layer attends a window, so a request keeps "
             f"only its last window of tokens; an engine that keeps every token serves requests of at most "
             f"{r.max_total_num_tokens:,} tokens)")

@@ -170,7 +170,7 @@ def test_any_exception_is_one_line_with_its_type(exc: BaseException, code: int, 
 
 
 def test_json_failure_is_an_error_object_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "24GiB", "--mem-fraction-static", "0.9", "--json"]
+    argv = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "16GiB", "--json"]
     assert main(argv) == 3
     captured = capsys.readouterr()
     error = json.loads(captured.out)["error"]
@@ -190,10 +190,6 @@ def test_json_failure_is_an_error_object_on_stdout(capsys: pytest.CaptureFixture
     [
         (["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "16GiB"], "nothing is left for the KV cache"),
         (["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "8GiB"], "--tp-size 8"),  # TP 4 leaves less than the reserve
-        (["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "A100-40GB", "--mem-fraction-static", "0.4"],
-         "--mem-fraction-static 0."),
-        (["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "24GiB", "--mem-fraction-static", "0.9"],
-         "--context-length"),
     ],
 )
 def test_does_not_fit_exits_3_with_values_that_work(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -202,12 +198,32 @@ def test_does_not_fit_exits_3_with_values_that_work(argv: list[str], message: st
     assert message in err and "needed " in err and "available " in err and err.count("\n") == 1
 
 
-def test_every_suggested_value_really_fits(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "A100-40GB", "--mem-fraction-static", "0.4"],
+         "--mem-fraction-static 0."),
+        (["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "24GiB", "--mem-fraction-static", "0.9"],
+         "--context-length"),
+    ],
+)
+def test_a_pool_below_one_request_plans_capped_with_values_that_lift_the_cap(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """SGLang 0.5.23 runs a pool shorter than one 131,072-token request, capping each request at the pool less one."""
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    (note,) = [line for line in out.splitlines() if line.startswith("note: one request can hold at most ")]
+    assert "not --context-length 131,072" in note and message in note.split("for a full-length request: ")[1]
+
+
+def test_every_suggested_value_really_lifts_the_cap(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "24GiB", "--mem-fraction-static", "0.9"]
-    assert main(base + ["--json"]) == 3
-    suggestions = json.loads(capsys.readouterr().out)["error"]["suggestions"]
-    fixes = [s.split(" (")[0].split() for s in suggestions]
-    assert fixes, suggestions
+    assert main(base + ["--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["request_token_cap"] == report["max_total_num_tokens"] - 1 < 131_072
+    (note,) = [n for n in report["capacity_notes"] if n["cap"] == "request_length"]
+    fixes = [s.split(" (")[0].split() for s in note["fixes"]]
+    assert fixes, note
     for flag, value in fixes:
         argv = [a for a in base]
         if flag == "--mem-fraction-static":
@@ -217,7 +233,7 @@ def test_every_suggested_value_really_fits(capsys: pytest.CaptureFixture[str]) -
         else:
             argv += [flag, value]
         assert main(argv + ["--json"]) == 0, (flag, value, capsys.readouterr().err)
-        capsys.readouterr()
+        assert json.loads(capsys.readouterr().out)["request_token_cap"] is None, (flag, value)
     assert GiB  # sizes in messages are GiB for people, bytes for scripts
 
 

@@ -116,7 +116,7 @@ def test_a_bf16_plan_that_does_not_fit_is_exit_3_even_where_fp8_has_no_layout(
     config = json.loads((CORPUS / "DeepSeek-V3.2.json").read_text()) | {"kv_lora_rank": 96}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    argv = ["plan", "--model", str(path), "--gpu", "H200", "--tp-size", "8", "--max-total-tokens", "1000"]
+    argv = ["plan", "--model", str(path), "--gpu", "H200", "--tp-size", "8", "--kv-cache-memory", "10MiB"]  # < a page + the table
     assert main(argv) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not fit" in err and "fp8" not in err

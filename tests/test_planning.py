@@ -19,6 +19,7 @@ import torch
 
 from kvcache.byte_units import GiB, MiB, parse_bytes
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
+from kvcache.engines.sglang import SGLangRules
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.errors import (
     BudgetBelowOnePageError, BudgetBelowOneRequestError, DoesNotFitError, KVCacheMemoryTooLargeError,
@@ -58,8 +59,16 @@ def request(budget_bytes: int, pools: tuple[KVPoolDemand, ...], *, page: int = 1
                        req_to_token_row_width=kwargs.pop("row_width", context), kv_pools=pools, **kwargs)
 
 
+class FullRequestRules(SGLangRules):
+    """SGLang 0.5.23's rules with a pool shorter than one full-context request refused (SGLang runs it, capping each
+    request: tests/test_request_cap.py): the question every suggestion here is checked against."""
+
+    below_one_request = "refuse"
+
+
 def configurator(model: str, *, total: int = 80 * GiB, free_after: int | None = None, **args: Any) -> KVCacheConfigurator:
-    """Built the way the containers build it: dtypes resolved once, this rank's layers, a simulated card."""
+    """Built the way the containers build it: dtypes resolved once, this rank's layers, a simulated card; a pool
+    shorter than one full-context request is refused (FullRequestRules)."""
     server_args = ServerArgs.from_mapping({"device": "meta", **args})
     model_config = load_model_config(model)
     model_dtype = resolve_model_dtype(server_args.dtype, model_config.checkpoint_dtype)
@@ -70,7 +79,7 @@ def configurator(model: str, *, total: int = 80 * GiB, free_after: int | None = 
         kv_cache_dtype=resolve_kv_cache_dtype(server_args.kv_cache_dtype, model_dtype), device=META,
         memory_probe=FixedMemoryProbe(total_bytes=total, free_bytes=free_after),
         allocator_factory=allocator_for_plan, forward_stream=HostStream(META),
-        layer_ids=parallel.layer_range(model_config.num_hidden_layers),
+        layer_ids=parallel.layer_range(model_config.num_hidden_layers), engine=FullRequestRules(),
     )
 
 
@@ -306,12 +315,12 @@ def test_a_budget_below_one_request() -> None:
 
 
 def test_a_sliding_pool_below_one_window() -> None:
-    # gpt-oss with ratio 0.01: ~1,900 full tokens in 48 MiB, the window pool gets 16 < 128 + 16
+    # gpt-oss with ratio 0.01: ~1,900 full tokens in 48 MiB, the window pool gets 16, not more than 128 + 16
     c = configurator("gpt-oss-20b", page_size=16, context_length=512, max_running_requests=4,
                      swa_full_tokens_ratio=0.01)
     req = c.sizing.plan_request(c.sizing.layout(), memory_budget(48 * MiB))
     with pytest.raises(BudgetBelowOneRequestError,
-                       match=r"the sliding-window pool 'swa' holds \d+ tokens, fewer than one window \(128\) plus a page \(16\)"):
+                       match=r"the sliding-window pool 'swa' holds \d+ tokens, not more than one window \(128\) plus a page \(16\)"):
         plan_pool_sizes(req)
 
 
@@ -373,11 +382,12 @@ SCENARIOS = {
     # 68 GiB of weights on 80 GiB: 0.836 keeps 13.12 GiB free of the 12 GiB left
     "weights": ("SmolLM2-135M", dict(total=80 * GiB, free_before=80 * GiB, free_after=12 * GiB), {},
                 WeightsLeaveNoRoomError, {"mem-fraction-static"}),
-    # 64 MiB: ~2.5k full tokens of gpt-oss, 5% of them (one 64-token page) for a 128-token window
+    # 64 MiB: ~2.5k full tokens of gpt-oss, 5% of them (one 64-token page) for a 128-token window; SGLang admits a
+    # request only into more than window + page = 192 window tokens, so fp8's ~5k x 5% = 192 is refused too
     "window": ("gpt-oss-20b", dict(total=80 * GiB, free_before=80 * GiB, free_after=40 * GiB),
                {"kv_cache_memory": 64 * MiB, "page_size": 64, "swa_full_tokens_ratio": 0.05, "context_length": 1024,
                 "max_running_requests": 4},
-               BudgetBelowOneRequestError, {"swa-full-tokens-ratio", "kv-cache-memory", "kv-cache-dtype"}),
+               BudgetBelowOneRequestError, {"swa-full-tokens-ratio", "kv-cache-memory"}),
     "state": (QWEN3_NEXT, dict(total=80 * GiB, free_before=80 * GiB, free_after=40 * GiB),
               {"kv_cache_memory": 200 * MiB}, BudgetBelowOneRequestError, {"kv-cache-memory"}),
 }

@@ -15,6 +15,9 @@ class SGLangRules(EngineRules):
     name = "sglang"
     title = "SGLang"
     version = "0.5.23"
+    # A pool shorter than one full-context request runs: TpModelWorker.get_worker_info (srt/managers/tp_worker.py)
+    # warns and caps each request at the pool less one token; only a pool of one token is refused there.
+    below_one_request = "cap"
 
     def window_pools(self, model: ModelConfig, switch: HybridSwaMemory) -> WindowPools:
         """Separate sliding-window pools only for is_hybrid_swa_model's architectures, not overridden

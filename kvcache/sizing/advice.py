@@ -16,7 +16,7 @@ from kvcache.byte_units import GiB, MiB
 from kvcache.errors import DoesNotFitError
 from kvcache.memory.memory_budget import MemoryBudget, compute_budget, headroom_bytes
 from kvcache.arithmetic import align_down, align_up
-from kvcache.sizing.planning import PlanRequest, plan_pool_sizes, state_slots
+from kvcache.sizing.planning import MAX_DEFAULT_RUNNING_REQUESTS, PlanRequest, plan_pool_sizes, state_slots
 
 
 class KeptFree(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,8 +37,9 @@ class KeptFree(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def fits(req: PlanRequest) -> bool:
+    """Whether `req` plans with one full-context request in its pools (what every suggestion is checked for)."""
     try:
-        plan_pool_sizes(req)
+        plan_pool_sizes(msgspec.structs.replace(req, below_one_request="refuse"))
     except DoesNotFitError:
         return False
     return True
@@ -87,6 +88,30 @@ def longest_fitting_context(req: PlanRequest) -> int | None:
 
     k = smallest_passing(1, top, ok_from_top)
     return None if k is None else (top + 1 - k) * page
+
+
+def _runs(req: PlanRequest) -> bool:
+    """Whether `req` plans as its engine runs it (with each request capped below the context, where it allows that)."""
+    try:
+        plan_pool_sizes(req)
+    except DoesNotFitError:
+        return False
+    return True
+
+
+def most_running_requests_that_run(req: PlanRequest) -> int | None:
+    """Where the engine runs requests capped below the context and `req` does not plan: the most
+    --max-running-requests (fewer than today's cap) that plans, its request table leaving the pool more; else None.
+    A long context makes each row of the table long: SGLang 0.5.23's default 2,048 rows of 10M tokens take 80 GiB."""
+    if req.below_one_request != "cap" or _runs(req):
+        return None
+    top = (req.max_running_requests or MAX_DEFAULT_RUNNING_REQUESTS) - 1
+
+    def ok_from_top(k: int) -> bool:  # counts requests down from the top, so the search runs "false then true"
+        return _runs(msgspec.structs.replace(req, max_running_requests=top + 1 - k))
+
+    k = smallest_passing(1, top, ok_from_top)
+    return None if k is None else top + 1 - k
 
 
 def smallest_fitting_swa_ratio(req: PlanRequest) -> float | None:
@@ -285,6 +310,12 @@ def suggest_fixes(
     context = longest_fitting_context(req)
     if context is not None:
         out.append(f"--context-length {context} (the longest that fits)")
+    requests = most_running_requests_that_run(req)
+    if requests is not None:
+        plan = plan_pool_sizes(msgspec.structs.replace(req, max_running_requests=requests))
+        out.append(f"--max-running-requests {requests} (the most that run: the request table then leaves the pool "
+                   f"{plan.max_total_num_tokens} tokens"
+                   + (f", one request at most {plan.request_token_cap})" if plan.request_token_cap is not None else ")"))
     if not out:
         combined = first_fitting_combination(req, budget_for_fraction=budget_for_fraction, fp8_request=fp8_request,
                                              kept_free=kept_free)

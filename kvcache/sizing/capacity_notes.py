@@ -1,6 +1,8 @@
 """What a plan's caps leave unusable: where something other than the pool limits what is in use.
 
-Two cases the report names, with the bytes:
+Three cases the report names, with the bytes:
+- the pool holds fewer tokens than one full-context request, and the engine runs so (SGLang 0.5.23): each
+  request is capped below the context; the note names what would let a full-length request fit;
 - running requests bind (state slots, --max-running-requests): R requests of at most `context` tokens
   use R * context tokens at once; the rest of the pool can hold only cached prefixes;
 - a --max-running-requests above the default makes the request table (a row of `context` int32s a
@@ -16,22 +18,39 @@ import msgspec
 from kvcache.errors import DoesNotFitError
 from kvcache.byte_units import format_bytes
 from kvcache.sizing.pool_config import MemoryPoolConfig
-from kvcache.sizing.worker_sizing import WorkerSizing
+from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
 
 
 class CapacityNote(msgspec.Struct, frozen=True, kw_only=True):
     """One cap that leaves part of the pool unusable by running requests, with the bytes."""
 
-    cap: str  # "state_slots", "max_running_requests" or "request_table"
+    cap: str  # "request_length", "state_slots", "max_running_requests" or "request_table"
     message: str  # one line for the report
     tokens: int  # tokens the cap leaves out (of running requests, or of the pool)
     bytes: int  # what those tokens cost in the pools that hold every token (or the table's extra bytes)
+    fixes: tuple[str, ...] = ()  # flags and values that lift the cap, each checked by planning with it
 
 
 def capacity_notes(sizing: WorkerSizing, plan: MemoryPoolConfig) -> tuple[CapacityNote, ...]:
     """The caps that bind this plan below its pool, each with what it leaves out."""
-    notes = [n for n in (_requests_bind(sizing, plan), _table_takes_the_pool(sizing, plan)) if n is not None]
-    return tuple(notes)
+    notes = (_request_capped(sizing, plan), _requests_bind(sizing, plan), _table_takes_the_pool(sizing, plan))
+    return tuple(n for n in notes if n is not None)
+
+
+def _request_capped(sizing: WorkerSizing, plan: MemoryPoolConfig) -> CapacityNote | None:
+    cap, context = plan.request_token_cap, plan.context_length
+    if cap is None:
+        return None
+    every_layer_slides = not any(p.kind != "swa" for p in plan.kv_pools)  # the project's planner calls that fitting
+    b = plan.budget
+    memory = WorkerMemory(total_bytes=b.total_bytes, free_before_load=b.free_before_load_bytes,
+                          free_after_load=b.free_after_load_bytes)
+    fixes = () if every_layer_slides else sizing.full_request_fixes(memory)
+    left = context - cap
+    return CapacityNote(cap="request_length", tokens=left, bytes=left * plan.bytes_per_token, fixes=fixes, message=(
+        f"one request can hold at most {cap:,} tokens, prompt and output (the pool's {plan.max_total_num_tokens:,} "
+        f"less one), not --context-length {context:,}: {sizing.engine.label} runs so and refuses longer requests"
+        + (f"; for a full-length request: {'; '.join(fixes)}" if fixes else "")))
 
 
 def _requests_bind(sizing: WorkerSizing, plan: MemoryPoolConfig) -> CapacityNote | None:

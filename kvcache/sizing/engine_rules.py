@@ -18,7 +18,7 @@ from kvcache.byte_units import MiB
 from kvcache.inputs.server_args import HybridSwaMemory
 from kvcache.memory.memory_budget import MIN_DERIVED_FRACTION
 from kvcache.models.model_config import ModelConfig
-from kvcache.sizing.planning import PlanRequest, plan_pool_sizes
+from kvcache.sizing.planning import BelowOneRequest, PlanRequest, plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
 
 
@@ -72,6 +72,7 @@ class EngineRules(ABC):
     name: ClassVar[str]
     title: ClassVar[str]
     version: ClassVar[str]
+    below_one_request: ClassVar[BelowOneRequest] = "refuse"  # a pool shorter than one full-context request
 
     @property
     def label(self) -> str:

@@ -33,6 +33,12 @@ from kvcache.arithmetic import align_down, align_up
 from kvcache.inputs.sglang_ratios import SGLANG_SWA_FULL_TOKENS_RATIO
 
 DEFAULT_REQUESTS_PER_CONTEXT = 512
+SMALLEST_SERVING_POOL = 2  # SGLang 0.5.23 serves requests of at most the pool less one token (tp_worker.py's max_req_len)
+
+# What a pool holding fewer tokens than one full-context request means: "refuse" it (the project's strict answer,
+# the one advice and `fit` search against), or "cap" each request at the pool less one token and plan it (SGLang
+# 0.5.23 warns and runs; kvcache.engines.sglang sets it).
+BelowOneRequest = Literal["refuse", "cap"]
 MIN_DEFAULT_RUNNING_REQUESTS = 2048
 MAX_DEFAULT_RUNNING_REQUESTS = 4096
 
@@ -75,6 +81,7 @@ class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
     max_total_tokens: int | None = None
     max_running_requests: int | None = None
     attention_dp_size: int = 1
+    below_one_request: BelowOneRequest = "refuse"
 
 
 def _pool_tokens(req: PlanRequest, pool: KVPoolDemand, tokens: int) -> int:
@@ -166,31 +173,45 @@ def plan_pool_sizes(req: PlanRequest) -> MemoryPoolConfig:
     if req.state is not None:
         _check_state_fits(req, slots)
     tokens = _largest_fitting_tokens(req, slots)
-    one_request = align_up(max(_one_request_tokens(req), 1), page)
+    one_request = align_up(max(one_request_tokens(req), 1), page)
     if tokens == 0:
         raise BudgetBelowOnePageError(
             f"the KV budget does not hold one page ({page} tokens) plus the request table",
             needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
         )
-    if tokens < one_request and req.max_total_tokens is not None and tokens == align_down(req.max_total_tokens, page):
-        if plan_cost(req, one_request, slots) <= budget:
-            raise BudgetBelowOneRequestError(
-                f"--max-total-tokens {req.max_total_tokens} is below one request of --context-length "
-                f"{req.context_length} ({one_request} tokens); the budget would hold more",
-                needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
-                suggestions=(f"--max-total-tokens {one_request} (or drop it)",),
-            )
     if tokens < one_request:
-        raise BudgetBelowOneRequestError(
-            f"the KV budget holds {tokens} tokens, fewer than one request of --context-length {req.context_length} "
-            f"needs ({one_request} tokens)",
-            needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
-        )
+        _refuse_below_one_request(req, tokens, one_request, slots)
     _check_windows_fit(req, tokens, slots)
     return candidate_plan(req, tokens, slots)
 
 
-def _one_request_tokens(req: PlanRequest) -> int:
+def _refuse_below_one_request(req: PlanRequest, tokens: int, one_request: int, slots: int) -> None:
+    """A pool of `tokens` shorter than one full-context request: refused (the strict rule), or, where the engine
+    caps each request at the pool less one token, refused only when that leaves no token."""
+    budget = req.budget.budget_bytes
+    if req.below_one_request == "cap":
+        if tokens < SMALLEST_SERVING_POOL:
+            raise BudgetBelowOneRequestError(
+                f"the KV budget holds {tokens} token: a request may hold the pool less one token, so none can run",
+                needed_bytes=plan_cost(req, SMALLEST_SERVING_POOL, slots), available_bytes=budget,
+            )
+        return
+    capped = req.max_total_tokens is not None and tokens == align_down(req.max_total_tokens, req.page_size)
+    if capped and plan_cost(req, one_request, slots) <= budget:
+        raise BudgetBelowOneRequestError(
+            f"--max-total-tokens {req.max_total_tokens} is below one request of --context-length "
+            f"{req.context_length} ({one_request} tokens); the budget would hold more",
+            needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
+            suggestions=(f"--max-total-tokens {one_request} (or drop it)",),
+        )
+    raise BudgetBelowOneRequestError(
+        f"the KV budget holds {tokens} tokens, fewer than one request of --context-length {req.context_length} "
+        f"needs ({one_request} tokens)",
+        needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
+    )
+
+
+def one_request_tokens(req: PlanRequest) -> int:
     """Full-pool tokens one request of context_length needs. With only sliding layers, a window."""
     if req.kv_pools and all(p.window is not None for p in req.kv_pools):
         return min(req.context_length, min(p.window for p in req.kv_pools if p.window) + req.page_size)
@@ -216,16 +237,18 @@ def _check_state_fits(req: PlanRequest, slots: int) -> None:
 
 
 def _check_windows_fit(req: PlanRequest, tokens: int, slots: int) -> None:
-    """A paired sliding-window pool must hold one request's window plus a page."""
+    """A paired sliding-window pool must hold more than one window plus a page: SGLang 0.5.23 admits a request
+    only with that much of the pool free, so it refuses a smaller one (validate_swa_pool_size in
+    srt/model_executor/pool_configurator.py, whatever the context length)."""
     for p in req.kv_pools:
         if p.share != "swa" or p.window is None:
             continue
-        need = min(p.window, req.context_length) + req.page_size
+        need = p.window + req.page_size + 1
         have = _pool_tokens(req, p, tokens)
         if have < need:
             raise BudgetBelowOneRequestError(
-                f"the sliding-window pool {p.name!r} holds {have} tokens, fewer than one window "
-                f"({min(p.window, req.context_length)}) plus a page ({req.page_size})",
+                f"the sliding-window pool {p.name!r} holds {have} tokens, not more than one window "
+                f"({p.window}) plus a page ({req.page_size}), the least that admits a request",
                 needed_bytes=plan_cost(req, tokens, slots) + (need - have) * p.bytes_per_token,
                 available_bytes=req.budget.budget_bytes,
             )
@@ -235,7 +258,7 @@ def requests_at_context(req: PlanRequest, plan: MemoryPoolConfig) -> int:
     """Requests of `req.context_length` tokens each that `plan` holds at once: its running-request cap (state slots
     included), and every pool's tokens over what one such request takes there (plan_pool_sizes' one request in a
     pool of every token; a window plus a page in a paired sliding-window pool, as _check_windows_fit counts it)."""
-    one_request = align_up(max(_one_request_tokens(req), 1), req.page_size)
+    one_request = align_up(max(one_request_tokens(req), 1), req.page_size)
     held = plan.max_running_requests
     for demand, pool in zip(req.kv_pools, plan.kv_pools, strict=True):
         per_request = one_request

@@ -114,6 +114,14 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
         return sum(p.bytes_per_token for p in self.kv_pools if p.holds_every_token)
 
     @property
+    def request_token_cap(self) -> int | None:
+        """Tokens one request may hold where the pool holds fewer than context_length: the pool less one (SGLang
+        0.5.23's max_req_len, min(context - 1, pool - 1), in tp_worker.py; prompts 5 fewer). None when it holds more."""
+        if self.max_total_num_tokens >= self.context_length:
+            return None
+        return self.max_total_num_tokens - 1
+
+    @property
     def req_to_token_bytes(self) -> int:
         """(max_running_requests + 1) rows of int32 token indices (row 0 is padding); hybrid
         models add one int32 column mapping each row to its state slot. One allocation."""
@@ -202,7 +210,7 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
     def to_dict(self) -> dict:
         """A JSON-ready dict, derived numbers included."""
         data = msgspec.to_builtins(self)
-        data.update(bytes_per_token=self.bytes_per_token, buffers=self.buffers, total_bytes=self.total_bytes,
+        data.update(bytes_per_token=self.bytes_per_token, request_token_cap=self.request_token_cap, buffers=self.buffers, total_bytes=self.total_bytes,
                     arena_bytes={"target": self.arena_bytes(), "draft": self.arena_bytes(draft=True)},
                     tensors={w: msgspec.to_builtins(self.tensors(draft=w == "draft")) for w in ("target", "draft")})
         for d, p in zip(data["kv_pools"], self.kv_pools):

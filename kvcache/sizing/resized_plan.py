@@ -26,4 +26,5 @@ def resized_plan_request(plan: MemoryPoolConfig, budget_bytes: int) -> PlanReque
         budget=budget, page_size=plan.page_size, context_length=plan.context_length,
         req_to_token_row_width=plan.req_to_token_row_width, kv_pools=tuple(demands),
         max_total_tokens=plan.max_total_num_tokens, max_running_requests=plan.max_running_requests,
+        below_one_request="refuse" if plan.request_token_cap is None else "cap",  # a capped plan stays one
     )

@@ -23,9 +23,10 @@ from kvcache.memory.host_memory import host_memory_bytes
 from kvcache.memory.memory_budget import MemoryBudget, compute_budget, derive_mem_fraction_static
 from kvcache.memory.runtime_reserve import RuntimeShape, default_mem_fraction_static
 from kvcache.models.model_config import ModelConfig
-from kvcache.sizing.advice import KeptFree, suggest_fixes, suggest_kv_cache_memory
+from kvcache.arithmetic import align_up
+from kvcache.sizing.advice import KeptFree, fits, suggest_fixes, suggest_kv_cache_memory
 from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory
-from kvcache.sizing.planning import PlanRequest
+from kvcache.sizing.planning import PlanRequest, one_request_tokens
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.pool_layout import CacheLayout, worker_cache_layout
 from kvcache.sizing.post_capture_eligibility import (
@@ -79,6 +80,19 @@ class WorkerSizing:
             fraction = request.budget.mem_fraction_static
             raise exc.with_suggestions(exc.suggestions + self._suggestions(
                 layout, request, self._budget_for(memory) if fraction else None)) from None
+
+    def full_request_fixes(self, memory: WorkerMemory) -> tuple[str, ...]:
+        """Where the engine runs a pool shorter than one full-context request (capping each request): values that
+        would let one such request fit, each checked by planning with it (the fixes a refusal would name)."""
+        layout = self.layout()
+        request = self._request(layout, memory)
+        fixes: tuple[str, ...] = ()
+        whole = align_up(one_request_tokens(request), request.page_size)
+        if request.max_total_tokens is not None and request.max_total_tokens < whole \
+                and fits(msgspec.structs.replace(request, max_total_tokens=whole)):
+            fixes = (f"--max-total-tokens {whole} or more (or drop it)",)
+        fraction = request.budget.mem_fraction_static
+        return fixes + self._suggestions(layout, request, self._budget_for(memory) if fraction else None)
 
     def plans(self, memory: WorkerMemory) -> bool:
         """Whether this worker plans with this memory (no advice searched)."""
@@ -168,7 +182,7 @@ class WorkerSizing:
             swa_ratio=a.swa_full_tokens_ratio, state=state,
             max_total_tokens=a.max_total_tokens,
             max_running_requests=default_max_running_requests(a.max_running_requests, a.speculative_algorithm),
-            attention_dp_size=self.parallel_state.attention_dp_size,
+            attention_dp_size=self.parallel_state.attention_dp_size, below_one_request=self.engine.below_one_request,
         )
 
     # ---- internals -----------------------------------------------------------
