@@ -37,7 +37,8 @@ def test_state_slots_that_bind_say_how_much_of_the_pool_running_requests_can_use
     r = _plan(["--model", "Nemotron-H-56B-Base-8K", "--gpu", "H200", "--tp-size", "2"], capsys)
     assert r["max_total_num_tokens"] == 2_019_610 and r["max_running_requests"] == 16 and r["bytes_per_token"] == 20_480
     (note,) = r["capacity_notes"]
-    assert note == {"cap": "state_slots", "tokens": 1_888_538, "bytes": 38_677_258_240, "message": note["message"]}
+    assert note == {"cap": "state_slots", "tokens": 1_888_538, "bytes": 38_677_258_240, "message": note["message"],
+                    "fixes": []}
     assert "at most 16 x 8,192 = 131,072 tokens are in use at once" in note["message"]
 
 
