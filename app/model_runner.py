@@ -336,4 +336,5 @@ class ModelRunner:
         if found is None or (kv_cache_plans_only and not found.kv_cache_plans):
             return ()
         return (f"--tp-size {found.tp_size} (about {format_bytes(found.weights_bytes)} per rank"
-                f"{'' if found.kv_cache_plans else ', for the weights alone: the KV cache then needs more'})",)
+                f"{'' if found.kv_cache_plans else ', for the weights alone: the KV cache then needs more'}"
+                + (f", each request capped at {found.request_token_cap:,} tokens" if found.request_token_cap else "") + ")",)

@@ -99,7 +99,8 @@ def test_json_refusals_carry_the_combination(capsys: pytest.CaptureFixture[str])
     # the larger fraction says what it gives up: (1 - 0.882) and (1 - 0.684) of the 21.89 GiB free before loading
     assert error["suggestions"][1].endswith("(together: 32805 tokens fit, keeps 2.58 GiB free for activations and CUDA "
                                             "graphs where the default 0.684 keeps 6.92 GiB: it gives that headroom up)")
-    assert plan_json([*LLAMA_ON_L4, "--tp-size", "2"], capsys)["request_token_cap"] == 102_659
+    assert error["suggestions"][0].endswith(", each request capped at 102,659 tokens)")
+    assert plan_json([*LLAMA_ON_L4, "--tp-size", "2"], capsys)["request_token_cap"] == 102_659  # what TP 2 then plans
     assert main([*LLAMA_ON_L4, "--tp-size", "1"]) == 3
 
 

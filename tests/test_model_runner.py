@@ -61,8 +61,10 @@ def test_weights_larger_than_the_card_fail_before_allocating(make_engine) -> Non
     # An 8 GiB card keeps 4.34 GiB free at TP 4 (mem_fraction_static 0.457) and 4.84 GiB at TP 8 (0.395). TP 4's
     # 3.74 GiB of weights leave 8 - 3.74 - 0.09 (kernels) = 4.17 GiB: under the reserve, the runtime would have
     # no room; TP 8's 1.87 GiB leave 6.04 GiB, the reserve and some KV cache: not a full 131K-token request, but
-    # SGLang 0.5.23 runs that, each request capped at the pool less one token, so TP 8 is named without a caveat
-    with pytest.raises(WeightsDoNotFitError, match="--tp-size 8 \\(about 1.87 GiB \\(2,009,071,616 B\\) per rank\\)\\n"):
+    # SGLang 0.5.23 runs that, each request capped at the pool less one token: 2,049 rows of 131,072 int32
+    # (1,074,266,112 B) and 12,869 tokens of 16,384 B (1 KV head a rank) fill its ~1.2 GiB budget
+    with pytest.raises(WeightsDoNotFitError, match="--tp-size 8 \\(about 1.87 GiB \\(2,009,071,616 B\\) per rank, "
+                                                   "each request capped at 12,868 tokens\\)\\n"):
         engine.engine().target.load_weights()
 
 
@@ -83,7 +85,8 @@ def test_the_suggested_tp_size_splits_the_model_s_heads(make_engine) -> None:
     # SGLang 0.5.23 runs that (each request capped at the pool less one token), so TP 9 is named.
     failure = _weights_failure(make_engine, "SmolLM2-135M", 200 * MiB, mem_fraction_static=0.9)
     assert failure.needed_bytes == 270_532_608
-    assert failure.suggestions == ("--tp-size 9 (about 0.03 GiB (33,554,432 B) per rank)", "a card with more memory")
+    assert failure.suggestions == ("--tp-size 9 (about 0.03 GiB (33,554,432 B) per rank, each request capped at 2,434 "
+                                   "tokens)", "a card with more memory")
 
 
 @pytest.mark.parametrize(("model", "total_bytes"), [("SmolLM2-135M", 200 * MiB), ("SmolLM2-135M", 16 * MiB),

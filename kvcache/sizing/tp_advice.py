@@ -24,6 +24,7 @@ class TensorParallelFit(msgspec.Struct, frozen=True, kw_only=True):
     tp_size: int
     weights_bytes: int
     kv_cache_plans: bool
+    request_token_cap: int | None = None  # the KV cache plans, each request capped below the context (SGLang runs so)
 
 
 def tp_size_that_fits(sizing: WorkerSizing, *, free_before_load: int, total_bytes: int,
@@ -44,9 +45,11 @@ def tp_size_that_fits(sizing: WorkerSizing, *, free_before_load: int, total_byte
             continue
         at_tp = replace(sizing, parallel_state=state)
         after = max(0, free_before_load - weights - context_growth)
-        if check_kv_cache and at_tp.plans(WorkerMemory(total_bytes=total_bytes, free_before_load=free_before_load,
-                                                       free_after_load=after)):
-            return TensorParallelFit(tp_size=tp, weights_bytes=weights, kv_cache_plans=True)
+        plan = at_tp.plan_or_none(WorkerMemory(total_bytes=total_bytes, free_before_load=free_before_load,
+                                               free_after_load=after)) if check_kv_cache else None
+        if plan is not None:
+            return TensorParallelFit(tp_size=tp, weights_bytes=weights, kv_cache_plans=True,
+                                     request_token_cap=plan.request_token_cap)
         reserve = headroom_bytes(free_before_load, at_tp.mem_fraction_static(total_bytes))
         if weights_alone is None and after > reserve:
             weights_alone = TensorParallelFit(tp_size=tp, weights_bytes=weights, kv_cache_plans=not check_kv_cache)

@@ -94,13 +94,12 @@ class WorkerSizing:
         fraction = request.budget.mem_fraction_static
         return fixes + self._suggestions(layout, request, self._budget_for(memory) if fraction else None)
 
-    def plans(self, memory: WorkerMemory) -> bool:
-        """Whether this worker plans with this memory (no advice searched)."""
+    def plan_or_none(self, memory: WorkerMemory) -> MemoryPoolConfig | None:
+        """This worker's plan with this memory, or None where it does not plan (no advice searched)."""
         try:
-            self.engine.plan(self.plan_request(self.layout(), self.budget(memory)))
+            return self.engine.plan(self.plan_request(self.layout(), self.budget(memory)))
         except DoesNotFitError:
-            return False
-        return True
+            return None
 
     # ---- the questions it answers -------------------------------------------
     def layout(self, kv_cache_dtype: KVCacheDtype | None = None) -> CacheLayout:
