@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from app.forward import ContextFullError, DecodeBatch, UnknownRequestError, DecodeRequests, PoolAttention, build_decoder, paged_decode_attention_torch
+from app.forward import ContextFullError, UnknownRequestError, DecodeRequests, PoolAttention, build_decoder, paged_decode_attention_torch
 from app.weights import parameter_specs
 from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
@@ -22,7 +22,7 @@ from kvcache.errors import UnsupportedModelError
 from kvcache.models.model_config import ModelConfig
 from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from kvcache.models.presets import load_model_config
-from kvcache.testing import TINY_MODEL_HF_CONFIG, tiny_model_config
+from kvcache.testing import tiny_model_config
 from kvcache.models.hf_config import model_config_from_hf
 
 CPU = torch.device("cpu")

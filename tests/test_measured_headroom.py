@@ -7,7 +7,6 @@ numbers are checked by hand on small plans, and the reference step runs on the C
 from __future__ import annotations
 
 import pytest
-import torch
 from dependency_injector import providers
 
 from app.forward.worst_case import ReferenceWorstCaseStep
@@ -17,8 +16,9 @@ from kvcache.byte_units import GiB, MiB
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.runtime.measured_headroom import (
-    MeasuredSizing, StepPeak, decide_measured_tokens, measured_margin_bytes,
+    MeasuredSizing, StepPeak, decide_measured_tokens,
 )
+from kvcache.sizing.measured_prediction import measured_margin_bytes
 from kvcache.runtime.resize import resized_plan_request
 from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_cost, plan_pool_sizes
 from kvcache.testing import FixedActivationStep, FixedMemoryProbe, tiny_model_config

@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from kvcache.byte_units import GiB, MiB
 from kvcache.configurator import KVCacheConfigurator
-from kvcache.inputs.dtypes import KV_CACHE_DTYPES, resolve_kv_cache_dtype, resolve_model_dtype
+from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.inputs.parallel import ParallelState
 from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_cost, plan_pool_sizes

@@ -22,7 +22,6 @@ from app.weights import (
     parameter_specs,
     storage_of,
 )
-from kvcache.models.model_config import ModelConfig
 from kvcache.models.quantization import Fp8Weights, Mxfp4Weights, Quantization
 from kvcache.models.hf_config import model_config_from_hf
 
@@ -164,7 +163,6 @@ def test_the_runner_sizes_fp8_scales_by_the_checkpoint_block_size(make_engine) -
     carry 2 x 4 float32 scales each, not 1."""
     from app.weights import DummyWeightLoader
     from kvcache.inputs.cards import card_named
-    from kvcache.models.model_config import ModelConfig
     from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG
 
     fp8 = {"quant_method": "fp8", "weight_block_size": [32, 32]}

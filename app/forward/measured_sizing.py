@@ -106,9 +106,8 @@ def size_from_worst_case(runner: Any, configurator: Any, make_step: Callable[...
     and plan are replaced as it goes)."""
     from kvcache.errors import UnsupportedModelError
     from kvcache.memory.runtime_reserve import default_chunked_prefill_size
-    from kvcache.runtime.measured_headroom import (
-        MeasuredSizing, agreed_plan, decide_measured_tokens, measured_margin_bytes,
-    )
+    from kvcache.runtime.measured_headroom import MeasuredSizing, agreed_plan, decide_measured_tokens
+    from kvcache.sizing.measured_prediction import measured_margin_bytes
 
     backing, settings, ranks = runner._vmm_backing, configurator.settings, runner.parallel_state.agreement
     built = runner.memory_pool_config

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from kvcache.allocators.base import FreeListAllocator, as_indices, check_need_size, reject_meta
+from kvcache.allocators.base import FreeListAllocator, check_need_size, reject_meta
 from kvcache.pools.planned_views import Views
 
 

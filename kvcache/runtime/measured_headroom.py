@@ -26,7 +26,6 @@ import msgspec
 
 from kvcache.errors import DoesNotFitError
 from kvcache.byte_units import format_bytes
-from kvcache.sizing.measured_prediction import measured_margin_bytes  # noqa: F401 - the margin's rule lives with the prediction
 from kvcache.sizing.planning import plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.resized_plan import resized_plan_request
