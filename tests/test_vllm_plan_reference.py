@@ -63,3 +63,40 @@ def test_block_counts_equal_vllms_own_code(bench: SimpleNamespace, case: str) ->
         compared.append(name)
     assert not differ
     assert len(compared) >= 30 and {"gpt-oss-120b", "gemma-3-27b-it", "Bamba-9B", "Qwen3.5-27B"} <= set(compared)
+
+
+def test_refusals_and_the_estimated_length_equal_vllms_own_check(bench: SimpleNamespace) -> None:
+    """vLLM refuses to start where one request of max_model_len does not fit (get_kv_cache_configs'
+    _check_enough_kv_cache_memory, the null block kept back) and names its estimated maximum model length; ours
+    refuses the same configs and suggests that length as --context-length (3 GiB, 65,536: 59 compared, 42 refused)."""
+    import re
+
+    from kvcache.errors import BudgetBelowOneRequestError
+
+    available, settings = 3 * GiB + 4321, VllmSettings(max_model_len=65536)
+    compared, refused, differ = [], 0, []
+    for name in NAMES:
+        try:
+            ours_refusal = None
+            bench.module.ours(name, available, settings)
+        except UnsupportedModelError:
+            continue
+        except BudgetBelowOneRequestError as exc:
+            ours_refusal = exc
+        model, layers = bench.module.corpus_layers(name)
+        try:
+            bench.module.vllm_code_plan(bench.vllm, layers, model.layer_kinds, available, settings)
+            theirs = None
+        except ValueError as exc:
+            found = re.search(r"estimated maximum model length is (\d+)", str(exc))
+            theirs = int(found.group(1)) if found else 0
+        ours = None
+        if ours_refusal is not None:
+            length = [s for s in ours_refusal.suggestions if s.startswith("--context-length ")]
+            ours = int(length[0].split()[1]) if length else 0
+        if ours != theirs:
+            differ.append(f"{name}: ours {ours}, vLLM {theirs}")
+        compared.append(name)
+        refused += theirs is not None
+    assert not differ
+    assert len(compared) >= 30 and refused >= 5
