@@ -23,6 +23,7 @@ from app.forward.post_capture import kept_ranges
 from containers import EngineContainer
 from kvcache.allocators.factory import allocator_for_plan
 from kvcache.byte_units import GiB, MiB
+from kvcache.errors import PoolOutOfMemoryError
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.memory.vmm_storage import VmmAllocation, VmmBacking
@@ -32,6 +33,7 @@ from kvcache.runtime.shrink import pool_buffers
 from kvcache.sizing import worker_sizing
 from kvcache.sizing.planning import plan_pool_sizes
 from kvcache.testing import FixedActivationStep, tiny_model_config
+from kvcache.testing.fakes import FailingAllocatorFactory
 from kvcache.testing.virtual_memory import FakeVirtualMemory
 
 CARD = 64 * MiB  # a small simulated card: the arena is a few MiB of CPU memory
@@ -252,3 +254,20 @@ def test_a_buffer_with_no_rows_to_release_releases_nothing_even_at_the_allocatio
     (allocation,) = backing.allocations
     assert kept_ranges(backing, [buffer], 1) == [(allocation, [(0, G)])]
     assert kept_ranges(backing, [buffer], 2) == []  # was: KeyError, the empty tail's address is in no allocation
+
+
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory (injected)"),
+                                   RuntimeError("a bug in the allocator (injected)")], ids=["oom", "bug"])
+def test_a_build_that_fails_on_vmm_storage_leaves_nothing_mapped_and_nothing_to_resize(vmm: FakeVmm,
+                                                                                       error: Exception) -> None:
+    """The arena is handed to the builder on VMM storage; a build that fails after it was carved frees it at once
+    (by reference count, as CUDA frees it: no collection), and the runner keeps no backing to resize."""
+    engine = _engine(FixedMemoryProbe(total_bytes=CARD), enable_post_capture_kv_resize=True,
+                     kv_headroom="fraction", mem_fraction_static=0.5)
+    engine.target.allocator_factory.override(providers.Callable(FailingAllocatorFactory(error)))
+    runner = engine.engine().target
+    with pytest.raises((PoolOutOfMemoryError, RuntimeError), match="injected"):
+        runner.initialize()
+    (backing,) = vmm.backings
+    assert vmm.memory.physical_bytes == 0 and backing.allocations == () and runner._vmm_backing is None
+    engine.shutdown_resources()
