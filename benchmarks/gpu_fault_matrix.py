@@ -34,20 +34,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from app.cli import main  # noqa: E402
-from app.forward import graphs  # noqa: E402
+from app.forward import graphs, measured_sizing  # noqa: E402
 from app import model_runner  # noqa: E402
 from kvcache.testing.arena_census import ArenaCensus  # noqa: E402
 from kvcache.testing.faults import FaultInjector  # noqa: E402
 from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG  # noqa: E402
 
-ENGINE_HOOKS = ((graphs.DecodeGraphs, "capture", "graph_capture"), (model_runner, "apply_post_capture_resize", "resize"))
+ENGINE_HOOKS = ((graphs.DecodeGraphs, "capture", "graph_capture"), (model_runner, "apply_post_capture_resize", "resize"),
+                (measured_sizing, "resize_pools", "resize"))
 
 
 def configurations(device: str, model: str) -> dict[str, list[str]]:
-    base = ["bootstrap", "--device", device, "--model", model, "--max-running-requests", "8", "--kv-cache-memory", "64MiB"]
+    """The starts to walk. --kv-cache-memory fixes the budget, which turns the post-capture resize (and with it VMM
+    pools and graph capture at bootstrap) off, so the resizing starts cap the pools by tokens instead: the
+    fraction's resize, and the measured headroom (the default without a fraction), each hooked where it runs."""
+    common = ["bootstrap", "--device", device, "--model", model, "--max-running-requests", "8"]
+    base = [*common, "--kv-cache-memory", "64MiB"]
     if device == "cpu":
         return {"cpu": [*base, "--memory-limit", "1GiB"]}
-    return {"cuda": base, "cuda + graphs + resize": [*base, "--enable-post-capture-kv-resize", "--cuda-graph-max-bs", "8"]}
+    resizable = [*common, "--max-total-tokens", "4096", "--cuda-graph-max-bs", "8"]
+    return {"cuda": base,
+            "cuda + graphs + resize": [*resizable, "--mem-fraction-static", "0.5", "--enable-post-capture-kv-resize"],
+            "cuda + graphs + measured": resizable}
 
 
 def allocated(device: str) -> int | None:
