@@ -5,7 +5,7 @@ never hit, so the H200 walk of 2026-12-04 checked no failure there). Read on the
 from __future__ import annotations
 
 import dataclasses
-import sys
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -15,8 +15,11 @@ from containers import EngineContainer
 from kvcache.inputs.cards import card_named
 from kvcache.testing import tiny_model_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import gpu_fault_matrix  # noqa: E402
+_SPEC = importlib.util.spec_from_file_location(
+    "gpu_fault_matrix", Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_fault_matrix.py")
+assert _SPEC is not None and _SPEC.loader is not None
+gpu_fault_matrix = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(gpu_fault_matrix)  # its own sys.path entry is the repository root, already importable
 
 
 def _eligibility_on_cuda(argv: list[str]):  # type: ignore[no-untyped-def]
