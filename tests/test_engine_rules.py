@@ -123,3 +123,23 @@ def test_llama4_scouts_published_empty_no_rope_layers_means_every_fourth_layer_n
     layout = worker_cache_layout(model_config=model, parallel_state=ParallelState(),
                                  kv_cache_dtype=KV_CACHE_DTYPES["bfloat16"], model_dtype=torch.bfloat16)
     assert sum(g.bytes_per_token for g in layout.kv_groups) == 48 * 8 * 256 * 2  # 196,608: SGLang 0.5.23's
+
+
+@pytest.mark.parametrize(("page", "algorithm", "steps", "topk", "tokens", "extra"), [
+    (1, "none", 0, 0, 0, 4),  # SGLang's fixed 4 slots past the context
+    (16, "none", 0, 0, 0, 4),
+    (1, "EAGLE", 3, 1, 4, 4 + 4),  # a chain: plus the 4 tokens a verify step writes
+    (16, "EAGLE", 3, 1, 4, 2 * 4 + 15),  # a step allocates max(3 x 1, 4) = 4, twice (overlap), plus a page less one
+    # a tree at page 16: each of 4 branches takes ceil((15 + 5) / 16) = 2 pages, 2 x 16 x 4 = 128 slots a step
+    (16, "EAGLE", 5, 4, 8, 2 * 128 + 15),
+    (1, "EAGLE", 5, 4, 8, 4 + 8),  # page 1: max(5 x 4, 8) = 20 a step, but rows only need 4 + 8
+])
+def test_request_table_rows_are_as_wide_as_sglang_allocates_them(page: int, algorithm: str, steps: int, topk: int,
+                                                                  tokens: int, extra: int) -> None:
+    from kvcache.engines.vllm import VLLM
+    from kvcache.inputs.sizing_settings import SizingSettings
+
+    settings = SizingSettings(page_size=page, speculative_algorithm=algorithm, speculative_num_steps=steps,
+                              speculative_eagle_topk=topk, speculative_num_draft_tokens=tokens)
+    assert SGLANG.request_table_width(4096, settings) == 4096 + extra
+    assert VLLM.request_table_width(4096, settings) == 4096 + tokens  # vLLM has no such table: the base rule

@@ -64,7 +64,7 @@ def test_weights_larger_than_the_card_fail_before_allocating(make_engine) -> Non
     # SGLang 0.5.23 runs that, each request capped at the pool less one token: 2,049 rows of 131,072 int32
     # (1,074,266,112 B) and 12,869 tokens of 16,384 B (1 KV head a rank) fill its ~1.2 GiB budget
     with pytest.raises(WeightsDoNotFitError, match="--tp-size 8 \\(about 1.87 GiB \\(2,009,071,616 B\\) per rank, "
-                                                   "each request capped at 12,868 tokens\\)\\n"):
+                                                   "each request capped at 12,866 tokens\\)\\n"):
         engine.engine().target.load_weights()
 
 

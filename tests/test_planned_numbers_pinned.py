@@ -6,6 +6,10 @@ budget, tokens, running requests, planned bytes and every buffer of the target's
 pool included where a draft runs). Cases cover MHA/GQA, MLA with a NEXTN draft, a huge request cap,
 a sliding-window pair (swa_full_tokens_ratio's default), two state hybrids (mamba_full_memory_ratio's
 default) and an EAGLE-3 draft.
+
+Moved once on purpose (2026-12-05): request-table rows became SGLang 0.5.23's width, the context plus 4 slots
+(plus the draft's tokens), where they had been the context alone; each table grew by its rows x 16 B (page
+aligned) and four plans lost 1-23 tokens to it. Nothing else moved.
 """
 
 from __future__ import annotations
@@ -18,26 +22,26 @@ from app.cli import main
 
 PINNED: list[tuple[tuple[str, ...], tuple[int, int, int, int], dict[str, int]]] = [
     (('Llama-3.1-8B-Instruct', '--gpu', 'H200'),
-     (118802840682, 892221, 3485, 118801563648),
-     {'req_to_token': 1827667968, 'allocator_index': 28551168, 'kv_full': 116945321984, 'arena_padding': 22528}),
+     (118802840682, 892220, 3485, 118801563648),
+     {'req_to_token': 1827723776, 'allocator_index': 28551168, 'kv_full': 116945190912, 'arena_padding': 97792}),
     (('DeepSeek-V3', '--gpu', 'H200', '--tp-size', '8', '--speculative-algorithm', 'NEXTN'),
      (45518810776, 636556, 48, 45518684160),
-     {'req_to_token': 32113664, 'allocator_index': 20370432, 'kv_mla': 44732133888, 'arena_padding': 62976, 'kv_draft_mla': 733314048, 'draft_arena_padding': 689152}),
+     {'req_to_token': 32114688, 'allocator_index': 20370432, 'kv_mla': 44732133888, 'arena_padding': 61952, 'kv_draft_mla': 733314048, 'draft_arena_padding': 689152}),
     (('DeepSeek-V3', '--gpu', 'H200', '--tp-size', '8', '--max-running-requests', '100000', '--context-length', '4096'),
-     (47181852312, 647804, 100000, 47181725696),
-     {'req_to_token': 1638416384, 'allocator_index': 20729856, 'kv_mla': 45522553344, 'arena_padding': 26112}),
+     (47181852312, 647781, 100000, 47181725696),
+     {'req_to_token': 1640016896, 'allocator_index': 20729856, 'kv_mla': 45520936960, 'arena_padding': 41984}),
     (('gemma-2-9b-it', '--gpu', 'L40S', '--page-size', '16', '--enable-hybrid-swa-memory'),
      (21592255037, 69264, 4096, 21590179840),
-     {'req_to_token': 134250496, 'allocator_index': 805376, 'kv_full': 11918376960, 'kv_swa': 9534701568, 'arena_padding': 2045440}),
+     {'req_to_token': 134316544, 'allocator_index': 805376, 'kv_full': 11918376960, 'kv_swa': 9534701568, 'arena_padding': 1979392}),
     (('Qwen3-Next-80B-A3B-Thinking', '--gpu', 'H200', '--tp-size', '4'),
-     (94040497455, 3978217, 461, 94040489984),
-     {'req_to_token': 484444160, 'allocator_index': 127303680, 'state': 44544393216, 'kv_full': 48884342784, 'arena_padding': 6144}),
+     (94040497455, 3978216, 461, 94040489984),
+     {'req_to_token': 484451840, 'allocator_index': 127303680, 'state': 44544393216, 'kv_full': 48884330496, 'arena_padding': 10752}),
     (('Nemotron-H-56B-Base-8K', '--gpu', 'H100-80GB', '--tp-size', '2'),
      (13848353702, 363647, 2, 13847494656),
      {'req_to_token': 98816, 'allocator_index': 11636736, 'state': 6388236288, 'kv_full': 7447511040, 'arena_padding': 11776}),
     (('Llama-3.1-8B-Instruct', '--gpu-memory', '80GiB', '--speculative-algorithm', 'EAGLE3', '--speculative-draft-model', 'EAGLE3-LLaMA3.1-Instruct-8B'),
      (52695479747, 389563, 48, 52695138304),
-     {'req_to_token': 25692160, 'allocator_index': 12466176, 'kv_full': 51060932608, 'arena_padding': 114688, 'kv_draft_full': 1595654144, 'draft_arena_padding': 278528}),
+     {'req_to_token': 25692672, 'allocator_index': 12466176, 'kv_full': 51060932608, 'arena_padding': 114176, 'kv_draft_full': 1595654144, 'draft_arena_padding': 278528}),
 ]
 
 

@@ -119,13 +119,14 @@ def test_a_tiny_plan_by_hand() -> None:
 def test_llama_8b_with_10_gib_by_hand() -> None:
     # Llama-3.1-8B bf16: 131,072 B/token; --context-length 32768; a 10 GiB budget (10,737,418,240 B)
     #   R = clamp(T x 512 // 32,768, 2,048, 4,096) = 2,048 (T is about 80k, so T x 512 // 32k is about 1,250)
-    #   request table: 2,049 x 32,768 x 4 = 268,566,528 B (512-aligned already)
-    #   left: 10,468,851,712 B for the pool (T + 1) x 131,072 plus the index 2 x S(16 T):
-    #   T = 79,850: 10,466,230,272 + 2 x S(1,277,600) = 2 x 1,277,952 -> 65,536 B to spare, less than a token
+    #   request table: 2,049 rows x (32,768 + 4) x 4 = 268,599,312 B (SGLang's rows hold 4 slots past the
+    #   context) -> S() = 268,599,808
+    #   left: 10,468,818,432 B for the pool (T + 1) x 131,072 plus the index 2 x S(16 T):
+    #   T = 79,850: 10,466,230,272 + 2 x S(1,277,600) = 2 x 1,277,952 -> 32,256 B to spare, less than a token
     req, plan = plan_for("Llama-3.1-8B-Instruct", 10 * GiB, context_length=32768)
     assert (plan.max_total_num_tokens, plan.max_running_requests) == (79_850, 2_048)
-    assert plan.worker_buffers() == {"req_to_token": 268_566_528, "allocator_index": 2_555_904, "kv_full": 79_851 * 131_072}
-    assert plan.buffers == {**plan.worker_buffers(), "arena_padding": 65_536}
+    assert plan.worker_buffers() == {"req_to_token": 268_599_808, "allocator_index": 2_555_904, "kv_full": 79_851 * 131_072}
+    assert plan.buffers == {**plan.worker_buffers(), "arena_padding": 32_256}
     assert plan.total_bytes == 10 * GiB
     assert plan.bytes_per_token == 131_072
 
@@ -142,8 +143,8 @@ def test_qwen3_next_state_slots_with_a_radix_cache() -> None:
     assert plan.max_running_requests == plan.state_pool.request_cap == 57
     assert plan.buffers["state"] == slot_size(289 * 77_266_944)
     assert plan.pool("full").bytes_per_token == 24_576
-    # the request table holds one more int32 column: each row's state slot
-    assert plan.req_to_token_bytes == slot_size(58 * (262_144 + 1) * 4) == 60_817_920
+    # the request table holds one more int32 column: each row's state slot (beside SGLang's 4 past the context)
+    assert plan.req_to_token_bytes == slot_size(58 * (262_144 + 4 + 1) * 4) == 60_818_944
 
 
 def test_qwen3_next_state_slots_without_a_radix_cache() -> None:
@@ -263,9 +264,9 @@ def test_the_plan_is_json_encodable(model: str) -> None:
 
 
 def test_speculative_rows_leave_room_for_draft_tokens() -> None:
-    # NEXTN: each request row holds context + num_draft_tokens (3 steps + 1) token indices
+    # NEXTN: each request row holds context + SGLang's 4 + num_draft_tokens (3 steps + 1) token indices
     req, plan = plan_for("DeepSeek-V3", 40 * GiB, context_length=4096, speculative_algorithm="NEXTN")
-    assert req.req_to_token_row_width == plan.req_to_token_row_width == 4096 + 4
+    assert req.req_to_token_row_width == plan.req_to_token_row_width == 4096 + 4 + 4
 
 
 # ---- sliding windows --------------------------------------------------------------------
@@ -493,12 +494,12 @@ def eagle_target(**args: Any) -> KVCacheConfigurator:
 
 def test_a_target_pays_for_its_draft_pool() -> None:
     # one EAGLE-3 layer of 8 KV heads x (128 + 128) x 2 bytes (the target's bf16) = 4,096 B/token beside
-    # the target's 131,072; rows hold context + 3 steps + 1 draft tokens
+    # the target's 131,072; rows hold context + SGLang's 4 + 3 steps + 1 draft tokens
     c = eagle_target(context_length=8192, kv_cache_memory=4 * GiB)
     plan = plan_pool_sizes(c.sizing.plan_request(c.sizing.layout(), memory_budget(4 * GiB)))
     assert [(p.name, p.bytes_per_token) for p in plan.kv_pools] == [("full", 131_072), ("draft_full", 4_096)]
     assert plan.bytes_per_token == 135_168
-    assert plan.req_to_token_row_width == 8192 + 4
+    assert plan.req_to_token_row_width == 8192 + 4 + 4
     assert plan.pool("draft_full").num_tokens == plan.max_total_num_tokens
 
 

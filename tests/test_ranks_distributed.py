@@ -66,7 +66,7 @@ def test_every_rank_tears_down_the_group_it_created_and_only_that(ranks: list[di
     for rank in ranks:
         assert [name for name, result in rank.items() if result["group_left"]] == ["embedded"]
         assert rank["embedded"]["code"] == 0
-    assert json.loads(ranks[0]["embedded"]["stdout"])["ranks"][1]["max_total_num_tokens"] == 58_219
+    assert json.loads(ranks[0]["embedded"]["stdout"])["ranks"][1]["max_total_num_tokens"] == 58_217
 
 
 def test_tp2_ranks_split_the_heads_and_agree(ranks: list[dict[str, Any]]) -> None:
@@ -75,11 +75,11 @@ def test_tp2_ranks_split_the_heads_and_agree(ranks: list[dict[str, Any]]) -> Non
     assert rank1["stdout"] == ""  # rank 0 prints for everyone
     report = json.loads(rank0["stdout"])
     assert [(p["name"], p["layers"], p["bytes_per_token"], p["max_total_num_tokens"]) for p in report["ranks"]] == [
-        ("rank 0 (tp 0/2, pp 0/1)", [0, 3], 192, 74_852),
-        ("rank 1 (tp 1/2, pp 0/1)", [0, 3], 192, 74_852),
+        ("rank 0 (tp 0/2, pp 0/1)", [0, 3], 192, 74_849),
+        ("rank 1 (tp 1/2, pp 0/1)", [0, 3], 192, 74_849),
     ]
     assert all(p["allocated_bytes"] == p["planned_bytes"] for p in report["ranks"])
-    assert report["buffers"]["kv_full"] == 14_371_840
+    assert report["buffers"]["kv_full"] == 14_371_328
 
 
 def test_pp2_stages_plan_their_own_layers_and_hold_the_smallest_count(ranks: list[dict[str, Any]]) -> None:
@@ -87,7 +87,7 @@ def test_pp2_stages_plan_their_own_layers_and_hold_the_smallest_count(ranks: lis
     assert rank0["code"] == rank1["code"] == 0 and rank1["stdout"] == ""
     plans = json.loads(rank0["stdout"])["ranks"]
     assert [(p["layers"], p["bytes_per_token"], p["max_total_num_tokens"]) for p in plans] == [
-        ([0, 2], 256, 58_219), ([2, 3], 128, 58_219),
+        ([0, 2], 256, 58_217), ([2, 3], 128, 58_217),
     ]
     assert [p["planned_bytes"] for p in plans] == [16 * 1024 * 1024, 10 * 1024 * 1024]
 

@@ -20,6 +20,7 @@ from app.cli import main
 from kvcache.byte_units import MiB
 from kvcache.errors import BudgetBelowOneRequestError
 from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.memory.device_buffers import slot_size
 from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_pool_sizes
 
 SCOUT = "tests/model_corpus/Llama-4-Scout-17B-16E-Instruct.json"
@@ -82,12 +83,13 @@ def plan_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, 
 
 def test_mistral_7b_on_an_l4_runs_with_each_request_capped(capsys: pytest.CaptureFixture[str]) -> None:
     # SGLang keeps Mistral-7B-v0.1 in one full pool: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 131,072 B a token.
-    # The budget holds 712 arenas of 2 MiB (1,493,172,224 B); the table takes 2,049 rows of 32,768 int32
-    # (268,566,528 B) and the allocator 299,008 B: (T + 1) x 131,072 <= 1,224,306,688, so T = 9,339 < 32,768
+    # The budget holds 712 arenas of 2 MiB (1,493,172,224 B); the table takes 2,049 rows of 32,768 + 4 int32
+    # (268,599,312 B, 268,599,808 page aligned) and the allocator 299,008 B: (T + 1) x 131,072 <= 1,224,273,408,
+    # so T = 9,339 < 32,768
     argv = ["plan", "--model", "Mistral-7B-v0.1", "--gpu", "L4"]
     report = plan_json(argv, capsys)
     assert report["budget_bytes"] // (2 * MiB) == 712 and report["bytes_per_token"] == 131_072
-    assert report["buffers"]["req_to_token"] == 2049 * 32768 * 4 and report["buffers"]["allocator_index"] == 299_008
+    assert report["buffers"]["req_to_token"] == slot_size(2049 * (32768 + 4) * 4) and report["buffers"]["allocator_index"] == 299_008
     assert (report["max_total_num_tokens"], report["request_token_cap"]) == (9_339, 9_338)
     (note,) = [n for n in report["capacity_notes"] if n["cap"] == "request_length"]
     assert note["message"].startswith("one request can hold at most 9,338 tokens") and note["tokens"] == 32_768 - 9_338
@@ -123,10 +125,10 @@ def test_scout_at_its_ten_million_token_context(capsys: pytest.CaptureFixture[st
     assert plan_json([*argv, "--max-running-requests", str(requests)], capsys)["request_token_cap"] is not None
     assert main([*argv, "--max-running-requests", str(requests + 1)]) == 3
     capsys.readouterr()
-    # 16 rows: the table is 17 x 10,485,760 x 4 = 713,031,680 B; a token costs 12 x 4,096 full + 4/5 x 36 x 4,096
-    # window bytes = 167,116.8 B, so at most (40 GiB - 713,031,680) / 167,116.8 = 252,736 tokens (less the allocator)
+    # 16 rows: the table is 17 x (10,485,760 + 4) x 4 = 713,031,952 B (713,032,192 aligned); a token costs 12 x 4,096 full + 4/5 x 36 x 4,096
+    # window bytes = 167,116.8 B, so at most (40 GiB - 713,032,192) / 167,116.8 = 252,736 tokens (less the allocator)
     report = plan_json([*argv, "--max-running-requests", "16"], capsys)
     t = report["max_total_num_tokens"]
-    assert report["buffers"]["req_to_token"] == 713_031_680
+    assert report["buffers"]["req_to_token"] == 713_032_192
     assert 252_736 * 99 // 100 < t <= 252_736 and report["request_token_cap"] == t - 1
     assert [p["num_tokens"] for p in report["plan"]["kv_pools"]] == [t, t * 4 // 5]

@@ -105,7 +105,7 @@ class DecodeRequests:
         width = self.req_to_token_pool.max_context_len
         if max(new_lens, default=0) > width:  # checked before any slot is taken, so a refused step holds nothing
             raise ContextFullError(f"a request would reach {max(new_lens)} tokens, past its request-table row of "
-                                   f"{width} (the context length); release it or raise --context-length")
+                                   f"{width} token slots; release it or raise --context-length")
         index = torch.tensor(rows, dtype=torch.int64, device=self.device)
         seq = torch.tensor(new_lens, dtype=torch.int64, device=self.device)
         loc = self._allocate(index, seq, torch.tensor(new_lens, dtype=torch.int64))
@@ -131,7 +131,7 @@ class DecodeRequests:
         width = self.req_to_token_pool.max_context_len
         if max(seq, default=0) > width:  # checked before any slot is taken
             raise ContextFullError(f"a request would reach {max(seq)} tokens, past its request-table row of "
-                                   f"{width} (the context length); release it or raise --context-length")
+                                   f"{width} token slots; release it or raise --context-length")
         index = torch.tensor(rows, dtype=torch.int64, device=self.device)
         loc = self._allocate_extend(index, prefix, seq)
         table = self.req_to_token_pool.req_to_token

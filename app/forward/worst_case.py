@@ -25,8 +25,7 @@ class ReferenceWorstCaseStep:
         runner.decoder()  # UnsupportedModelError for a family (or weight format) the reference cannot run
         self.runner = runner
         plan = runner.memory_pool_config
-        context = runner.req_to_token_pool.max_context_len
-        self.prefill_tokens = min(chunked_prefill_size, context, plan.max_total_num_tokens - plan.page_size)
+        self.prefill_tokens = min(chunked_prefill_size, plan.context_length, plan.max_total_num_tokens - plan.page_size)
         self.decode_batch = min(decode_batch, runner.req_to_token_pool.size)  # the final plan may run more than this one
         self.largest_graph_batch = largest_graph_batch
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from kvcache.engines.sglang_hybrid_swa import architectures, is_hybrid_swa_model, one_full_pool_override
 from kvcache.engines.sglang_multimodal import sglang_multimodal_memory, sglang_served_model
+from kvcache.engines.sglang_request_table import sglang_request_table_width
 from kvcache.inputs.server_args import HybridSwaMemory
+from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory, WindowPools
 
@@ -46,6 +48,10 @@ class SGLangRules(EngineRules):
                      language_model_only: bool) -> ModelConfig:
         """Without the vision tower where SGLang's model class builds none (kvcache.engines.sglang_multimodal)."""
         return sglang_served_model(model, enable_multimodal=enable_multimodal, language_model_only=language_model_only)
+
+    def request_table_width(self, context_length: int, settings: SizingSettings) -> int:
+        """The context plus SGLang's row headroom for decode over-allocation (kvcache.engines.sglang_request_table)."""
+        return sglang_request_table_width(context_length, settings)
 
 
 SGLANG = SGLangRules()

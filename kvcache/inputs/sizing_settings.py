@@ -56,7 +56,9 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
     mamba_ssm_dtype: str = "float32"
     max_mamba_cache_size: int | None = None
     speculative_algorithm: str = "none"
-    speculative_num_draft_tokens: int = 0  # extra request-table columns a verify step writes
+    speculative_num_draft_tokens: int = 0  # tokens one verify step writes (0 without speculative decoding)
+    speculative_num_steps: int = 0  # draft steps per verify (0 without speculative decoding)
+    speculative_eagle_topk: int = 0  # draft branches per step (0 without speculative decoding)
     enable_post_capture_kv_resize: bool = False
     kv_headroom: str = "auto"
     enable_multimodal: bool | None = None  # None: the engine's default for the architecture
@@ -80,6 +82,8 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
             mamba_ssm_dtype=a.mamba_ssm_dtype, max_mamba_cache_size=a.max_mamba_cache_size,
             speculative_algorithm=a.speculative_algorithm,
             speculative_num_draft_tokens=a.resolved_speculative_num_draft_tokens if a.speculative else 0,
+            speculative_num_steps=a.resolved_speculative_num_steps if a.speculative else 0,
+            speculative_eagle_topk=a.resolved_speculative_eagle_topk if a.speculative else 0,
             enable_post_capture_kv_resize=a.enable_post_capture_kv_resize, kv_headroom=a.kv_headroom,
             enable_multimodal=a.enable_multimodal, language_model_only=a.language_model_only,
         )

@@ -16,6 +16,7 @@ import msgspec
 from kvcache.arithmetic import exact_fraction
 from kvcache.byte_units import MiB
 from kvcache.inputs.server_args import HybridSwaMemory
+from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.memory.memory_budget import MIN_DERIVED_FRACTION
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.planning import BelowOneRequest, PlanRequest, plan_pool_sizes
@@ -94,6 +95,10 @@ class EngineRules(ABC):
                      language_model_only: bool) -> ModelConfig:
         """The model as this engine builds it (the weights it loads): as read, unless an engine says otherwise."""
         return model
+
+    def request_table_width(self, context_length: int, settings: SizingSettings) -> int:
+        """Token slots per request-table row: the context, plus what one verify step writes past it."""
+        return context_length + settings.speculative_num_draft_tokens
 
     def plan(self, request: PlanRequest) -> MemoryPoolConfig:
         """The pools for a budget: the project's planner unless an engine sizes them its own way."""

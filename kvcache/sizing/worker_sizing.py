@@ -177,7 +177,7 @@ class WorkerSizing:
             )
         return PlanRequest(
             budget=budget, page_size=a.page_size, context_length=context,
-            req_to_token_row_width=context + a.speculative_num_draft_tokens, kv_pools=tuple(g.demand() for g in groups),
+            req_to_token_row_width=self.engine.request_table_width(context, a), kv_pools=tuple(g.demand() for g in groups),
             swa_ratio=a.swa_full_tokens_ratio, state=state,
             max_total_tokens=a.max_total_tokens,
             max_running_requests=default_max_running_requests(a.max_running_requests, a.speculative_algorithm),
