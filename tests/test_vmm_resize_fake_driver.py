@@ -25,6 +25,7 @@ from kvcache.allocators.factory import allocator_for_plan
 from kvcache.byte_units import GiB, MiB
 from kvcache.errors import PoolOutOfMemoryError
 from kvcache.inputs.server_args import ServerArgs
+from kvcache.memory.device_buffers import Arena
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.memory.vmm_storage import VmmAllocation, VmmBacking
 from kvcache.runtime.measured_headroom import StepPeak
@@ -96,6 +97,18 @@ def _marked(buffers: list[torch.Tensor], nbytes: int) -> bool:
     return all(bool((t.view(-1).view(torch.uint8)[:nbytes] == i + 1).all()) for i, t in enumerate(buffers))
 
 
+def _arenas_made(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every Arena constructed from now on (a fresh allocator's own arena among them)."""
+    made: list[int] = []
+    real = Arena.__init__
+
+    def counted(arena: Arena, nbytes: int, *args: Any, **kwargs: Any) -> None:
+        real(arena, nbytes, *args, **kwargs)
+        made.append(nbytes)
+    monkeypatch.setattr(Arena, "__init__", counted)
+    return made
+
+
 def _inside(t: torch.Tensor, a: VmmAllocation) -> bool:
     return a.base <= t.data_ptr() < a.base + a.reserved
 
@@ -123,7 +136,8 @@ def _every_vmm_byte_released(vmm: FakeVmm, watched: tuple[weakref.ref[VmmAllocat
     assert ref() is None and vmm.memory.physical_bytes == 0
 
 
-def test_the_post_capture_resize_releases_kv_tails_of_the_vmm_arena_and_keeps_everything_else(vmm: FakeVmm) -> None:
+def test_the_post_capture_resize_releases_kv_tails_of_the_vmm_arena_and_keeps_everything_else(
+        vmm: FakeVmm, monkeypatch: pytest.MonkeyPatch) -> None:
     probe = FixedMemoryProbe(total_bytes=CARD)
     engine = _engine(probe, enable_post_capture_kv_resize=True, kv_headroom="fraction", mem_fraction_static=0.5)
     runner = engine.engine().target
@@ -141,6 +155,7 @@ def test_the_post_capture_resize_releases_kv_tails_of_the_vmm_arena_and_keeps_ev
     del built
     probe.note_allocation(probe.free_bytes() - 24 * MiB)  # capture left 24 MiB free, under the 32 MiB headroom
     _capture_without_graphs(runner, probe)
+    arenas = _arenas_made(monkeypatch)
 
     resize = runner.start_decode_runtime()
 
@@ -153,7 +168,7 @@ def test_the_post_capture_resize_releases_kv_tails_of_the_vmm_arena_and_keeps_ev
     assert _marked(buffers, 1000)
     allocator = runner.token_to_kv_pool_allocator
     assert allocator is not old_allocator and allocator.size == resize.tokens_after == runner.token_to_kv_pool.size
-    assert allocator.nbytes == resize.after.allocator_index_bytes
+    assert arenas == [allocator.nbytes] == [resize.after.allocator_index_bytes]  # its lists' bytes, not 10 MiB
     assert not any(_inside(t, allocation) for t in allocator.named_tensors().values())  # an arena of its own
     assert allocator.alloc(resize.tokens_after) is not None and allocator.alloc(16) is None
 
@@ -185,6 +200,7 @@ def test_the_measured_sizing_resizes_twice_in_the_same_vmm_allocation_with_a_fre
     arena_bytes, built_allocator = runner.memory_pool_config.arena_bytes(), runner.token_to_kv_pool_allocator
     allocators.clear()  # the builder's
     _capture_without_graphs(runner, probe)
+    arenas = _arenas_made(monkeypatch)
 
     m = runner.start_decode_runtime()
 
@@ -193,6 +209,7 @@ def test_the_measured_sizing_resizes_twice_in_the_same_vmm_allocation_with_a_fre
     assert given_views == [True, False, False]  # the builder's views; each resize's allocator carves its own lists
     assert len(allocators) == 2 and runner.token_to_kv_pool_allocator is allocators[-1] is not built_allocator
     assert runner.token_to_kv_pool_allocator.size == m.tokens_after == runner.max_total_num_tokens
+    assert arenas == [a.nbytes for a in allocators] == [m.plan_after.allocator_index_bytes] * 2  # lists only
     allocation = vmm.allocation()  # still the one arena, all of it mapped
     assert vmm.memory.physical_bytes == arena_bytes == allocation.reserved
     assert not any(_inside(t, allocation) for a in allocators for t in a.named_tensors().values())
