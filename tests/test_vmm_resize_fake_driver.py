@@ -23,7 +23,7 @@ from app.forward.post_capture import kept_ranges
 from containers import EngineContainer
 from kvcache.allocators.factory import allocator_for_plan
 from kvcache.byte_units import GiB, MiB
-from kvcache.errors import PoolOutOfMemoryError
+from kvcache.errors import PoolOutOfMemoryError, VmmError
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.memory.device_buffers import Arena
 from kvcache.memory.memory_probe import FixedMemoryProbe
@@ -287,4 +287,33 @@ def test_a_build_that_fails_on_vmm_storage_leaves_nothing_mapped_and_nothing_to_
         runner.initialize()
     (backing,) = vmm.backings
     assert vmm.memory.physical_bytes == 0 and backing.allocations == () and runner._vmm_backing is None
+    engine.shutdown_resources()
+
+
+@pytest.mark.parametrize(("call", "after"), [("unmap", 3), ("create", 0), ("map", 0)])
+def test_a_post_capture_resize_the_driver_fails_leaves_the_vmm_arena_mapped_and_the_old_allocator_whole(
+        vmm: FakeVmm, call: str, after: int) -> None:
+    """The driver failing mid-release (an unmap, or a straddling chunk's replacement that cannot be made or mapped):
+    every byte of the arena is mapped again, the kept bytes are unchanged, and the worker keeps its plan, its
+    pools' size and its allocator with every free token free."""
+    probe = FixedMemoryProbe(total_bytes=CARD)
+    engine = _engine(probe, enable_post_capture_kv_resize=True, kv_headroom="fraction", mem_fraction_static=0.5)
+    runner = engine.engine().target
+    runner.initialize()
+    plan, allocator = runner.memory_pool_config, runner.token_to_kv_pool_allocator
+    free, size = allocator.available_size(), runner.token_to_kv_pool.size
+    buffers = pool_buffers(runner.token_to_kv_pool)
+    _mark_first_bytes(buffers, 1000)
+    runner.req_to_token_pool.req_to_token.fill_(7)
+    probe.note_allocation(probe.free_bytes() - 24 * MiB)
+    _capture_without_graphs(runner, probe)
+    vmm.memory.fail(call, after=after)
+
+    with pytest.raises(VmmError, match="injected"):
+        runner.start_decode_runtime()
+
+    assert vmm.memory.physical_bytes == plan.arena_bytes() == vmm.allocation().mapped_bytes
+    assert runner.memory_pool_config is plan and runner.token_to_kv_pool_allocator is allocator
+    assert runner.token_to_kv_pool.size == size and allocator.available_size() == free
+    assert _marked(buffers, 1000) and bool((runner.req_to_token_pool.req_to_token == 7).all())
     engine.shutdown_resources()
