@@ -1,6 +1,7 @@
 """The one engine fixture: build engine containers (the tiny model by default) and shut every one down.
 On CUDA every test also ends with its device memory handed back, so the next test's probe starts clean.
-Also: Hypothesis runs derandomized, and a skip for a reason CI does not allow fails (tests/skip_policy.py)."""
+Also: Hypothesis runs derandomized, a skip for a reason CI does not allow fails (tests/skip_policy.py), and torch
+runs its CPU ops on one thread."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ EngineFactory = Callable[..., EngineContainer]
 settings.register_profile("derandomized", derandomize=True, database=None, print_blob=True)
 settings.register_profile("explore", derandomize=False, database=None, print_blob=True)
 settings.load_profile("derandomized")
+
+# The tests' CPU tensors are small: on a 2-core CI box torch's intra-op threads cost more in hand-offs than they
+# gain (the forward tests ran 3x slower with 2 threads than with 1). Nothing here tests threading.
+torch.set_num_threads(1)
 
 
 @pytest.fixture
