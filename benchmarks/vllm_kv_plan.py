@@ -147,6 +147,8 @@ def vllm_specs(vllm: SimpleNamespace, placements: tuple[LayerPlacement, ...], la
                 specs[name] = i.ChunkedLocalAttentionSpec(**common, attention_chunk_size=s.window)
             else:
                 specs[name] = i.SlidingWindowSpec(**common, sliding_window=s.window)
+        elif isinstance(s, MLASpec) and s.index_head_dim:
+            specs.update(sparse_mla_specs(vllm, s, name, block_size))
         elif isinstance(s, MLASpec):
             specs[name] = i.MLAAttentionSpec(block_size=block_size, num_kv_heads=1,
                                              head_size=s.kv_lora_rank + s.qk_rope_head_dim,
@@ -157,6 +159,28 @@ def vllm_specs(vllm: SimpleNamespace, placements: tuple[LayerPlacement, ...], la
                                       dtypes=(s.conv_dtype, s.ssm_dtype),
                                       page_size_padded=mamba_page if mamba_page > state else None)
     return specs
+
+
+def sparse_mla_specs(vllm: SimpleNamespace, s: MLASpec, name: str, block_size: int) -> dict[str, Any]:
+    """A sparse-attention MLA layer's two caches as DeepSeek-V3.2's model code declares them (indexer first):
+    DeepseekV32IndexerCache.get_kv_cache_spec (uint8 rows of index_head_dim + a float32 scale per 128) and
+    MLAAttention.get_kv_cache_spec (576 values in the KV dtype, rows aligned as align_blocks_to_rows does;
+    fp8: the fp8_ds_mla row, state_content_bytes 656)."""
+    i = vllm.interface
+    width = s.kv_lora_rank + s.qk_rope_head_dim
+    indexer = i.MLAAttentionSpec(block_size=block_size, num_kv_heads=1, max_tp_shards=1,
+                                 head_size=s.index_head_dim + s.index_head_dim // 128 * 4, dtype=torch.uint8,
+                                 cache_role=i.SparseCacheRole.INDEXER)
+    if s.dtype.name == "fp8_e4m3":
+        latent = i.MLAAttentionSpec(block_size=block_size, num_kv_heads=1, max_tp_shards=1, head_size=width,
+                                    dtype=torch.uint8, cache_dtype_str="fp8_ds_mla", state_content_bytes=656,
+                                    is_index_group_leader=True)
+    else:
+        dtype = s.dtype.storage_dtype
+        latent = i.MLAAttentionSpec(block_size=block_size, num_kv_heads=1, max_tp_shards=1, head_size=width,
+                                    dtype=dtype, cache_dtype_str="auto", is_index_group_leader=True,
+                                    block_stride_alignment=width * dtype.itemsize)
+    return {f"{name}.indexer.k_cache": indexer, f"{name}.attn": latent}
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ Every number is worked out by hand from the corpus configs' public fields and vL
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import torch
 from kvcache.engines import vllm_rules
 from kvcache.engines.vllm_answer import vllm_answer, vllm_available_bytes
 from kvcache.engines.vllm_plan import VllmPlan, VllmSettings, plan_vllm, vllm_layer_specs
-from kvcache.errors import BudgetBelowOneRequestError, ConfigError, UnsupportedModelError
+from kvcache.errors import BudgetBelowOneRequestError, ConfigError
 from kvcache.byte_units import GiB
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.inputs.parallel import ParallelState
@@ -26,10 +27,10 @@ CORPUS = Path(__file__).with_name("model_corpus")
 HUNDRED_GIB = 100 * GiB
 
 
-def plan(name: str, available: int = HUNDRED_GIB, **settings: int) -> VllmPlan:
+def plan(name: str, available: int = HUNDRED_GIB, kv_dtype: str = "auto", **settings: int) -> VllmPlan:
     model = model_config_from_hf(CORPUS / f"{name}.json", name=name)
     dtype = resolve_model_dtype("auto", model.checkpoint_dtype)
-    layers = vllm_layer_specs(model, ParallelState(), resolve_kv_cache_dtype("auto", dtype), model_dtype=dtype)
+    layers = vllm_layer_specs(model, ParallelState(), resolve_kv_cache_dtype(kv_dtype, dtype), model_dtype=dtype)
     return plan_vllm(layers, model.layer_kinds, available_bytes=available,
                      settings=VllmSettings(**{"max_model_len": 32768, **settings}))
 
@@ -102,9 +103,51 @@ def test_one_request_must_fit_besides_the_null_block() -> None:
     assert (e.value.needed_bytes, e.value.available_bytes) == (513 * block, 512 * block)
 
 
-def test_sparse_attention_mla_and_fp4_are_refused_not_guessed() -> None:
-    with pytest.raises(UnsupportedModelError, match="indexer"):
-        plan("DeepSeek-V3.2")
+@pytest.mark.parametrize(
+    ("name", "kv_dtype", "block_size", "cache_layers", "bytes_per_block", "num_blocks"),
+    [
+        # DeepSeek-V3.2: 61 layers, each an indexer key of 128 + 128 / 128 x 4 = 132 B (uint8, whatever the KV dtype)
+        # and a latent of (kv_lora_rank 512 + qk_rope_head_dim 64) x 2 = 1,152 B in bfloat16: one group of 122
+        # cache layers, 64 x 1,284 x 61 = 5,012,736 B a block; 107,374,182,400 // that = 21,420
+        ("DeepSeek-V3.2", "auto", None, 122, 5_012_736, 21_420),
+        # fp8: FlashMLA sparse's fp8_ds_mla row, 512 fp8 + 4 x 4 scales + 64 x 2 RoPE = 656 B; 128-token blocks:
+        # 128 x (656 + 132) x 61 = 6,152,704 B
+        ("DeepSeek-V3.2", "fp8_e4m3", 128, 122, 6_152_704, 17_451),
+        # GLM-5: 78 such layers, 64 x 1,284 x 78 = 6,409,728 B a block
+        ("GLM-5", "auto", None, 156, 6_409_728, 16_751),
+    ],
+)
+def test_sparse_mla_keeps_the_indexer_key_beside_the_latent_in_one_group(
+        name: str, kv_dtype: str, block_size: int | None, cache_layers: int, bytes_per_block: int,
+        num_blocks: int) -> None:
+    model = model_config_from_hf(CORPUS / f"{name}.json", name=name)
+    layers = vllm_layer_specs(model, ParallelState(), resolve_kv_cache_dtype(kv_dtype, torch.bfloat16),
+                              model_dtype=torch.bfloat16)
+    p = plan_vllm(layers, model.layer_kinds, available_bytes=HUNDRED_GIB,
+                  settings=VllmSettings(max_model_len=32768, block_size=block_size))
+    size = block_size or 64
+    assert shape(p) == [("mla", cache_layers, 32768 // size)] and p.block_size == size
+    assert (p.bytes_per_block, p.num_blocks) == (bytes_per_block, num_blocks)
+    assert p.max_concurrency == num_blocks / (32768 // size)
+
+
+@pytest.mark.parametrize(
+    ("kv_dtype", "block_size", "message"),
+    [
+        ("fp8_e5m2", None, "--kv-cache-dtype fp8_e5m2: vLLM 0.34.0 has no sparse MLA backend for it"),
+        ("float32", None, "--kv-cache-dtype float32: vLLM 0.34.0 has no sparse MLA backend for it"),
+        ("auto", 16, "--block-size 16: vLLM 0.34.0's sparse MLA indexer takes blocks of 64 tokens"),
+        ("auto", 96, "use --block-size 64"),
+    ],
+)
+def test_sparse_mla_settings_vllm_has_no_kernel_for_are_refused(kv_dtype: str, block_size: int | None,
+                                                                message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        plan("DeepSeek-V3.2", **({"block_size": block_size} if block_size else {}),
+             **({} if kv_dtype == "auto" else {"kv_dtype": kv_dtype}))
+
+
+def test_fp4_is_refused_not_guessed() -> None:
     model = model_config_from_hf(CORPUS / "Qwen3-0.6B.json", name="Qwen3-0.6B")
     with pytest.raises(ConfigError, match="fp4_e2m1 is not modelled for --engine vllm"):
         vllm_layer_specs(model, ParallelState(), resolve_kv_cache_dtype("fp4_e2m1", torch.bfloat16),

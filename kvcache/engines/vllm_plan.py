@@ -13,6 +13,9 @@ for the CUDA defaults `kvcache.engines.vllm_rules` states:
   mixed kinds (full + sliding window, attention + Mamba) unify their page sizes (a smaller page
   takes more tokens per block, or is padded) and split into groups of equal layer count, so
   one block id holds the same bytes in every group;
+- a sparse-attention MLA layer (DeepSeek-V3.2, GLM-5) is two caches of one block size, the indexer's
+  key and the latent (`sparse_mla_layers`, rules in vllm_rules), so every layer of such a model falls
+  in one group; its kernels take blocks in multiples of 64 tokens;
 - num_blocks = available bytes // bytes of one block across the largest group (the null
   block included, as vLLM counts it); a request of max_model_len takes, in each group,
   the blocks its spec needs (all its tokens for full attention; the window plus the tokens
@@ -134,6 +137,7 @@ def vllm_layer_specs(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCa
     if kv_dtype.bits < 8:
         raise ConfigError(f"--kv-cache-dtype {kv_dtype.name} is not modelled for --engine vllm (vLLM 0.34.0 packs "
                           "FP4 its own way, nvfp4); use --kv-cache-dtype fp8_e4m3 or auto")
+    check_sparse_mla_settings(model, kv_dtype)
     state_kind = "kda" if "kda" in model.layer_kinds else "mamba"
     ssm = vllm_rules.ssm_state_dtype(model.architecture, model.hf_config, state_kind, model_dtype)
     return model_layer_specs(model, parallel, kv_dtype, model_dtype=model_dtype, ssm_dtype=ssm)
@@ -141,7 +145,8 @@ def vllm_layer_specs(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCa
 
 def vllm_layers(placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, ...]) -> tuple[VllmLayer, ...]:
     """The project's layer specs as vLLM's kinds (block sizes unset). A window layer of a model whose
-    layer_kinds say chunked_attention (Llama-4) is vLLM's chunked local attention."""
+    layer_kinds say chunked_attention (Llama-4) is vLLM's chunked local attention; a sparse-attention
+    MLA layer is two (its indexer's key and its latent)."""
     layers = []
     for p in placements:
         spec = p.spec
@@ -150,16 +155,53 @@ def vllm_layers(placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, 
         elif isinstance(spec, SlidingWindowSpec):
             kind = "chunked" if layer_kinds[p.layer_id] == "chunked_attention" else "sliding"
             layers.append(VllmLayer(kind=kind, token_bytes=spec.bytes_per_token, window=spec.window))
+        elif isinstance(spec, MLASpec) and spec.index_head_dim:
+            layers.extend(sparse_mla_layers(spec))
         elif isinstance(spec, MLASpec):
-            if spec.index_head_dim:
-                raise UnsupportedModelError(
-                    "--engine vllm: sparse-attention MLA (an indexer key cache, DeepSeek-V3.2 / GLM-5) is not "
-                    "modelled for vLLM (its indexer is a cache group of its own); use --engine sglang"
-                )
             layers.append(VllmLayer(kind="mla", token_bytes=spec.bytes_per_token))
         elif isinstance(spec, RecurrentStateSpec):
             layers.append(VllmLayer(kind="mamba", state_bytes=spec.bytes_per_request))
     return tuple(layers)
+
+
+def sparse_mla_latent_bytes(spec: MLASpec) -> int:
+    """Bytes of one token's latent in one layer as vLLM's sparse MLA backend stores it: plain values in the
+    KV dtype, or FlashMLA sparse's fp8_ds_mla row for fp8 (vllm_rules)."""
+    if spec.dtype.name == vllm_rules.SPARSE_MLA_FP8_KV_DTYPE:
+        return vllm_rules.FP8_DS_MLA_ROW_BYTES
+    return spec.latent_bytes_per_token
+
+
+def sparse_mla_layers(spec: MLASpec) -> tuple[VllmLayer, VllmLayer]:
+    """A sparse-attention MLA layer's two caches as vLLM declares them, in its order: the indexer's key
+    (DeepseekV32IndexerCache, index_head_dim + a float32 scale per 128 bytes, the formula MLASpec states),
+    then the latent. Both are MLAAttentionSpecs of one block size, so they share one group."""
+    return (VllmLayer(kind="mla", token_bytes=spec.index_bytes_per_token),
+            VllmLayer(kind="mla", token_bytes=sparse_mla_latent_bytes(spec)))
+
+
+def check_sparse_mla_settings(model: ModelConfig, kv_dtype: KVCacheDtype) -> None:
+    """ConfigError where vLLM 0.34.0 has no sparse MLA backend for this KV dtype or latent width (Hopper)."""
+    if not model.index_head_dim:
+        return
+    name = kv_dtype.name
+    if name not in vllm_rules.SPARSE_MLA_PLAIN_KV_DTYPES and name != vllm_rules.SPARSE_MLA_FP8_KV_DTYPE:
+        raise ConfigError(f"--kv-cache-dtype {name}: vLLM {vllm_rules.VLLM_VERSION} has no sparse MLA backend "
+                          f"for it ({model.architecture}); use --kv-cache-dtype auto, bfloat16 or fp8_e4m3")
+    width = (model.kv_lora_rank or 0) + (model.qk_rope_head_dim or 0)
+    if name == vllm_rules.SPARSE_MLA_FP8_KV_DTYPE and width != vllm_rules.FP8_DS_MLA_HEAD_SIZE:
+        raise ConfigError(f"--kv-cache-dtype fp8_e4m3: vLLM {vllm_rules.VLLM_VERSION}'s fp8_ds_mla latent holds "
+                          f"{vllm_rules.FP8_DS_MLA_HEAD_SIZE} values, this model {width}; use --kv-cache-dtype auto")
+
+
+def check_sparse_mla_block_size(placements: tuple[LayerPlacement, ...], block_size: int) -> None:
+    """ConfigError for a block size the sparse MLA kernels cannot split into their 64-token blocks."""
+    sparse = any(isinstance(p.spec, MLASpec) and p.spec.index_head_dim for p in placements)
+    kernel = vllm_rules.SPARSE_MLA_KERNEL_BLOCK
+    if sparse and block_size % kernel:
+        raise ConfigError(f"--block-size {block_size}: vLLM {vllm_rules.VLLM_VERSION}'s sparse MLA indexer takes "
+                          f"blocks of {kernel} tokens and finds no common block size; use --block-size {kernel} "
+                          "(or a multiple of it)")
 
 
 def resolve_block_size(layers: tuple[VllmLayer, ...], block_size: int | None) -> tuple[int, int]:
@@ -269,6 +311,7 @@ def plan_vllm(placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, ..
     to start (fewer blocks, the null block aside, than one request of max_model_len needs)."""
     layers = vllm_layers(placements, layer_kinds)
     block_size, mamba_page = resolve_block_size(layers, settings.block_size)
+    check_sparse_mla_block_size(placements, block_size)
     specs = _with_block_size(layers, block_size, mamba_page, not vllm_rules.hybrid_manager_disabled(layer_kinds))
     groups = kv_cache_groups(specs, settings)
     bytes_per_block = max(g.bytes_per_block for g in groups)

@@ -23,6 +23,21 @@ FLASH_MLA_KERNEL_BLOCK = 64
 # _align_hybrid_block_size: MLA next to Mamba layers takes blocks in multiples of 128 tokens
 MLA_MAMBA_BLOCK_ALIGNMENT = 128
 
+# Sparse-attention MLA (DeepSeek-V3.2, GLM-5: models/deepseek_v32/, served on a Hopper card). Each layer
+# caches two MLAAttentionSpecs of one block size: the latent (the FlashAttention MLA sparse backend keeps
+# kv_lora_rank + qk_rope_head_dim values in the KV dtype; a quantized dtype goes to FlashMLA sparse, which
+# stores the fp8_ds_mla row, MLAAttentionImpl.get_fp8_ds_mla_row_bytes) and the indexer's key
+# (DeepseekV32IndexerCache: index_head_dim fp8 bytes + a float32 scale per 128, uint8, whatever the KV dtype).
+# The indexer's kernel takes blocks of exactly 64 tokens (DeepseekV32IndexerBackend on CUDA), the sparse
+# latent backends multiples of 64; a block size it cannot split fails vLLM's select_common_block_size.
+SPARSE_MLA_KERNEL_BLOCK = 64
+FP8_DS_MLA_ROW_BYTES = 656  # 512 fp8 NoPE + 4 float32 scales + 64 bfloat16 RoPE values
+FP8_DS_MLA_HEAD_SIZE = 576  # the only latent width FlashMLA sparse serves with a RoPE part (512 + 64)
+# KV dtypes a sparse MLA backend on Hopper accepts, as the project names them: FlashAttention MLA sparse
+# takes auto / bfloat16 / float16; fp8 (e4m3) becomes fp8_ds_mla. float32 and fp8_e5m2 have no backend.
+SPARSE_MLA_PLAIN_KV_DTYPES = frozenset({"bfloat16", "float16"})
+SPARSE_MLA_FP8_KV_DTYPE = "fp8_e4m3"
+
 # config/cache.py resolved_gpu_memory_utilization: 1.0 with the extensible KV cache (on by default
 # on CUDA), CacheConfig.DEFAULT_GPU_MEMORY_UTILIZATION = 0.92 without it
 DEFAULT_GPU_MEMORY_UTILIZATION = 1.0
