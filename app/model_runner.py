@@ -329,12 +329,14 @@ class ModelRunner:
         if self.device.type == "cpu" or (kv_cache_plans_only and self.role != "target"):
             return ()
         loader = self._weight_loader()
+        engine_plans = self.sizing.engine.plans_pools  # vLLM's blocks are its own: its TP is checked for weights alone
         found = tp_size_that_fits(  # a card's context grows by its kernels as the weights are filled
             self.sizing, free_before_load=self.pre_model_load_memory or 0, total_bytes=self.memory_probe.total_bytes(),
             weights_for=lambda state: loader.bytes_needed(self.weight_specs(state)),
-            context_growth=CUDA_KERNEL_LOAD_BYTES, check_kv_cache=self.role == "target")
-        if found is None or (kv_cache_plans_only and not found.kv_cache_plans):
+            context_growth=CUDA_KERNEL_LOAD_BYTES, check_kv_cache=self.role == "target" and engine_plans)
+        weights_alone = not found.kv_cache_plans or not engine_plans if found else True
+        if found is None or (kv_cache_plans_only and weights_alone):
             return ()
         return (f"--tp-size {found.tp_size} (about {format_bytes(found.weights_bytes)} per rank"
-                f"{'' if found.kv_cache_plans else ', for the weights alone: the KV cache then needs more'}"
+                f"{', for the weights alone: the KV cache then needs more' if weights_alone else ''}"
                 + (f", each request capped at {found.request_token_cap:,} tokens" if found.request_token_cap else "") + ")",)

@@ -79,3 +79,13 @@ def test_vllm_knobs_need_the_vllm_engine_and_bootstrap_is_refused(capsys: pytest
     assert "--engine vllm is a dry run of vLLM's block plan: use plan --engine vllm" in capsys.readouterr().err
     assert main(["fit", "--model", "Qwen3-8B", "--engine", "vllm", "--requests", "8", "--context-length", "4096"]) == 2
     assert "fit sweeps this engine's (SGLang's) plans" in capsys.readouterr().err
+
+
+def test_weights_that_do_not_fit_suggest_a_tp_size_for_the_weights_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    # DeepSeek-V2-Lite's bf16 weights (31,413,239,808 B) overflow a 24 GiB card; vLLM's blocks at TP 2 are vLLM's own
+    # answer, so the suggestion checks the weights alone (it once printed "--engine vllm plans vLLM's own blocks").
+    assert main(["plan", "--engine", "vllm", "--model", "DeepSeek-V2-Lite", "--gpu-memory", "24GiB"]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kvcache: does not fit: DeepSeek-V2-Lite's target weights (29.26 GiB")
+    assert ("what would work: --tp-size 2 (about 14.66 GiB (15,743,320,064 B) per rank, for the weights alone: the "
+            "KV cache then needs more)") in err

@@ -20,6 +20,7 @@ class VllmRules(EngineRules):
     name = "vllm"
     title = "vLLM"
     version = VLLM_VERSION
+    plans_pools = False  # its answer is vLLM's block count (kvcache.engines.vllm_plan)
 
     def plan(self, request: PlanRequest) -> MemoryPoolConfig:
         raise ConfigError("--engine vllm plans vLLM's own blocks, not this engine's pools: use "

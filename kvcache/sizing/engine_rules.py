@@ -74,6 +74,7 @@ class EngineRules(ABC):
     title: ClassVar[str]
     version: ClassVar[str]
     below_one_request: ClassVar[BelowOneRequest] = "refuse"  # a pool shorter than one full-context request
+    plans_pools: ClassVar[bool] = True  # False: the engine's answer is its own (vLLM's blocks), not these pools
 
     @property
     def label(self) -> str:
