@@ -105,7 +105,7 @@ def _rendezvous(environ: Mapping[str, str], *, world_size: int, rank: int) -> di
     RENDEZVOUS_TIMEOUT for the others: a rank that never comes is RankLostError (exit 4), not a hang."""
     host = environ.get("MASTER_ADDR", "127.0.0.1")
     port = _launcher_int(environ, "MASTER_PORT", 29500)
-    waited = int(RENDEZVOUS_TIMEOUT.total_seconds())
+    waited = f"{RENDEZVOUS_TIMEOUT.total_seconds():g}"
     try:
         if rank != 0:
             _wait_for_rank_zero(host, port, deadline=time.monotonic() + RENDEZVOUS_TIMEOUT.total_seconds())

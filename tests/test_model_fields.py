@@ -155,7 +155,7 @@ def mutated_configs(draw: st.DrawFn) -> dict[str, Any]:
     return source
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(hf=mutated_configs(), tp=st.sampled_from(["1", "2", "8"]))
 @example(hf=edited("Nemotron-H-56B-Base-8K", {"conv_kernel": 1}), tp="2")  # planned, then exit 1 at build
 def test_mutated_configs_plan_or_are_refused(hf: dict[str, Any], tp: str, tmp_path: Path,

@@ -41,7 +41,7 @@ from kvcache.runtime.streams import HostStream
 from kvcache.allocators.factory import allocator_for_plan
 from kvcache.testing import FixedMemoryProbe
 
-SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PAGES = st.sampled_from([1, 2, 16, 32, 64, 128, 256])
 SMALL_BUDGETS = st.integers(min_value=1 * KiB, max_value=64 * MiB)  # around one page and one request
 MID_BUDGETS = st.integers(min_value=64 * MiB, max_value=8 * GiB)
@@ -293,7 +293,7 @@ def test_hand_built_requests_plan_or_refuse(req: PlanRequest) -> None:
     plan_or_refuse(req)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(preset_requests())
 def test_preset_requests_plan_or_refuse(req: PlanRequest) -> None:
     plan_or_refuse(req)

@@ -88,11 +88,11 @@ def test_a_local_rank_that_is_not_a_number_is_a_config_error() -> None:
 
 
 def _alone(rank: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """torchrun's environment for `rank` of a 2-rank world whose other rank never comes (a 1 s rendezvous)."""
+    """torchrun's environment for `rank` of a 2-rank world whose other rank never comes (a 0.5 s rendezvous)."""
     import app.parallel_setup as setup
     from rank_worker import free_port
 
-    monkeypatch.setattr(setup, "RENDEZVOUS_TIMEOUT", timedelta(seconds=1))
+    monkeypatch.setattr(setup, "RENDEZVOUS_TIMEOUT", timedelta(seconds=0.5))
     return {"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(free_port())}
 
@@ -100,7 +100,7 @@ def _alone(rank: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 def test_a_rank_whose_rank_0_never_comes_stops_at_the_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
     # rank 0, which serves the store, died (or was never started) before the process group formed
     resource = parallel_state_resource(ServerArgs(tp_size=2, device="cpu"), environ=_alone(1, monkeypatch))
-    with pytest.raises(RankLostError, match=r"rank 1 could not join rank 0 at 127\.0\.0\.1:\d+ within 1 s: another rank "
+    with pytest.raises(RankLostError, match=r"rank 1 could not join rank 0 at 127\.0\.0\.1:\d+ within 0.5 s: another rank "
                        r"failed before the process group formed.*\[nothing listened at 127\.0\.0\.1:\d+\]$"):
         next(resource)
 
@@ -113,7 +113,7 @@ def test_rank_0_says_rank_lost_in_one_line_when_another_rank_never_joins(monkeyp
         monkeypatch.setenv(name, value)
     assert main(["bootstrap", "--device", "cpu", "--tp-size", "2", "--kv-cache-memory", "16MiB"]) == 4
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("kvcache: rank lost: rank 0 waited 1 s for all 2 ranks to join")
+    assert err.count("\n") == 1 and err.startswith("kvcache: rank lost: rank 0 waited 0.5 s for all 2 ranks to join")
 
 
 def test_one_process_plans_rank_0_alone() -> None:
