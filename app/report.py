@@ -61,6 +61,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     state_request_cap: int | None
     timings_s: dict[str, float]
     capacity_notes: list[CapacityNote]  # caps that leave part of the pool unusable by running requests
+    engine_notes: list[str]  # what the engine says of the config file itself (a form it refuses to load)
     draft: WorkerReport | None = None
     measured_headroom: dict[str, Any] | None = None  # kvcache.runtime.measured_headroom.MeasuredSizing.to_dict()
     measured_prediction: dict[str, Any] | None = None  # a dry run: what a measured bootstrap on the card will hold
@@ -105,6 +106,7 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         plan=plan.to_dict(),
         state_request_cap=plan.state_pool.request_cap if plan.state_pool else None,
         timings_s=dict(target.timings), capacity_notes=list(capacity_notes(target.sizing, plan)),
+        engine_notes=list(rules.config_notes(target.model_config)),
         draft=_worker(engine.draft) if engine.draft is not None else None,
         measured_headroom=target.measured_sizing.to_dict() if target.measured_sizing is not None else None,
         measured_prediction=_prediction(target, card),
@@ -241,6 +243,7 @@ def render_text(report: BootstrapReport) -> str:
         d = r.draft
         lines.append(f"draft worker        {d.model} ({d.kv_cache_dtype}): pools {', '.join(d.pools)}, "
                      f"weights {format_bytes(d.weights_bytes)}, allocated {format_bytes(d.allocated_bytes)}")
+    lines += [f"note: {n}" for n in r.engine_notes]
     lines += [f"note: {n.message}" for n in r.capacity_notes]
     lines.append("timings:  " + ", ".join(f"{k.removesuffix('_s')} {v * 1000:.1f} ms" for k, v in r.timings_s.items()))
     if r.draft is not None:

@@ -101,3 +101,15 @@ def test_sglang_runs_each_form_with_our_layers_or_refuses_it(name: str, sglang_c
         return
     assert outcome == "runs"
     assert theirs == _our_layers(name, file)
+
+
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_the_plan_says_so_exactly_where_sglang_refuses_the_file(name: str) -> None:
+    # No reference tree needed: FORMS holds what SGLang 0.5.23's classes do with each file (checked above).
+    from kvcache.engines.sglang import SGLANG
+
+    notes = SGLANG.config_notes(model_config_from_hf(CORPUS / f"{name}.json"))
+    refused = FORMS[name][2] != "runs"
+    assert len(notes) == int(refused)
+    if refused:
+        assert notes[0].startswith("SGLang 0.5.23 refuses this config.json as written: ")

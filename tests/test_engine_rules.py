@@ -143,3 +143,17 @@ def test_request_table_rows_are_as_wide_as_sglang_allocates_them(page: int, algo
                               speculative_eagle_topk=topk, speculative_num_draft_tokens=tokens)
     assert SGLANG.request_table_width(4096, settings) == 4096 + extra
     assert VLLM.request_table_width(4096, settings) == 4096 + tokens  # vLLM has no such table: the base rule
+
+
+def test_the_report_notes_a_config_form_sglang_refuses_and_vllm_rules_say_nothing(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from kvcache.engines.vllm import VLLM
+
+    path = Path(__file__).with_name("model_corpus") / "Kimi-Linear-48B-A3B-Instruct-transformers5.json"
+    assert main(["plan", "--model", str(path), "--gpu", "H200", "--tp-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert ("note: SGLang 0.5.23 refuses this config.json as written: there is no `linear_attn_config`, the only "
+            "place its KimiLinearConfig reads the KDA layers and heads from: add it (kda_layers / full_attn_layers "
+            "1-based, num_heads, head_dim, short_conv_kernel_size); the plan is what it would allocate for the same "
+            "model once it loads\n") in out
+    assert VLLM.config_notes(model_config_from_hf(path)) == ()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvcache.engines.sglang_config_forms import sglang_config_form_refusal
 from kvcache.engines.sglang_hybrid_swa import architectures, is_hybrid_swa_model, one_full_pool_override
 from kvcache.engines.sglang_multimodal import sglang_multimodal_memory, sglang_served_model
 from kvcache.engines.sglang_request_table import sglang_request_table_width
@@ -48,6 +49,11 @@ class SGLangRules(EngineRules):
                      language_model_only: bool) -> ModelConfig:
         """Without the vision tower where SGLang's model class builds none (kvcache.engines.sglang_multimodal)."""
         return sglang_served_model(model, enable_multimodal=enable_multimodal, language_model_only=language_model_only)
+
+    def config_notes(self, model: ModelConfig) -> tuple[str, ...]:
+        """A config form SGLang 0.5.23 refuses to load (kvcache.engines.sglang_config_forms)."""
+        refusal = sglang_config_form_refusal(model, self.label)
+        return () if refusal is None else (refusal,)
 
     def request_table_width(self, context_length: int, settings: SizingSettings) -> int:
         """The context plus SGLang's row headroom for decode over-allocation (kvcache.engines.sglang_request_table)."""

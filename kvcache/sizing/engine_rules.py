@@ -97,6 +97,10 @@ class EngineRules(ABC):
         """The model as this engine builds it (the weights it loads): as read, unless an engine says otherwise."""
         return model
 
+    def config_notes(self, model: ModelConfig) -> tuple[str, ...]:
+        """What the engine says of the config file itself (a form it refuses to load): nothing by default."""
+        return ()
+
     def request_table_width(self, context_length: int, settings: SizingSettings) -> int:
         """Token slots per request-table row: the context, plus what one verify step writes past it."""
         return context_length + settings.speculative_num_draft_tokens
