@@ -80,9 +80,9 @@ def _init_default_group(server_args: ServerArgs, environ: Mapping[str, str]) -> 
         check_local_rank(local_rank, torch.cuda.device_count())
         torch.cuda.set_device(local_rank)
         backend = "nccl"
-    store = _rendezvous(environ, world_size=launched_world_size(environ), rank=_launcher_int(environ, "RANK", 0))
-    dist.init_process_group(backend=backend, store=store, rank=_launcher_int(environ, "RANK", 0),
-                            world_size=launched_world_size(environ), timeout=COLLECTIVE_TIMEOUT)
+    rank, world_size = _launcher_int(environ, "RANK", 0), launched_world_size(environ)
+    store = _rendezvous(environ, world_size=world_size, rank=rank)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
     store.set_timeout(COLLECTIVE_TIMEOUT)  # joined: from here on a rank that is slow is not missing
     return local_rank
 
@@ -113,6 +113,9 @@ def _rendezvous(environ: Mapping[str, str], *, world_size: int, rank: int) -> di
                              wait_for_workers=True)
     except (dist.DistError, TimeoutError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if rank == 0 and isinstance(exc, dist.DistNetworkError):  # rank 0 could not listen: no rank was lost
+            raise ConfigError(f"rank 0 could not serve the ranks' rendezvous at {host}:{port} [{reason[:160]}]; "
+                              "launch with a free port (torchrun --master-port 29511, say)") from None
         joining = (f"waited {waited} s for all {world_size} ranks to join at {host}:{port}" if rank == 0 else
                    f"could not join rank 0 at {host}:{port} within {waited} s")
         raise RankLostError(

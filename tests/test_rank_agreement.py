@@ -105,6 +105,19 @@ def test_a_rank_whose_rank_0_never_comes_stops_at_the_rendezvous(monkeypatch: py
         next(resource)
 
 
+def test_a_rendezvous_port_already_taken_is_a_config_error_not_a_lost_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    environ = _alone(0, monkeypatch)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", int(environ["MASTER_PORT"])))
+        taken.listen()
+        resource = parallel_state_resource(ServerArgs(tp_size=2, device="cpu"), environ=environ)
+        with pytest.raises(ConfigError, match=r"rank 0 could not serve the ranks' rendezvous at 127\.0\.0\.1:\d+ "
+                           r"\[.*address already in use.*\]; launch with a free port"):
+            next(resource)
+
+
 def test_rank_0_says_rank_lost_in_one_line_when_another_rank_never_joins(monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     from app.cli import main
