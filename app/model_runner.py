@@ -334,8 +334,10 @@ class ModelRunner:
             self.sizing, free_before_load=self.pre_model_load_memory or 0, total_bytes=self.memory_probe.total_bytes(),
             weights_for=lambda state: loader.bytes_needed(self.weight_specs(state)),
             context_growth=CUDA_KERNEL_LOAD_BYTES, check_kv_cache=self.role == "target" and engine_plans)
-        weights_alone = not found.kv_cache_plans or not engine_plans if found else True
-        if found is None or (kv_cache_plans_only and weights_alone):
+        if found is None:
+            return ()
+        weights_alone = not (found.kv_cache_plans and engine_plans)
+        if kv_cache_plans_only and weights_alone:
             return ()
         return (f"--tp-size {found.tp_size} (about {format_bytes(found.weights_bytes)} per rank"
                 f"{', for the weights alone: the KV cache then needs more' if weights_alone else ''}"
