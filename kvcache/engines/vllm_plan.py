@@ -164,20 +164,14 @@ def vllm_layers(placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, 
     return tuple(layers)
 
 
-def sparse_mla_latent_bytes(spec: MLASpec) -> int:
-    """Bytes of one token's latent in one layer as vLLM's sparse MLA backend stores it: plain values in the
-    KV dtype, or FlashMLA sparse's fp8_ds_mla row for fp8 (vllm_rules)."""
-    if spec.dtype.name == vllm_rules.SPARSE_MLA_FP8_KV_DTYPE:
-        return vllm_rules.FP8_DS_MLA_ROW_BYTES
-    return spec.latent_bytes_per_token
-
-
 def sparse_mla_layers(spec: MLASpec) -> tuple[VllmLayer, VllmLayer]:
     """A sparse-attention MLA layer's two caches as vLLM declares them, in its order: the indexer's key
     (DeepseekV32IndexerCache, index_head_dim + a float32 scale per 128 bytes, the formula MLASpec states),
-    then the latent. Both are MLAAttentionSpecs of one block size, so they share one group."""
+    then the latent: plain values in the KV dtype, or for fp8 FlashMLA sparse's fp8_ds_mla row, which is the
+    656-byte row MLASpec already states for SGLang (512 fp8 NoPE + 4 float32 scales + 64 bf16 RoPE values).
+    Both are MLAAttentionSpecs of one block size, so they share one group."""
     return (VllmLayer(kind="mla", token_bytes=spec.index_bytes_per_token),
-            VllmLayer(kind="mla", token_bytes=sparse_mla_latent_bytes(spec)))
+            VllmLayer(kind="mla", token_bytes=spec.latent_bytes_per_token))
 
 
 def check_sparse_mla_settings(model: ModelConfig, kv_dtype: KVCacheDtype) -> None:

@@ -31,7 +31,6 @@ MLA_MAMBA_BLOCK_ALIGNMENT = 128
 # The indexer's kernel takes blocks of exactly 64 tokens (DeepseekV32IndexerBackend on CUDA), the sparse
 # latent backends multiples of 64; a block size it cannot split fails vLLM's select_common_block_size.
 SPARSE_MLA_KERNEL_BLOCK = 64
-FP8_DS_MLA_ROW_BYTES = 656  # 512 fp8 NoPE + 4 float32 scales + 64 bfloat16 RoPE values
 FP8_DS_MLA_HEAD_SIZE = 576  # the only latent width FlashMLA sparse serves with a RoPE part (512 + 64)
 # KV dtypes a sparse MLA backend on Hopper accepts, as the project names them: FlashAttention MLA sparse
 # takes auto / bfloat16 / float16; fp8 (e4m3) becomes fp8_ds_mla. float32 and fp8_e5m2 have no backend.
