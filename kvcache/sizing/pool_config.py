@@ -18,8 +18,9 @@ from kvcache.memory.device_buffers import arena_size, slot_size
 from kvcache.memory.memory_budget import MemoryBudget
 
 PoolKind = Literal["full", "swa", "mla"]
-REQ_TO_TOKEN_ELEMENT_BYTES = 4  # int32 token indices
 DRAFT_POOL_PREFIX = "draft_"  # a draft worker's pools, which the target's plan pays for
+
+REQ_TO_TOKEN_ELEMENT_BYTES = 4  # int32 token indices (tests check the table's bytes against it)
 
 
 def request_table_slot(requests: int, row_width: int, with_state_slots: bool) -> PlannedSlot:
@@ -125,8 +126,7 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
     def req_to_token_bytes(self) -> int:
         """(max_running_requests + 1) rows of int32 token indices (row 0 is padding); hybrid
         models add one int32 column mapping each row to its state slot. One allocation."""
-        width = self.req_to_token_row_width + (1 if self.state_pool else 0)
-        return slot_size((self.max_running_requests + 1) * width * REQ_TO_TOKEN_ELEMENT_BYTES)
+        return self.req_to_token_slot().nbytes
 
     def req_to_token_slot(self) -> PlannedSlot:
         """The request table (kvcache.sizing.pool_config.request_table_slot)."""
