@@ -80,11 +80,26 @@ def _init_default_group(server_args: ServerArgs, environ: Mapping[str, str]) -> 
         check_local_rank(local_rank, torch.cuda.device_count())
         torch.cuda.set_device(local_rank)
         backend = "nccl"
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent serves the store on MASTER_PORT and ends every worker when one exits: its rendezvous
+        dist.init_process_group(backend=backend, init_method="env://", timeout=COLLECTIVE_TIMEOUT)
+        return local_rank
     rank, world_size = _launcher_int(environ, "RANK", 0), launched_world_size(environ)
     store = _rendezvous(environ, world_size=world_size, rank=rank)
-    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+    try:
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
+                                timeout=COLLECTIVE_TIMEOUT)
+    except dist.DistError as exc:  # a rank that joined the store went away before the group formed
+        raise RankLostError(f"rank {rank}: another rank went away while the process group formed (its own output "
+                            f"says why); nothing is allocated here [{_first_line(exc)}]") from None
     store.set_timeout(COLLECTIVE_TIMEOUT)  # joined: from here on a rank that is slow is not missing
     return local_rank
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of a torch.distributed error (its C++ trace follows), at most 160 characters."""
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:160]
 
 
 def _wait_for_rank_zero(host: str, port: int, *, deadline: float) -> None:
@@ -105,6 +120,8 @@ def _rendezvous(environ: Mapping[str, str], *, world_size: int, rank: int) -> di
     RENDEZVOUS_TIMEOUT for the others: a rank that never comes is RankLostError (exit 4), not a hang."""
     host = environ.get("MASTER_ADDR", "127.0.0.1")
     port = _launcher_int(environ, "MASTER_PORT", 29500)
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"MASTER_PORT={port} from the launcher is not a TCP port; give one in 1-65535 (29500, say)")
     waited = f"{RENDEZVOUS_TIMEOUT.total_seconds():g}"
     try:
         if rank != 0:
@@ -112,16 +129,16 @@ def _rendezvous(environ: Mapping[str, str], *, world_size: int, rank: int) -> di
         return dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=RENDEZVOUS_TIMEOUT,
                              wait_for_workers=True)
     except (dist.DistError, TimeoutError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = _first_line(exc)
         if rank == 0 and isinstance(exc, dist.DistNetworkError):  # rank 0 could not listen: no rank was lost
-            raise ConfigError(f"rank 0 could not serve the ranks' rendezvous at {host}:{port} [{reason[:160]}]; "
+            raise ConfigError(f"rank 0 could not serve the ranks' rendezvous at {host}:{port} [{reason}]; "
                               "launch with a free port (torchrun --master-port 29511, say)") from None
         joining = (f"waited {waited} s for all {world_size} ranks to join at {host}:{port}" if rank == 0 else
                    f"could not join rank 0 at {host}:{port} within {waited} s")
         raise RankLostError(
             f"rank {rank} {joining}: another rank failed before the process group formed, or was never started "
             f"(its own output says why; with torchrun check every node's launcher); nothing is allocated here "
-            f"[{reason[:160]}]") from None
+            f"[{reason}]") from None
 
 
 def _new_groups(server_args: ServerArgs, rank: int, created: list[object]) -> ProcessGroups:

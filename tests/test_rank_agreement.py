@@ -118,6 +118,38 @@ def test_a_rendezvous_port_already_taken_is_a_config_error_not_a_lost_rank(monke
             next(resource)
 
 
+def test_a_master_port_that_is_not_a_port_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    environ = {**_alone(1, monkeypatch), "MASTER_PORT": "70000"}
+    resource = parallel_state_resource(ServerArgs(tp_size=2, device="cpu"), environ=environ)
+    with pytest.raises(ConfigError, match=r"MASTER_PORT=70000 from the launcher is not a TCP port; give one in 1-65535"):
+        next(resource)
+
+
+def test_under_torchruns_agent_its_store_is_the_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
+    # torchrun serves the store on MASTER_PORT itself (and ends every worker when one exits): no second store
+    import app.parallel_setup as setup
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(setup, "_rendezvous", lambda *a, **k: pytest.fail("a second store under torchrun"))
+    monkeypatch.setattr(setup.dist, "init_process_group", lambda **kw: calls.append(kw))
+    environ = {**_alone(0, monkeypatch), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    assert setup._init_default_group(ServerArgs(tp_size=2, device="cpu"), environ) == 0
+    assert [c["init_method"] for c in calls] == ["env://"]
+
+
+def test_a_rank_lost_while_the_group_forms_is_rank_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    import app.parallel_setup as setup
+
+    def lost(**_: object) -> None:
+        raise setup.dist.DistNetworkError("Failed to recv, got 0 bytes\n<C++ trace>")
+
+    monkeypatch.setattr(setup, "_rendezvous", lambda *a, **k: object())
+    monkeypatch.setattr(setup.dist, "init_process_group", lost)
+    with pytest.raises(RankLostError, match=r"^rank 1: another rank went away while the process group formed .*"
+                       r"\[Failed to recv, got 0 bytes\]$"):
+        setup._init_default_group(ServerArgs(tp_size=2, device="cpu"), _alone(1, monkeypatch))
+
+
 def test_rank_0_says_rank_lost_in_one_line_when_another_rank_never_joins(monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     from app.cli import main
