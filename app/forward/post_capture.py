@@ -92,13 +92,10 @@ def _map_back(kept: list[tuple[VmmAllocation, list[tuple[int, int]]]]) -> None:
 
 def kept_ranges(backing: VmmBacking, buffers: list[Any], rows: int) -> list[tuple[VmmAllocation, list[tuple[int, int]]]]:
     """Each allocation holding a pool buffer, with the [start, end) offsets it keeps when every buffer keeps its
-    first `rows` rows; everything else there (the request table and allocator lists share the arena) stays. A
-    buffer with no rows past `rows` releases nothing (its empty tail may start at the allocation's very end, which
-    no allocation holds, when the arena's slots fill it exactly); an allocation with nothing to release is left out."""
+    first `rows` rows; everything else there (the request table and allocator lists share the arena) stays; an
+    allocation with nothing to release is left out."""
     tails: dict[int, tuple[VmmAllocation, list[tuple[int, int]]]] = {}
     for start, end in released_address_ranges(buffers, rows):
-        if end <= start:
-            continue
         allocation = backing.allocation_at(start)
         tails.setdefault(id(allocation), (allocation, []))[1].append((start - allocation.base, end - allocation.base))
     return [(a, complement(ranges, 0, a.reserved)) for a, ranges in tails.values()]

@@ -84,11 +84,14 @@ def pool_buffers(pool: Any) -> list[torch.Tensor]:
 
 
 def released_address_ranges(buffers: list[torch.Tensor], rows: int) -> list[tuple[int, int]]:
-    """[start, end) device addresses of each buffer's rows from `rows` on: what a shrink gives back."""
+    """[start, end) device addresses of each buffer's rows from `rows` on: what a shrink gives back. A buffer with
+    no rows past `rows` gives back nothing and has no range (its empty tail may start at its allocation's very end)."""
     ranges = []
     for t in buffers:
         if not t.is_contiguous():
             raise ValueError("a pool buffer to shrink must be contiguous (one row after another)")
+        if t.shape[0] <= rows:
+            continue
         row_bytes = t.stride(0) * t.element_size()
         ranges.append((t.data_ptr() + rows * row_bytes, t.data_ptr() + t.shape[0] * row_bytes))
     return ranges
