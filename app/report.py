@@ -176,7 +176,7 @@ def _below_context_note(r: BootstrapReport) -> str:
     would lift it), or every layer attends a window, and what that means for an engine that keeps every token."""
     if r.max_total_num_tokens >= r.context_length:
         return ""
-    if any(p["kind"] != "swa" for p in r.plan["kv_pools"]):
+    if r.request_token_cap is not None:
         return f"  (below the {r.context_length:,}-token context: one request holds at most {r.request_token_cap:,})"
     return (f"  (below the {r.context_length:,}-token context: every layer attends a window, so a request keeps "
             f"only its last window of tokens; an engine that keeps every token serves requests of at most "

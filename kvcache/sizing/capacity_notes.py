@@ -41,11 +41,10 @@ def _request_capped(sizing: WorkerSizing, plan: MemoryPoolConfig) -> CapacityNot
     cap, context = plan.request_token_cap, plan.context_length
     if cap is None:
         return None
-    every_layer_slides = not any(p.kind != "swa" for p in plan.kv_pools)  # the project's planner calls that fitting
     b = plan.budget
     memory = WorkerMemory(total_bytes=b.total_bytes, free_before_load=b.free_before_load_bytes,
                           free_after_load=b.free_after_load_bytes)
-    fixes = () if every_layer_slides else sizing.full_request_fixes(memory)
+    fixes = sizing.full_request_fixes(memory)
     left = context - cap
     return CapacityNote(cap="request_length", tokens=left, bytes=left * plan.bytes_per_token, fixes=fixes, message=(
         f"one request can hold at most {cap:,} tokens, prompt and output (the pool's {plan.max_total_num_tokens:,} "
@@ -54,7 +53,7 @@ def _request_capped(sizing: WorkerSizing, plan: MemoryPoolConfig) -> CapacityNot
 
 
 def _requests_bind(sizing: WorkerSizing, plan: MemoryPoolConfig) -> CapacityNote | None:
-    if not any(p.kind != "swa" for p in plan.kv_pools):  # every layer slides: a request keeps one window
+    if plan.every_layer_slides:  # a request keeps one window
         return None
     requests, context = plan.max_running_requests, plan.context_length
     in_use = requests * context

@@ -118,9 +118,14 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
     def request_token_cap(self) -> int | None:
         """Tokens one request may hold where the pool holds fewer than context_length: the pool less one (SGLang
         0.5.23's max_req_len, min(context - 1, pool - 1), in tp_worker.py; prompts 5 fewer). None when it holds more."""
-        if self.max_total_num_tokens >= self.context_length:
+        if self.max_total_num_tokens >= self.context_length or self.every_layer_slides:
             return None
         return self.max_total_num_tokens - 1
+
+    @property
+    def every_layer_slides(self) -> bool:
+        """No pool holds every token: each request keeps its last window, so a short pool caps no request."""
+        return not any(p.kind != "swa" for p in self.kv_pools)
 
     @property
     def req_to_token_bytes(self) -> int:
