@@ -50,7 +50,7 @@ def tp_size_that_fits(sizing: WorkerSizing, *, free_before_load: int, total_byte
         if plan is not None:
             return TensorParallelFit(tp_size=tp, weights_bytes=weights, kv_cache_plans=True,
                                      request_token_cap=plan.request_token_cap)
-        reserve = headroom_bytes(free_before_load, at_tp.mem_fraction_static(total_bytes))
+        reserve = headroom_bytes(free_before_load, at_tp.mem_fraction_static(total_bytes)) + at_tp.multimodal().reserve_bytes
         if weights_alone is None and after > reserve:
             weights_alone = TensorParallelFit(tp_size=tp, weights_bytes=weights, kv_cache_plans=not check_kv_cache)
     return weights_alone
