@@ -124,9 +124,7 @@ def _multimodal(target: ModelRunner) -> dict[str, Any]:
                            "reserve_bytes": budget.reserved_bytes}  # what the budget kept (none with --kv-cache-memory)
     if rule.on and budget.mem_fraction_static is not None and sizing.settings.mem_fraction_static is None:
         before = sizing.derived_fraction_before_multimodal_cut(budget.total_bytes)
-        post_capture = sizing.post_capture_resize().active
-        if post_capture or rule.fraction_factor is not None:
-            out["cut_by"] = "post_capture" if post_capture else "factor"
+        out["cut_by"] = rule.cut_by(post_capture=sizing.post_capture_resize().active)
         out["fraction_before_cut"] = before
         out["kept_by_fraction_bytes"] = (headroom_bytes(budget.free_before_load_bytes, budget.mem_fraction_static)
                                          - headroom_bytes(budget.free_before_load_bytes, before))

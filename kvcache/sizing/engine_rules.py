@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
@@ -46,17 +46,24 @@ class MultimodalMemory:
     reserve_bytes: int = 0  # allocated after the KV cache is sized (an embedding cache), so kept out of it
     prefill_cuda_graphs: bool = True  # False: the engine captures none for this model, so reserves none
 
+    def cut_by(self, *, post_capture: bool) -> Literal["post_capture", "factor"] | None:
+        """How a derived fraction is cut: by MiB of the card (post-capture resize), by the factor, or not at all."""
+        if not self.on:
+            return None
+        if post_capture:
+            return "post_capture"
+        return "factor" if self.fraction_factor is not None else None
+
     def cut_fraction(self, fraction: float, total_bytes: int, *, post_capture: bool) -> float:
         """A derived fraction after the cut (not rounded again, as the engine leaves it; at least
-        MIN_DERIVED_FRACTION, where the engine's would reach zero on a small card); unchanged when off."""
-        if not self.on:
+        MIN_DERIVED_FRACTION, where the engine's would reach zero on a small card); unchanged when not cut."""
+        how = self.cut_by(post_capture=post_capture)
+        if how is None:
             return fraction
-        if post_capture:
+        if how == "post_capture":
             cut = exact_fraction(fraction) - Fraction(self.post_capture_cut_mib * MiB, total_bytes)
-        elif self.fraction_factor is not None:
-            cut = exact_fraction(fraction) * self.fraction_factor
         else:
-            return fraction
+            cut = exact_fraction(fraction) * self.fraction_factor  # type: ignore[operator]
         return float(max(MIN_DERIVED_FRACTION, cut))
 
     def to_dict(self) -> dict[str, Any]:
