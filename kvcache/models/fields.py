@@ -38,6 +38,15 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# transformers 5 renames two hybrid layer names on save (its _LEGACY_LAYER_TYPE_REMAP).
+TRANSFORMERS5_LAYER_NAMES = {"linear_attention": "mamba", "full_attention": "attention"}
+
+
+def with_transformers5_names(table: Mapping[str, T]) -> dict[str, T]:
+    """A layer-name table that also reads transformers 5's names for the entries it renames."""
+    return {**table, **{new: table[old] for new, old in TRANSFORMERS5_LAYER_NAMES.items() if old in table}}
+
+
 @dataclass(frozen=True, slots=True)
 class ConfigFields:
     """One (possibly nested) section of a config.json, read field by field for the model `model`."""

@@ -31,7 +31,9 @@ from kvcache.models.decoder import (
     weight_layout,
 )
 from kvcache.models.families.nemotron_h import mamba2_cache_fields, mamba2_mixer
-from kvcache.models.fields import MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, ConfigFields
+from kvcache.models.fields import (
+    MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, ConfigFields, with_transformers5_names,
+)
 from kvcache.models.generic import attention_block, text_model_type
 from kvcache.models.weight_blocks import (
     Attention,
@@ -103,8 +105,7 @@ def _either_or(src: ModelSource, kinds: tuple[LayerKind, ...], ffn: Block) -> Mo
 
 
 # Granite-4 hybrid's layer_types (or its alias layers_block_type), under the older names and transformers 5's.
-_GRANITE_KINDS: dict[str, LayerKind] = {"mamba": "mamba2", "attention": "full_attention",
-                                        "linear_attention": "mamba2", "full_attention": "full_attention"}
+_GRANITE_KINDS: dict[str, LayerKind] = with_transformers5_names({"mamba": "mamba2", "attention": "full_attention"})
 
 
 def read_granite_hybrid(src: ModelSource) -> ModelConfig:
@@ -123,7 +124,7 @@ def read_bamba(src: ModelSource) -> ModelConfig:
 
 
 # Zamba-2's layers_block_type: transformers 5 saves its Mamba layers as linear_attention; hybrid stays hybrid.
-_ZAMBA2_BLOCKS = {"mamba": "mamba", "hybrid": "hybrid", "linear_attention": "mamba"}
+_ZAMBA2_BLOCKS = with_transformers5_names({"mamba": "mamba", "hybrid": "hybrid"})
 
 
 def read_zamba2(src: ModelSource) -> ModelConfig:

@@ -17,13 +17,13 @@ from kvcache.models.decoder import (
     weight_layout,
     with_mtp,
 )
-from kvcache.models.fields import MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, ConfigFields
+from kvcache.models.fields import MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, ConfigFields, with_transformers5_names
 from kvcache.models.generic import attention_block, text_model_type
 from kvcache.models.weight_blocks import Block, Layer, Linear, Mamba2Mixer, Norm, PlainMLP
 
 _KINDS: dict[str, LayerKind] = {"M": "mamba2", "*": "full_attention", "-": "mlp", "E": "mlp"}
 # A listed layer's letter, under the older names and transformers 5's (which renames mamba and attention).
-_LETTERS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E", "linear_attention": "M", "full_attention": "*"}
+_LETTERS = with_transformers5_names({"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"})
 _LISTS = ("layers_block_type", "layer_types")
 _MTP_LISTS = ("mtp_layers_block_type", "mtp_layer_types")
 
