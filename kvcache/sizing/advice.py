@@ -36,10 +36,11 @@ class KeptFree(msgspec.Struct, frozen=True, kw_only=True):
                 f"{self.default_fraction} keeps {default / GiB:.2f} GiB: it gives that headroom up")
 
 
-def fits(req: PlanRequest) -> bool:
-    """Whether `req` plans with one full-context request in its pools (what every suggestion is checked for)."""
+def fits(req: PlanRequest, *, full_context: bool = True) -> bool:
+    """Whether `req` plans with one full-context request in its pools (what every suggestion is checked for);
+    with full_context=False, whether it plans as its engine runs it (requests capped, where the engine allows)."""
     try:
-        plan_pool_sizes(msgspec.structs.replace(req, below_one_request="refuse"))
+        plan_pool_sizes(msgspec.structs.replace(req, below_one_request="refuse") if full_context else req)
     except DoesNotFitError:
         return False
     return True
@@ -90,25 +91,16 @@ def longest_fitting_context(req: PlanRequest) -> int | None:
     return None if k is None else (top + 1 - k) * page
 
 
-def _runs(req: PlanRequest) -> bool:
-    """Whether `req` plans as its engine runs it (with each request capped below the context, where it allows that)."""
-    try:
-        plan_pool_sizes(req)
-    except DoesNotFitError:
-        return False
-    return True
-
-
 def most_running_requests_that_run(req: PlanRequest) -> int | None:
     """Where the engine runs requests capped below the context and `req` does not plan: the most
     --max-running-requests (fewer than today's cap) that plans, its request table leaving the pool more; else None.
     A long context makes each row of the table long: SGLang 0.5.23's default 2,048 rows of 10M tokens take 80 GiB."""
-    if req.below_one_request != "cap" or _runs(req):
+    if req.below_one_request != "cap" or fits(req, full_context=False):
         return None
     top = (req.max_running_requests or MAX_DEFAULT_RUNNING_REQUESTS) - 1
 
     def ok_from_top(k: int) -> bool:  # counts requests down from the top, so the search runs "false then true"
-        return _runs(msgspec.structs.replace(req, max_running_requests=top + 1 - k))
+        return fits(msgspec.structs.replace(req, max_running_requests=top + 1 - k), full_context=False)
 
     k = smallest_passing(1, top, ok_from_top)
     return None if k is None else top + 1 - k
