@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator  # noqa: E402
 from kvcache.pools import ReqToTokenPool  # noqa: E402
+from kvcache.sizing.pool_config import request_table_slot  # noqa: E402
 from reference_allocators import load_sglang, load_sglang_radix  # noqa: E402
 from reference_tree import add_reference_src_argument  # noqa: E402
 from sglang_request_fakes import Batch, Req  # noqa: E402
@@ -180,7 +181,7 @@ class Trace:
 def ours(work: Workload, swa_window: int = 0) -> tuple[ReqToTokenPool, Any]:
     """Our request table and allocator, refusing double frees, id 0 and ids out of range (check_frees)."""
     size, ps, device = work.pool_size, work.page_size, work.device
-    req_pool = ReqToTokenPool(size=work.rows, max_context_len=128, device=torch.device(device))
+    req_pool = ReqToTokenPool(slot=request_table_slot(work.rows, 128), device=torch.device(device))
     if swa_window:
         return req_pool, SWATokenToKVPoolAllocator(full_size=size, swa_size=size, page_size=ps, device=device,
                                                    check_frees=True)

@@ -23,6 +23,7 @@ from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
 from kvcache.sizing.pool_layout import worker_cache_layout
 from kvcache.pools import MLATokenToKVPool
+from kvcache.testing.pool_plans import standalone_kv_pool
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.models.hf_config import model_config_from_hf
 
@@ -58,8 +59,8 @@ def test_bytes_per_token_per_layer_by_hand(name: str, kv: str, per_layer: int) -
 
 def test_the_fp8_pool_holds_exactly_the_planned_656_byte_rows() -> None:
     spec = mla_spec("DeepSeek-V3.2", "fp8_e4m3")
-    pool = MLATokenToKVPool(size=63, page_size=1, dtype=spec.dtype, kv_lora_rank=512, qk_rope_head_dim=64,
-                            layer_ids=[0, 1], device=CPU, index_head_dim=spec.index_head_dim)
+    pool = standalone_kv_pool(spec, tokens=63, layer_ids=[0, 1])
+    assert isinstance(pool, MLATokenToKVPool)
     assert pool.packed_latent == spec.packed_latent
     assert pool.get_key_buffer(1).shape == (64, 1, 656) and pool.get_key_buffer(1).dtype == torch.uint8
     assert pool.nbytes == 2 * 64 * (656 + 132) == 2 * 64 * spec.bytes_per_token  # 100,864 B, a 512 B multiple
@@ -69,8 +70,9 @@ def test_the_fp8_pool_holds_exactly_the_planned_656_byte_rows() -> None:
 
 def test_a_written_latent_reads_back_within_one_fp8_step() -> None:
     layout = DSAFp8Latent(512, 64)
-    pool = MLATokenToKVPool(size=8, page_size=1, dtype=KV_CACHE_DTYPES["fp8_e4m3"], kv_lora_rank=512,
-                            qk_rope_head_dim=64, layer_ids=[3], device=CPU, index_head_dim=128)
+    pool = standalone_kv_pool(MLASpec(512, 64, KV_CACHE_DTYPES["fp8_e4m3"], index_head_dim=128), tokens=8,
+                              layer_ids=[3])
+    assert isinstance(pool, MLATokenToKVPool)
     assert pool.packed_latent == layout and pool.index_row_bytes == 132
     nope = torch.randn(2, 1, 512, dtype=torch.bfloat16) * torch.tensor([1.0, 100.0]).repeat_interleave(256)
     rope = torch.randn(2, 1, 64, dtype=torch.bfloat16)

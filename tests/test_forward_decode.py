@@ -20,7 +20,10 @@ from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocat
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.errors import UnsupportedModelError
 from kvcache.models.model_config import ModelConfig
-from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
+from kvcache.pools import ReqToTokenPool
+from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec
+from kvcache.sizing.pool_config import request_table_slot
+from kvcache.testing.pool_plans import standalone_kv_pool
 from kvcache.models.presets import load_model_config
 from kvcache.testing import tiny_model_config
 from kvcache.models.hf_config import model_config_from_hf
@@ -102,15 +105,12 @@ class DenseHistory:
 def pools_for(model: ModelConfig, page: int, kv: str) -> tuple[ReqToTokenPool, Any, Any]:
     dtype = KV_CACHE_DTYPES[kv]
     layers = range(model.num_hidden_layers)
-    if model.kv_lora_rank:
-        pool: Any = MLATokenToKVPool(size=POOL_TOKENS, page_size=page, dtype=dtype, kv_lora_rank=model.kv_lora_rank,
-                                     qk_rope_head_dim=model.qk_rope_head_dim, layer_ids=layers, device=CPU)
-    else:
-        pool = MHATokenToKVPool(size=POOL_TOKENS, page_size=page, dtype=dtype, kv_heads=model.num_key_value_heads,
-                                head_dim=model.head_dim, v_head_dim=model.v_head_dim, layer_ids=layers, device=CPU)
+    spec = (MLASpec(model.kv_lora_rank, model.qk_rope_head_dim, dtype) if model.kv_lora_rank else
+            FullAttentionSpec(model.num_key_value_heads, model.head_dim, model.v_head_dim, dtype))
+    pool: Any = standalone_kv_pool(spec, tokens=POOL_TOKENS, page_size=page, layer_ids=layers)
     allocator: Any = (TokenToKVPoolAllocator(size=POOL_TOKENS, device=CPU, check_frees=True) if page == 1 else
                       PagedTokenToKVPoolAllocator(size=POOL_TOKENS, page_size=page, device=CPU, check_frees=True))
-    return ReqToTokenPool(size=8, max_context_len=64, device=CPU), pool, allocator
+    return ReqToTokenPool(slot=request_table_slot(8, 64), device=CPU), pool, allocator
 
 
 def paged_and_dense(model: ModelConfig, page: int, kv: str, dense_attention: Any) -> tuple[Any, Any, DecodeRequests]:
@@ -167,7 +167,7 @@ def test_the_kernel_masks_positions_past_each_request_and_reads_through_req_to_t
 
 def test_a_step_past_the_context_length_is_a_typed_error_and_takes_no_slot():
     allocator = TokenToKVPoolAllocator(size=POOL_TOKENS, device=CPU, check_frees=True)
-    requests = DecodeRequests(req_to_token_pool=ReqToTokenPool(size=2, max_context_len=2, device=CPU),
+    requests = DecodeRequests(req_to_token_pool=ReqToTokenPool(slot=request_table_slot(2, 2), device=CPU),
                               allocator=allocator, device=CPU)
     (row,) = requests.add(1)
     for _ in range(2):
@@ -180,7 +180,7 @@ def test_a_step_past_the_context_length_is_a_typed_error_and_takes_no_slot():
 
 def test_a_row_that_no_running_request_holds_is_a_typed_error_that_names_it_and_takes_no_slot():
     allocator = TokenToKVPoolAllocator(size=POOL_TOKENS, device=CPU, check_frees=True)
-    requests = DecodeRequests(req_to_token_pool=ReqToTokenPool(size=4, max_context_len=8, device=CPU),
+    requests = DecodeRequests(req_to_token_pool=ReqToTokenPool(slot=request_table_slot(4, 8), device=CPU),
                               allocator=allocator, device=CPU)
     rows = requests.add(2)
     free = allocator.available_size()
@@ -196,7 +196,7 @@ def test_a_row_named_twice_is_a_typed_error_that_takes_and_frees_nothing():
     """A step naming a row twice took two slots for one token position (one never freed); a release
     naming it twice freed its slots, then failed on a bare KeyError."""
     allocator = TokenToKVPoolAllocator(size=POOL_TOKENS, device=CPU, check_frees=True)
-    requests = DecodeRequests(req_to_token_pool=ReqToTokenPool(size=4, max_context_len=8, device=CPU),
+    requests = DecodeRequests(req_to_token_pool=ReqToTokenPool(slot=request_table_slot(4, 8), device=CPU),
                               allocator=allocator, device=CPU)
     rows = requests.add(2)
     requests.step(rows, torch.zeros(2, dtype=torch.int64))

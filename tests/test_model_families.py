@@ -13,6 +13,7 @@ from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
 from kvcache.sizing.pool_layout import worker_cache_layout
 from kvcache.pools import MLATokenToKVPool
+from kvcache.testing.pool_plans import standalone_kv_pool
 from kvcache.models.hf_config import model_config_from_hf
 
 CORPUS = Path(__file__).with_name("model_corpus")
@@ -40,8 +41,8 @@ def test_llama4_nope_layers_are_global_and_the_rest_chunked() -> None:
 def test_dsa_indexer_buffer_is_allocated_beside_the_latent() -> None:
     spec = next(g.spec for g in layout(corpus("DeepSeek-V3.2")).kv_groups if g.name == "mla")
     assert isinstance(spec, MLASpec) and spec.index_bytes_per_token == 128 + 128 // 128 * 4
-    pool = MLATokenToKVPool(size=64, page_size=64, dtype=spec.dtype, kv_lora_rank=512, qk_rope_head_dim=64,
-                            layer_ids=[0, 1], device=torch.device("cpu"), index_head_dim=spec.index_head_dim)
+    pool = standalone_kv_pool(spec, tokens=64, page_size=64, layer_ids=[0, 1])
+    assert isinstance(pool, MLATokenToKVPool) and (pool.kv_lora_rank, pool.qk_rope_head_dim) == (512, 64)
     index = pool.get_index_k_with_scale_buffer(1)
     assert index.shape == (128, 132) and index.dtype == torch.uint8
     assert pool.nbytes == 2 * 128 * spec.bytes_per_token  # rows = size + one padding page

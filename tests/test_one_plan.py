@@ -20,10 +20,10 @@ from kvcache.testing.arena_census import ArenaCensus
 from kvcache.errors import ConfigError, PlanMismatchError
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.sizing.planning import candidate_plan, plan_cost, plan_pool_sizes
-from kvcache.pools import MHATokenToKVPool
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.models.presets import load_model_config
 from kvcache.testing import tiny_model_config
+from kvcache.testing.pool_plans import standalone_kv_pool
 
 META = torch.device("meta")
 
@@ -124,8 +124,8 @@ def test_a_pool_built_on_views_of_an_arena_holds_them_and_counts_its_slot() -> N
     row = FullAttentionSpec(2, 64, 64, KV_CACHE_DTYPES["bfloat16"]).row_tensors()
     views = carve_slots(arena, [PlannedSlot("kv_full", per_layer("kv_full", (0, 1, 2), row, 1001))])
     (small,) = arena.carve_slot([((100,), torch.int64)])
-    pool = MHATokenToKVPool(size=1000, page_size=1, dtype=KV_CACHE_DTYPES["bfloat16"], kv_heads=2, head_dim=64,
-                            v_head_dim=64, layer_ids=range(3), device=META, views=views)
+    pool = standalone_kv_pool(FullAttentionSpec(2, 64, 64, KV_CACHE_DTYPES["bfloat16"]), tokens=1000,
+                              layer_ids=range(3), device=META, views=views)
     # 1,001 rows x 3 layers x (K + V) x 2 heads x 64 x 2 B = 1,537,536 B (512-aligned); 800 B -> a 1,024 B slot
     assert pool.nbytes == 1_537_536 and arena.used == 1_537_536 + 1024
     assert list(pool.named_tensors()) == list(views) and all(pool.named_tensors()[n] is v for n, v in views.items())

@@ -17,12 +17,13 @@ from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllo
 from kvcache.errors import PlanMismatchError
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.memory.device_buffers import Arena
-from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool, RecurrentStatePool, ReqToTokenPool
+from kvcache.pools import MHATokenToKVPool, RecurrentStatePool, ReqToTokenPool
 from kvcache.pools.planned_views import carve_slots
 from kvcache.sizing.allocator_footprint import allocator_slots, free_list_slots
-from kvcache.sizing.layer_specs import FullAttentionSpec, RecurrentStateSpec
+from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec, RecurrentStateSpec
 from kvcache.sizing.pool_config import request_table_slot
 from kvcache.sizing.tensor_plan import PlannedSlot, per_layer, tensor, torch_dtype
+from kvcache.testing.pool_plans import kv_pool_plan, standalone_kv_pool, state_pool_plan
 
 CPU = torch.device("cpu")
 BF16 = KV_CACHE_DTYPES["bfloat16"]
@@ -38,8 +39,8 @@ def kv_slot(rows: int, layers: tuple[int, ...] = (0, 1)) -> PlannedSlot:
 
 
 def mha(views: dict[str, torch.Tensor]) -> MHATokenToKVPool:
-    return MHATokenToKVPool(size=8, page_size=1, dtype=BF16, kv_heads=2, head_dim=64, v_head_dim=64,
-                            layer_ids=(0, 1), device=CPU, views=views)
+    spec = FullAttentionSpec(2, 64, 64, BF16)
+    return MHATokenToKVPool(plan=kv_pool_plan(spec, tokens=8, layer_ids=(0, 1)), spec=spec, device=CPU, views=views)
 
 
 def test_an_mha_pool_built_from_plain_tensors_holds_and_writes_exactly_them() -> None:
@@ -56,18 +57,17 @@ def test_an_mha_pool_built_from_plain_tensors_holds_and_writes_exactly_them() ->
 
 def test_the_other_pools_and_every_allocator_take_plain_tensors() -> None:
     table = plain([request_table_slot(4, 16, True)])
-    req = ReqToTokenPool(size=4, max_context_len=16, device=CPU, with_state_slots=True, views=table)
+    req = ReqToTokenPool(slot=request_table_slot(4, 16, True), device=CPU, views=table)
     assert req.req_to_token is table["req_to_token.table"] and req.req_to_state_slot is table["req_to_token.state_slot"]
 
     spec = RecurrentStateSpec(kind="mamba2", conv_shape=(32, 3), ssm_shape=(2, 8, 16), conv_dtype=torch.bfloat16,
                               ssm_dtype=torch.float32)
     state_views = plain([PlannedSlot("state", per_layer("state", (1, 3), spec.slot_tensors(), 5))])
-    state = RecurrentStatePool(num_slots=5, spec=spec, layer_ids=(1, 3), device=CPU, views=state_views)
+    state = RecurrentStatePool(plan=state_pool_plan(spec, num_slots=5, layer_ids=(1, 3)), device=CPU, views=state_views)
     assert state.get_state(3) == (state_views["state.3.conv"], state_views["state.3.ssm"])
 
     mla_views = {"kv_mla.0.latent": torch.zeros(9, 1, 576, dtype=torch.bfloat16)}
-    mla = MLATokenToKVPool(size=8, page_size=1, dtype=BF16, kv_lora_rank=512, qk_rope_head_dim=64, layer_ids=(0,),
-                           device=CPU, views=mla_views)
+    mla = standalone_kv_pool(MLASpec(512, 64, BF16), tokens=8, views=mla_views)
     assert mla.get_key_buffer(0) is mla_views["kv_mla.0.latent"]
 
     for allocator, slots in [
@@ -96,7 +96,7 @@ def test_one_pass_carves_each_slot_back_to_back_and_the_pools_hold_those_views()
     base = views["req_to_token.table"].data_ptr()
     assert [views[n].data_ptr() - base for n in ("allocator.free_log.0", "allocator.free_log.1", "kv_full.0.k",
                                                  "kv_full.0.v", "kv_full.1.k")] == [512, 1024, 1536, 3840, 6144]
-    req = ReqToTokenPool(size=4, max_context_len=16, device=CPU, views=views)
+    req = ReqToTokenPool(slot=request_table_slot(4, 16), device=CPU, views=views)
     allocator = TokenToKVPoolAllocator(size=8, device=CPU, views=views, kvcache=mha(views))
     assert req.named_tensors()["req_to_token.table"] is views["req_to_token.table"]
     assert allocator.named_tensors()["allocator.free_log.1"] is views["allocator.free_log.1"]

@@ -12,18 +12,22 @@ import torch
 
 from kvcache.memory.device_buffers import allocation_size
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
-from kvcache.sizing.layer_specs import RecurrentStateSpec
+from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec, RecurrentStateSpec
+from kvcache.sizing.pool_config import request_table_slot
 from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool, RecurrentStatePool, ReqToTokenPool
 from kvcache.memory import device_buffers as buffers
 from kvcache.pools.codec import dequantize_fp4, quantize_fp4
+from kvcache.testing.pool_plans import standalone_kv_pool, state_pool_plan
 
 CPU = torch.device("cpu")
 META = torch.device("meta")
 
 
 def mha(dtype: str, device: torch.device = CPU, size: int = 32, page: int = 4) -> MHATokenToKVPool:
-    return MHATokenToKVPool(size=size, page_size=page, dtype=KV_CACHE_DTYPES[dtype], kv_heads=2, head_dim=16,
-                            v_head_dim=16, layer_ids=[3, 4], device=device)
+    pool = standalone_kv_pool(FullAttentionSpec(2, 16, 16, KV_CACHE_DTYPES[dtype]), tokens=size, page_size=page,
+                              layer_ids=[3, 4], device=device)
+    assert isinstance(pool, MHATokenToKVPool)
+    return pool
 
 
 @pytest.mark.parametrize(
@@ -95,8 +99,8 @@ def test_fp4_pool_holds_packed_data_and_scales() -> None:
 
 
 def test_mla_pool_latent_layout() -> None:
-    pool = MLATokenToKVPool(size=8, page_size=1, dtype=KV_CACHE_DTYPES["bfloat16"], kv_lora_rank=512,
-                            qk_rope_head_dim=64, layer_ids=range(3), device=CPU)
+    pool = standalone_kv_pool(MLASpec(512, 64, KV_CACHE_DTYPES["bfloat16"]), tokens=8, layer_ids=range(3))
+    assert isinstance(pool, MLATokenToKVPool)
     assert pool.nbytes == allocation_size(3 * 9 * (512 + 64) * 2)  # 3 layers x 9 rows x 576 x 2 B = 31,104
     assert pool.nbytes == 31232  # rounded up to a 512 B block
     nope = torch.randn(2, 1, 512, dtype=torch.bfloat16)
@@ -117,7 +121,7 @@ def test_allocation_size_follows_the_cuda_caching_allocator(nbytes: int, allocat
 
 
 def test_req_to_token_pool_rows_and_padding_row() -> None:
-    pool = ReqToTokenPool(size=3, max_context_len=10, device=CPU, with_state_slots=True)
+    pool = ReqToTokenPool(slot=request_table_slot(3, 10, with_state_slots=True), device=CPU)
     assert pool.nbytes == 512  # (3 + 1) rows x 10 x int32 = 160 B plus a 16 B slot column: one 512 B block
     rows = pool.alloc(3)
     assert rows is not None and sorted(rows) == [1, 2, 3]  # row 0 is padding
@@ -131,7 +135,7 @@ def test_req_to_token_pool_rows_and_padding_row() -> None:
 def test_state_pool_bytes_and_slots() -> None:
     spec = RecurrentStateSpec(kind="mamba2", conv_shape=(8, 3), ssm_shape=(2, 4, 4),
                               conv_dtype=torch.bfloat16, ssm_dtype=torch.float32)
-    pool = RecurrentStatePool(num_slots=5, spec=spec, layer_ids=[0, 2], device=CPU)
+    pool = RecurrentStatePool(plan=state_pool_plan(spec, num_slots=5, layer_ids=[0, 2]), device=CPU)
     assert spec.bytes_per_request == 8 * 3 * 2 + 2 * 4 * 4 * 4
     assert pool.nbytes == allocation_size(2 * 5 * spec.bytes_per_request)
     slots = pool.alloc(4)
@@ -141,7 +145,7 @@ def test_state_pool_bytes_and_slots() -> None:
 def test_state_pool_refuses_a_double_free_so_no_two_requests_share_a_state() -> None:
     spec = RecurrentStateSpec(kind="mamba2", conv_shape=(8, 3), ssm_shape=(2, 4, 4),
                               conv_dtype=torch.bfloat16, ssm_dtype=torch.float32)
-    pool = RecurrentStatePool(num_slots=5, spec=spec, layer_ids=[0], device=CPU)  # slots 1..4
+    pool = RecurrentStatePool(plan=state_pool_plan(spec, num_slots=5), device=CPU)  # slots 1..4
     assert pool.alloc(2) == [1, 2]
     pool.free([1])
     with pytest.raises(ValueError, match="double free: state slot 1 is already free"):
@@ -170,8 +174,8 @@ def test_a_pool_that_fails_part_way_keeps_nothing(monkeypatch: pytest.MonkeyPatc
     pools = []
     try:
         for _ in range(2):
-            pools.append(MHATokenToKVPool(size=8, page_size=1, dtype=KV_CACHE_DTYPES["bfloat16"], kv_heads=1,
-                                          head_dim=16, v_head_dim=16, layer_ids=range(4), device=CPU))
+            pools.append(standalone_kv_pool(FullAttentionSpec(1, 16, 16, KV_CACHE_DTYPES["bfloat16"]), tokens=8,
+                                            layer_ids=range(4)))
     except torch.OutOfMemoryError:
         pools.clear()
     else:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
-from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool
+from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec
+from kvcache.testing.pool_plans import standalone_kv_pool
 from kvcache.errors import VmmError
 from kvcache.runtime.shrink import (
     LiveTokensInTailError, complement, pool_buffers, released_address_ranges, shrink_allocator,
@@ -60,8 +63,7 @@ def test_live_tokens_in_the_tail_refuse_the_resize_and_change_nothing(page):
 
 def test_each_pool_buffer_keeps_its_first_rows():
     fp8 = KV_CACHE_DTYPES["fp8_e4m3"]
-    mha = MHATokenToKVPool(size=64, page_size=16, dtype=fp8, kv_heads=2, head_dim=8, v_head_dim=8,
-                           layer_ids=range(3), device=CPU)
+    mha = standalone_kv_pool(FullAttentionSpec(2, 8, 8, fp8), tokens=64, page_size=16, layer_ids=range(3))
     buffers = pool_buffers(mha)
     assert len(buffers) == 6  # K and V of three layers
     ranges = released_address_ranges(buffers, 16 + 16)
@@ -69,8 +71,7 @@ def test_each_pool_buffer_keeps_its_first_rows():
     assert ranges[1][0] == buffers[1].data_ptr() + 32 * 16
     assert complement([(10, 20), (30, 40)], 0, 50) == [(0, 10), (20, 30), (40, 50)]
     assert complement([(0, 20), (15, 50)], 0, 50) == []
-    mla = MLATokenToKVPool(size=64, page_size=1, dtype=KV_CACHE_DTYPES["fp4_e2m1"], kv_lora_rank=32,
-                           qk_rope_head_dim=16, layer_ids=range(2), device=CPU)
+    mla = standalone_kv_pool(MLASpec(32, 16, KV_CACHE_DTYPES["fp4_e2m1"]), tokens=64, layer_ids=range(2))
     assert [t.shape[-1] for t in pool_buffers(mla)] == [24, 3, 24, 3]  # packed data and per-16 scales
 
 
@@ -207,9 +208,8 @@ def test_a_resize_releases_every_per_token_buffer_of_an_mla_pool(dtype: str, ind
                                                                 row_bytes: int) -> None:
     """DSA's indexer keys are per token like the latent: a resize that kept their tails mapped would hold
     index_row_bytes x released rows x layers more than the resized plan says."""
-    pool = MLATokenToKVPool(size=64, page_size=16, dtype=KV_CACHE_DTYPES[dtype], kv_lora_rank=128,
-                            qk_rope_head_dim=64, layer_ids=range(3), device=CPU,
-                            index_head_dim=128 if index_row_bytes else 0)  # DSA: 128 fp8 keys + a float32 scale
+    spec = MLASpec(128, 64, KV_CACHE_DTYPES[dtype], index_head_dim=128 if index_row_bytes else 0)  # DSA: 128 fp8 keys
+    pool: Any = standalone_kv_pool(spec, tokens=64, page_size=16, layer_ids=range(3))  # + a float32 scale
     assert pool.index_row_bytes == index_row_bytes
     buffers = pool_buffers(pool)
     assert sum(t.nbytes for t in buffers) == 3 * 80 * row_bytes  # 3 layers x (64 + 16) rows

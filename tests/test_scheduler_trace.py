@@ -24,6 +24,7 @@ import torch
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.pools import ReqToTokenPool
+from kvcache.sizing.pool_config import request_table_slot
 
 CPU = torch.device("cpu")
 CHUNK = 48  # chunked-prefill budget per request and step
@@ -200,7 +201,7 @@ class Scheduler:
     def __init__(self, allocator: Any, page_size: int, *, radix: bool, window: int | None, seed: int) -> None:
         self.allocator, self.page_size, self.window = allocator, page_size, window
         self.rng = random.Random(seed)
-        self.pool = ReqToTokenPool(size=12, max_context_len=512, device=CPU)
+        self.pool = ReqToTokenPool(slot=request_table_slot(12, 512), device=CPU)
         self.tree = MiniRadixCache(self.pool, allocator, page_size) if radix else None
         self.waiting: list[Req] = []
         self.running: list[Req] = []

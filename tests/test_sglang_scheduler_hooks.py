@@ -17,6 +17,7 @@ from reference_sources import reference_src_holding
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.pools import ReqToTokenPool
+from kvcache.sizing.pool_config import request_table_slot
 
 
 
@@ -123,7 +124,7 @@ def test_a_refused_resize_changes_nothing(page_size: int) -> None:
 
 
 def test_request_table_answers_the_schedulers_table_hooks() -> None:
-    pool = ReqToTokenPool(size=4, max_context_len=8, device=torch.device("cpu"))
+    pool = ReqToTokenPool(slot=request_table_slot(4, 8), device=torch.device("cpu"))
     seen: list[list[int]] = []
     pool.register_on_alloc_rows(seen.append)
     first = pool.alloc_rows(2)
@@ -194,7 +195,7 @@ def test_sglangs_own_swa_prefill_budget_runs_over_our_swa_allocator(sglang_budge
 
 
 def test_a_failing_on_alloc_hook_leaves_no_row_taken() -> None:
-    pool = ReqToTokenPool(size=4, max_context_len=8, device=torch.device("cpu"))
+    pool = ReqToTokenPool(slot=request_table_slot(4, 8), device=torch.device("cpu"))
 
     def refuse(rows: list[int]) -> None:
         raise RuntimeError("hook failed (injected)")
@@ -206,7 +207,7 @@ def test_a_failing_on_alloc_hook_leaves_no_row_taken() -> None:
 
 
 def test_free_slots_are_the_rows_alloc_can_still_hand_out() -> None:
-    pool = ReqToTokenPool(size=4, max_context_len=8, device=torch.device("cpu"))
+    pool = ReqToTokenPool(slot=request_table_slot(4, 8), device=torch.device("cpu"))
     assert sorted(pool.free_slots) == [1, 2, 3, 4]  # row 0 is padding, never free to hand out
     taken = pool.alloc_rows(3)
     assert taken is not None and len(pool.free_slots) == 1 == pool.available_size()
@@ -263,7 +264,7 @@ def sglang_invariant_checker() -> Iterator[type]:
 
 def test_sglangs_own_idle_check_counts_our_request_table(sglang_invariant_checker: type) -> None:
     """_check_req_pool: free rows + rows a session holds == size + pre_alloc_size, else 'memory leak detected'."""
-    pool = ReqToTokenPool(size=4, max_context_len=8, device=torch.device("cpu"))
+    pool = ReqToTokenPool(slot=request_table_slot(4, 8), device=torch.device("cpu"))
     held = {"rows": 0}
     checker = sglang_invariant_checker(
         is_hybrid_swa=False, is_hybrid_ssm=False, disaggregation_mode=None, page_size=1, full_tokens_per_layer=None,

@@ -2,9 +2,10 @@
 
 Each worker makes one allocation (kvcache.memory.device_buffers.Arena) of the plan's `arena_bytes`
 and carves the plan's tensor list (MemoryPoolConfig.worker_slots) from it in one pass; the pools
-and the allocator are handed those views by name and allocate nothing. A guard then checks that
-every tensor they hold is the view carved for it, name by name, and that the arena's use is the
-plan's, and raises PlanMismatchError when not. If any step fails, nothing stays allocated.
+and the allocator are given their part of the plan and those views by name, and allocate nothing.
+Two guards raise PlanMismatchError: before the arena, that the bytes the plan charges are its tensor
+list's (check_charged_bytes); after the build, that every tensor held is the view carved for it, name
+by name (check_against_plan). If any step fails, nothing stays allocated.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from kvcache.pools.planned_views import Views, carve_slots
 from kvcache.byte_units import format_bytes
 from kvcache.memory.device_buffers import Arena, ArenaBacking
 from kvcache.errors import PlanMismatchError, PoolBuildError, PoolOutOfMemoryError
-from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec, SlidingWindowSpec
+from kvcache.sizing.layer_specs import MLASpec, TokenSpec
 from kvcache.memory.out_of_memory import is_out_of_memory
 from kvcache.sizing.pool_config import KVPoolPlan, MemoryPoolConfig
-from kvcache.sizing.pool_layout import CacheLayout, KVPoolGroup
-from kvcache.sizing.tensor_plan import dtype_name
+from kvcache.sizing.pool_layout import CacheLayout
+from kvcache.sizing.tensor_plan import PlannedSlot, dtype_name
 from kvcache.pools import HybridSWAKVPool, MHATokenToKVPool, MLATokenToKVPool, RecurrentStatePool, ReqToTokenPool
 
 KVPool = MHATokenToKVPool | MLATokenToKVPool | HybridSWAKVPool
@@ -60,22 +61,13 @@ class WorkerPools:
         return out
 
 
-def _build_kv_group(group: KVPoolGroup, plan: MemoryPoolConfig, device: torch.device,
-                    views: Views) -> MHATokenToKVPool | MLATokenToKVPool:
-    pool_plan = plan.pool(group.name)
-    spec, buffer = group.spec, pool_plan.buffer
+def kv_pool(plan: KVPoolPlan, spec: TokenSpec, *, device: torch.device,
+            views: Views | None = None) -> MHATokenToKVPool | MLATokenToKVPool:
+    """The per-token pool holding `plan`'s part of the plan, given the layer spec its planned row came from (how
+    values are stored); on `views` (the worker's carve) or, given None, an arena of its own."""
     if isinstance(spec, MLASpec):
-        return MLATokenToKVPool(
-            size=pool_plan.num_tokens, page_size=plan.page_size, dtype=spec.dtype, kv_lora_rank=spec.kv_lora_rank,
-            qk_rope_head_dim=spec.qk_rope_head_dim, layer_ids=group.layer_ids, device=device,
-            index_head_dim=spec.index_head_dim, buffer=buffer, views=views,
-        )
-    assert isinstance(spec, (FullAttentionSpec, SlidingWindowSpec))
-    return MHATokenToKVPool(
-        size=pool_plan.num_tokens, page_size=plan.page_size, dtype=spec.dtype, kv_heads=spec.kv_heads,
-        head_dim=spec.head_dim, v_head_dim=spec.v_head_dim, layer_ids=group.layer_ids, device=device, buffer=buffer,
-        views=views,
-    )
+        return MLATokenToKVPool(plan=plan, spec=spec, device=device, views=views)
+    return MHATokenToKVPool(plan=plan, spec=spec, device=device, views=views)
 
 
 def build_worker_pools(
@@ -87,14 +79,16 @@ def build_worker_pools(
     builds the table and allocator; a draft is given the target's. On any failure, drop everything and re-raise it; only the
     device refusing memory (kvcache.memory.out_of_memory) becomes PoolOutOfMemoryError, anything else is a bug."""
     draft = shared_req_to_token_pool is not None
+    slots = plan.worker_slots(draft=draft)
+    check_charged_bytes(plan, slots, draft=draft)  # before a byte is allocated
     arena: Arena | None = None
     views: Views | None = None
     try:
         arena = Arena(plan.arena_bytes(draft=draft), device, backing=backing)
-        views = carve_slots(arena, plan.worker_slots(draft=draft))  # the plan's tensor list, in one pass
+        views = carve_slots(arena, slots)  # the plan's tensor list, in one pass
         pools = _build_in(arena, views, plan, layout, device, allocator_factory, shared_req_to_token_pool,
                           shared_allocator)
-        check_against_plan(pools, views, plan, draft=draft)
+        check_against_plan(pools, views, slots)
     except BaseException as exc:  # whatever failed, nothing built stays allocated
         arena = views = pools = None  # type: ignore[assignment]
         traceback.clear_frames(exc.__traceback__)  # the error keeps no buffer alive
@@ -119,19 +113,13 @@ def _build_in(
 ) -> WorkerPools:
     req_pool = shared_req_to_token_pool
     if req_pool is None:
-        req_pool = ReqToTokenPool(
-            size=plan.max_running_requests, max_context_len=plan.req_to_token_row_width, device=device,
-            with_state_slots=plan.state_pool is not None, views=views,
-        )
-    kv_pools = {g.name: _build_kv_group(g, plan, device, views) for g in layout.kv_groups}
+        req_pool = ReqToTokenPool(slot=plan.req_to_token_slot(), device=device, views=views)
+    kv_pools = {g.name: kv_pool(plan.pool(g.name), g.spec, device=device, views=views) for g in layout.kv_groups}
     window = plan.window_pool(draft=shared_req_to_token_pool is not None)
     state_pool = None
     if layout.state is not None:
         assert plan.state_pool is not None
-        state_pool = RecurrentStatePool(
-            num_slots=plan.state_pool.num_slots, spec=layout.state.spec, layer_ids=layout.state.layer_ids, device=device,
-            views=views,
-        )
+        state_pool = RecurrentStatePool(plan=plan.state_pool, device=device, views=views)
     if shared_allocator is not None:
         allocator = shared_allocator
         token_to_kv_pool = _attention_pool(kv_pools, window, allocator)
@@ -150,10 +138,28 @@ def _build_in(
     )
 
 
-def check_against_plan(pools: WorkerPools, views: Views, plan: MemoryPoolConfig, *, draft: bool) -> None:
-    """The guard: the tensors built are the plan's, name by name (shape and dtype), each the very view carved for
-    it (none allocated on its own), and the arena's size and use are the plan's, or PlanMismatchError."""
-    slots = plan.worker_slots(draft=draft)
+def check_charged_bytes(plan: MemoryPoolConfig, slots: tuple[PlannedSlot, ...], *, draft: bool) -> None:
+    """The one invariant of the arena's bytes that the one-pass carve does not make true: the bytes the plan charges
+    for each buffer (worker_buffers, from bytes per token and per slot: what the planner fit to the budget and
+    arena_bytes sizes the arena by) are the sum of its tensor list's slots (worker_slots: what is carved). Carving
+    the list from an arena of arena_bytes makes the rest equal by construction. PlanMismatchError, naming the
+    buffers, when a plan (built by hand, or decoded from JSON) charges other bytes than its tensors take."""
+    listed: dict[str, int] = {}
+    for s in slots:
+        listed[s.buffer] = listed.get(s.buffer, 0) + s.nbytes
+    charged = plan.worker_buffers(draft=draft)
+    if listed != charged:
+        diff = [k for k in dict.fromkeys([*charged, *listed]) if charged.get(k) != listed.get(k)]
+        raise PlanMismatchError(
+            f"the plan charges other bytes than its tensors take in {len(diff)} of {len(charged)} buffers "
+            "(name: charged, tensors): " + ", ".join(f"{k}: {charged.get(k, 0):,} B, {listed.get(k, 0):,} B" for k in diff[:4])
+        )
+
+
+def check_against_plan(pools: WorkerPools, views: Views, slots: tuple[PlannedSlot, ...]) -> None:
+    """The guard after the build: the tensors the pools and the allocator hold are the plan's, name by name (shape
+    and dtype), each the very view carved for it (none allocated on its own), or PlanMismatchError. The pools check
+    the views they take against their planned slots; an allocator from another factory need not."""
     planned = {t.name: (t.shape, t.dtype) for s in slots for t in s.tensors}
     held = pools.named_tensors()
     built = {name: (tuple(t.shape), dtype_name(t.dtype)) for name, t in held.items()}
@@ -168,13 +174,6 @@ def check_against_plan(pools: WorkerPools, views: Views, plan: MemoryPoolConfig,
         raise PlanMismatchError(
             f"{len(own)} of the KV tensors built are not the views carved from the worker's arena (allocated on their "
             f"own, outside the plan's bytes): {', '.join(own[:4])}"
-        )
-    arena = pools.arena
-    planned_use = sum(s.nbytes for s in slots)
-    if arena.nbytes != plan.arena_bytes(draft=draft) or arena.used != planned_use:
-        raise PlanMismatchError(
-            f"the KV arena holds {arena.used:,} B of buffers in {arena.nbytes:,} B, but the plan has "
-            f"{planned_use:,} B in {plan.arena_bytes(draft=draft):,} B"
         )
 
 

@@ -1,9 +1,11 @@
 """MHATokenToKVPool: K and V buffers per layer for MHA/GQA (and sliding-window) layers.
 
-All layers' buffers are views of one slot of the worker's arena, the pool's planned tensors
-(kvcache.sizing.layer_specs.AttentionSpec.row_tensors over its rows), handed to it by the builder
-(kvcache.pools.planned_views); built alone it carves them from an arena of its own. Methods follow SGLang 0.5.23's KV pool API: a layer is a global layer number or an
-object with `.layer_id` (SGLang passes its RadixAttention layer).
+What it holds is its part of the plan (kvcache.sizing.pool_config.KVPoolPlan: its rows, layers and each
+token's tensors, `slot()`), stated there once; the layer spec it was planned from says how values are stored
+(the KV dtype) and its head counts. The tensors are views of the worker's arena handed to it by the builder
+(kvcache.pools.planned_views), checked against the plan's slot; built alone it carves them from an arena of its
+own. Methods follow SGLang 0.5.23's KV pool API: a layer is a global layer number or an object with `.layer_id`
+(SGLang passes its RadixAttention layer).
 
 Each buffer has size + page_size rows: row (page) 0 absorbs padded writes, so token
 indices 1..size are usable.
@@ -11,44 +13,40 @@ indices 1..size are usable.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
-from kvcache.inputs.dtypes import KVCacheDtype
 from kvcache.pools.codec import CacheTensor, LayerIndex
 from kvcache.pools.planned_views import Views, slots_nbytes, take_views
 from kvcache.sizing.layer_specs import AttentionSpec
-from kvcache.sizing.tensor_plan import PlannedSlot, per_layer
+from kvcache.sizing.pool_config import KVPoolPlan
 
 
 class MHATokenToKVPool:
-    """Per-token K/V for `layer_ids` (global layer numbers), each [rows, kv_heads, head_dim]: the views named
-    `{buffer}.{layer}.k`, `.v` (and FP4's `_scales`) in `views`, or, without views, an arena of its own."""
+    """Per-token K/V of the plan's layers, each [rows, kv_heads, head_dim]: the views named `{buffer}.{layer}.k`,
+    `.v` (and FP4's `_scales`) in `views`, or, without views, an arena of its own. `spec` is the layer spec the
+    plan's row came from (kvcache.sizing.layer_specs.AttentionSpec)."""
 
-    def __init__(
-        self, *, size: int, page_size: int, dtype: KVCacheDtype, kv_heads: int, head_dim: int, v_head_dim: int,
-        layer_ids: Sequence[int], device: torch.device, buffer: str = "kv_full", views: Views | None = None,
-    ) -> None:
-        self.size = size
-        self.page_size = page_size
-        self.dtype = dtype
+    def __init__(self, *, plan: KVPoolPlan, spec: AttentionSpec, device: torch.device, views: Views | None = None) -> None:
+        self.size = plan.num_tokens
+        self.page_size = plan.page_size
+        self.dtype = spec.dtype
         self.device = device
-        self._local = LayerIndex(layer_ids)
+        self._local = LayerIndex(plan.layer_ids)
         self.layer_ids = self._local.layer_ids
         self.layer_num = len(self.layer_ids)
         self.start_layer = self.layer_ids[0] if self.layer_ids else 0
         self.end_layer = self.layer_ids[-1] if self.layer_ids else -1
-        self.head_num, self.head_dim, self.v_head_dim = kv_heads, head_dim, v_head_dim
-        row = AttentionSpec(kv_heads, head_dim, v_head_dim, dtype).row_tensors()
-        self._slot = PlannedSlot(buffer, per_layer(buffer, self.layer_ids, row, size + page_size))
+        self.head_num, self.head_dim, self.v_head_dim = spec.kv_heads, spec.head_dim, spec.v_head_dim
+        self._slot = plan.slot()
         self._views = take_views([self._slot], views, device)
         parts = list(self._views)
         self._k: list[CacheTensor] = []
         self._v: list[CacheTensor] = []
         for _ in self.layer_ids:
-            self._k.append(CacheTensor.take(parts, dtype))
-            self._v.append(CacheTensor.take(parts, dtype))
+            self._k.append(CacheTensor.take(parts, self.dtype))
+            self._v.append(CacheTensor.take(parts, self.dtype))
 
     def get_key_buffer(self, layer_id: Any) -> torch.Tensor:
         return self._k[self._local(layer_id)].read()

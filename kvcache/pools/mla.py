@@ -4,49 +4,45 @@ The first kv_lora_rank elements are the compressed KV (the 'value' view); the re
 is the decoupled RoPE key. DeepSeek-V3.2 (sparse attention) adds per layer the indexer's
 key buffer, [rows, index_row_bytes] of uint8: fp8 keys and their float32 scales; with an fp8
 KV cache its latent is one packed byte row per token (`packed_latent`, kvcache.sizing.dsa_latent).
-The tensors are the views kvcache.sizing.layer_specs.MLASpec.row_tensors plans, handed to it by the
-builder (kvcache.pools.planned_views); built alone it carves them from an arena of its own.
+What it holds is its part of the plan (kvcache.sizing.pool_config.KVPoolPlan.slot(), the rows of
+kvcache.sizing.layer_specs.MLASpec.row_tensors per layer), stated there once; the spec says how the latent is
+stored and how wide its parts are. The views are handed to it by the builder (kvcache.pools.planned_views) and
+checked against the plan's slot; built alone it carves them from an arena of its own.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from kvcache.sizing.dsa_latent import PackedLatentTensor
-from kvcache.inputs.dtypes import KVCacheDtype
 from kvcache.pools.codec import CacheTensor, LayerIndex
 from kvcache.pools.planned_views import Views, slots_nbytes, take_views
 from kvcache.sizing.layer_specs import MLASpec
-from kvcache.sizing.tensor_plan import PlannedSlot, per_layer
+from kvcache.sizing.pool_config import KVPoolPlan
 
 
 class MLATokenToKVPool:
-    """Per-token MLA latents for `layer_ids`; row (page) 0 is padding. `index_head_dim` > 0 (DeepSeek-V3.2)
-    adds the sparse-attention indexer's keys. The views named `{buffer}.{layer}.latent` (`_scales`, `.index_k`)
-    in `views`, or, without views, an arena of its own."""
+    """Per-token MLA latents of the plan's layers; row (page) 0 is padding. A spec with `index_head_dim` > 0
+    (DeepSeek-V3.2) adds the sparse-attention indexer's keys. The views named `{buffer}.{layer}.latent`
+    (`_scales`, `.index_k`) in `views`, or, without views, an arena of its own."""
 
-    def __init__(
-        self, *, size: int, page_size: int, dtype: KVCacheDtype, kv_lora_rank: int, qk_rope_head_dim: int,
-        layer_ids: Sequence[int], device: torch.device, index_head_dim: int = 0, buffer: str = "kv_mla",
-        views: Views | None = None,
-    ) -> None:
-        spec = MLASpec(kv_lora_rank, qk_rope_head_dim, dtype, index_head_dim=index_head_dim)
-        self.size = size
-        self.page_size = page_size
-        self.dtype = dtype
+    def __init__(self, *, plan: KVPoolPlan, spec: MLASpec, device: torch.device, views: Views | None = None) -> None:
+        self.size = plan.num_tokens
+        self.page_size = plan.page_size
+        self.dtype = dtype = spec.dtype
         self.device = device
-        self.kv_lora_rank = kv_lora_rank
-        self.qk_rope_head_dim = qk_rope_head_dim
+        self.kv_lora_rank = spec.kv_lora_rank
+        self.qk_rope_head_dim = spec.qk_rope_head_dim
         self.packed_latent = packed_latent = spec.packed_latent
         self.index_row_bytes = spec.index_bytes_per_token  # 0 unless DSA: the indexer's per-token key row
-        self._local = LayerIndex(layer_ids)
+        self._local = LayerIndex(plan.layer_ids)
         self.layer_ids = self._local.layer_ids
         self.layer_num = len(self.layer_ids)
         self.start_layer = self.layer_ids[0] if self.layer_ids else 0
         self.end_layer = self.layer_ids[-1] if self.layer_ids else -1
-        self._slot = PlannedSlot(buffer, per_layer(buffer, self.layer_ids, spec.row_tensors(), size + page_size))
+        self._slot = plan.slot()
         self._views = take_views([self._slot], views, device)
         parts = list(self._views)
         self._kv: list[CacheTensor | PackedLatentTensor] = []
@@ -56,7 +52,7 @@ class MLATokenToKVPool:
                 self._kv.append(CacheTensor.take(parts, dtype))
             else:
                 self._kv.append(PackedLatentTensor(parts.pop(0), packed_latent))
-            if index_head_dim:
+            if self.index_row_bytes:
                 self._index.append(parts.pop(0))
 
     def _buffer(self, layer_id: Any) -> CacheTensor | PackedLatentTensor:

@@ -4,9 +4,10 @@ Row 0 is padding (never handed out: CUDA-graph padded batches point at it). Hybr
 models also map each row to its recurrent-state slot (`req_to_state_slot`). The API
 is SGLang 0.5.23's: alloc(reqs) binds a row to each request that has none (a chunked
 request keeps its row), free(req) unbinds it, write(indices, values) stores indices.
-Ours also refuses a double free and a row out of range, on the host at no device cost. Its tensors are
-the views of the plan's request-table slot (kvcache.sizing.pool_config.request_table_slot), handed to it by
-the builder (kvcache.pools.planned_views); built alone it carves them from an arena of its own.
+Ours also refuses a double free and a row out of range, on the host at no device cost. What it holds is the
+plan's request-table slot (kvcache.sizing.pool_config.request_table_slot), stated there once: its rows, width and
+state column are read from it. The views are handed to it by the builder (kvcache.pools.planned_views) and checked
+against that slot; built alone it carves them from an arena of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from kvcache.pools.held_slots import release_held
 from kvcache.pools.planned_views import Views, slots_nbytes, take_views
-from kvcache.sizing.pool_config import request_table_slot
+from kvcache.sizing.tensor_plan import PlannedSlot
 
 
 def kv_record(req: Any) -> Any:
@@ -31,22 +32,22 @@ def holds_row(req: Any) -> bool:
 
 
 class ReqToTokenPool:
-    """`size` request rows (plus the padding row) of `max_context_len` token indices: the views named
-    `req_to_token.table` (and `.state_slot`) in `views`, or, without views, an arena of its own."""
+    """The request table `slot` plans (MemoryPoolConfig.req_to_token_slot): `size` request rows plus the padding
+    row of `max_context_len` token indices, the views named `req_to_token.table` (and `.state_slot`) in `views`,
+    or, without views, an arena of its own."""
 
     pre_alloc_size = 0  # SGLang 0.5.23: extra rows only its disaggregated-decode pool has
     enable_mamba_extra_buffer_lazy = False
 
-    def __init__(self, *, size: int, max_context_len: int, device: torch.device, with_state_slots: bool = False,
-                 views: Views | None = None) -> None:
-        self.size = size
-        self.max_context_len = max_context_len
+    def __init__(self, *, slot: PlannedSlot, device: torch.device, views: Views | None = None) -> None:
+        rows, self.max_context_len = slot.tensors[0].shape
+        self.size = rows - 1
         self.device = device
-        self._slot = request_table_slot(size, max_context_len, with_state_slots)
-        self._views = parts = take_views([self._slot], views, device)
+        self._slot = slot
+        self._views = parts = take_views([slot], views, device)
         self.req_to_token = parts[0]
-        self.req_to_state_slot = parts[1] if with_state_slots else None
-        self.req_generation = torch.zeros(size + 1, dtype=torch.int64)  # host; +1 per reuse, never reset
+        self.req_to_state_slot = parts[1] if len(parts) > 1 else None
+        self.req_generation = torch.zeros(rows, dtype=torch.int64)  # host; +1 per reuse, never reset
         self._on_alloc_rows: Callable[[list[int]], None] | None = None
         self.clear()
 

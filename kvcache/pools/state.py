@@ -1,43 +1,38 @@
 """RecurrentStatePool: per-request conv and SSM state for Mamba-2 / gated-delta-net layers.
 
 Slot 0 is padding; a request holds `slots_per_request` slots (more than one when a
-radix cache keeps states of shared prefixes). Its tensors are the views of the plan's state slot
-(RecurrentStateSpec.slot_tensors per layer), handed to it by the builder (kvcache.pools.planned_views);
+radix cache keeps states of shared prefixes). What it holds is the plan's state pool
+(kvcache.sizing.pool_config.StatePoolPlan.arena_slot(): each layer's SSM and conv tensors over its slots), stated
+there once; the views are handed to it by the builder (kvcache.pools.planned_views) and checked against that slot;
 built alone it carves them from an arena of its own.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 
-from kvcache.sizing.layer_specs import RecurrentStateSpec
 from kvcache.pools.codec import LayerIndex
 from kvcache.pools.held_slots import release_held
 from kvcache.pools.planned_views import Views, slots_nbytes, take_views
-from kvcache.sizing.tensor_plan import PlannedSlot, per_layer
-
-STATE_BUFFER = "state"  # the plan's name of the state pool's slot, and the prefix of its tensors
+from kvcache.sizing.pool_config import StatePoolPlan
 
 
 class RecurrentStatePool:
     """`num_slots` slots (padding included) of every state layer's conv and SSM tensors: the views named
     `state.{layer}.ssm` and `.conv` in `views`, or, without views, an arena of its own."""
 
-    def __init__(self, *, num_slots: int, spec: RecurrentStateSpec, layer_ids: Sequence[int], device: torch.device,
-                 views: Views | None = None) -> None:
-        self.num_slots = num_slots
-        self.spec = spec
+    def __init__(self, *, plan: StatePoolPlan, device: torch.device, views: Views | None = None) -> None:
+        self.num_slots = plan.num_slots
         self.device = device
-        self._local = LayerIndex(layer_ids)
+        self._local = LayerIndex(plan.layer_ids)
         self.layer_ids = self._local.layer_ids
-        self._slot = PlannedSlot(STATE_BUFFER, per_layer(STATE_BUFFER, self.layer_ids, spec.slot_tensors(), num_slots))
-        self._views = parts = take_views([self._slot], views, device)  # every layer's SSM then conv (the wider dtype first)
-        self.ssm: list[torch.Tensor] = parts[0::2]
-        self.conv: list[torch.Tensor] = parts[1::2]
-        self._free: list[int] = list(range(num_slots - 1, 0, -1))
-        self._held = bytearray(num_slots)
+        self._slot = plan.arena_slot()
+        self._views = take_views([self._slot], views, device)
+        planned = list(zip(self._slot.tensors, self._views))  # layer by layer, each view by its planned tensor's name
+        self.ssm: list[torch.Tensor] = [v for t, v in planned if t.name.endswith(".ssm")]
+        self.conv: list[torch.Tensor] = [v for t, v in planned if t.name.endswith(".conv")]
+        self._free: list[int] = list(range(self.num_slots - 1, 0, -1))
+        self._held = bytearray(self.num_slots)
 
     def get_state(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(conv, ssm) buffers of one layer, indexed by slot."""

@@ -55,6 +55,14 @@ class KVPoolDemand(msgspec.Struct, frozen=True, kw_only=True):
     layer_ids: tuple[int, ...] = ()  # the layers it holds, and one token's tensors in each (from the layer spec);
     row: tuple[PlannedTensor, ...] = ()  # empty only for a demand written by hand with its bytes alone
 
+    def sized(self, num_tokens: int, page_size: int) -> KVPoolPlan:
+        """This pool holding `num_tokens` tokens in pages of `page_size`: its part of a plan."""
+        return KVPoolPlan(
+            name=self.name, kind=self.kind, num_layers=self.num_layers, bytes_per_token=self.bytes_per_token,
+            num_tokens=num_tokens, page_size=page_size, holds_every_token=self.share == "all",
+            layer_ids=self.layer_ids, row=self.row,
+        )
+
 
 class StateDemand(msgspec.Struct, frozen=True, kw_only=True):
     """Recurrent state to size: bytes of one slot (all this rank's state layers) and how slots are shared."""
@@ -66,6 +74,13 @@ class StateDemand(msgspec.Struct, frozen=True, kw_only=True):
     max_slots: int | None = None  # usable slots asked for (max_mamba_cache_size)
     layer_ids: tuple[int, ...] = ()  # the state layers, and one slot's tensors in each (from the layer spec)
     slot: tuple[PlannedTensor, ...] = ()
+
+    def sized(self, num_slots: int) -> StatePoolPlan:
+        """This state in `num_slots` slots (padding slot included): its part of a plan."""
+        return StatePoolPlan(
+            num_layers=self.num_layers, bytes_per_slot=self.bytes_per_slot, num_slots=num_slots,
+            slots_per_request=self.slots_per_request, layer_ids=self.layer_ids, slot=self.slot,
+        )
 
 
 class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,21 +135,8 @@ def running_requests(req: PlanRequest, tokens: int, state_slots: int) -> int:
 def candidate_plan(req: PlanRequest, tokens: int, state_slots: int) -> MemoryPoolConfig:
     """The plan for `tokens` tokens in the pools that hold every token (fitting or not)."""
     page = req.page_size
-    pools = tuple(
-        KVPoolPlan(
-            name=p.name, kind=p.kind, num_layers=p.num_layers, bytes_per_token=p.bytes_per_token,
-            num_tokens=_pool_tokens(req, p, tokens), page_size=page, holds_every_token=p.share == "all",
-            layer_ids=p.layer_ids, row=p.row,
-        )
-        for p in req.kv_pools
-    )
-    state_plan = None
-    if req.state is not None:
-        state_plan = StatePoolPlan(
-            num_layers=req.state.num_layers, bytes_per_slot=req.state.bytes_per_slot,
-            num_slots=state_slots, slots_per_request=req.state.slots_per_request,
-            layer_ids=req.state.layer_ids, slot=req.state.slot,
-        )
+    pools = tuple(p.sized(_pool_tokens(req, p, tokens), page) for p in req.kv_pools)
+    state_plan = req.state.sized(state_slots) if req.state is not None else None
     return MemoryPoolConfig(
         budget=req.budget, page_size=page, context_length=req.context_length,
         max_total_num_tokens=tokens, max_running_requests=running_requests(req, tokens, state_slots),

@@ -23,7 +23,7 @@ DRAFT_POOL_PREFIX = "draft_"  # a draft worker's pools, which the target's plan 
 REQ_TO_TOKEN_ELEMENT_BYTES = 4  # int32 token indices (tests check the table's bytes against it)
 
 
-def request_table_slot(requests: int, row_width: int, with_state_slots: bool) -> PlannedSlot:
+def request_table_slot(requests: int, row_width: int, with_state_slots: bool = False) -> PlannedSlot:
     """The request table: int32 token indices per row (row 0 is padding), and for a hybrid model each row's
     state slot (kvcache.pools.req_to_token takes these)."""
     rows = requests + 1
