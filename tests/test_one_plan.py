@@ -6,10 +6,14 @@ from __future__ import annotations
 import gc
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 
+from kvcache.allocators.factory import allocator_for_plan
 from kvcache.memory import device_buffers
+from kvcache.pools.builder import build_worker_pools
+from kvcache.sizing.pool_layout import CacheLayout, KVPoolGroup
 from kvcache.allocators import TokenToKVPoolAllocator
 from kvcache.byte_units import GiB, MiB
 from kvcache.memory.device_buffers import Arena, arena_size
@@ -109,6 +113,25 @@ def test_the_guard_refuses_a_build_that_differs_from_the_plan(make_engine: Any, 
         engine.target.configurator().configure(pre_model_load_memory=GiB)
     gc.collect()
     assert census.made >= 1 and census.alive() == 0  # the arena, and every view of it, is gone
+
+
+def test_a_plan_that_charges_other_bytes_than_its_tensors_take_is_refused_before_any_arena() -> None:
+    """What the carve does not make true: the bytes the plan charges (from bytes per token) are its tensor list's.
+    A plan decoded or built by hand that charges 258 B a token for tensors of 256 B is refused, naming both."""
+    from tests.test_planning import request
+
+    spec = FullAttentionSpec(2, 16, 16, KV_CACHE_DTYPES["bfloat16"])  # 2 layers x (K + V) x 2 x 16 x 2 B = 256 B
+    group = KVPoolGroup(name="full", spec=spec, layer_ids=(0, 1), paired_with_full=False)
+    plan = candidate_plan(request(64 * MiB, (group.demand(),), max_running_requests=4), 1000, 0)
+    wrong = msgspec.structs.replace(plan, kv_pools=(msgspec.structs.replace(plan.pool("full"), bytes_per_token=258),))
+    with ArenaCensus().installed() as census, pytest.raises(PlanMismatchError) as refused:
+        build_worker_pools(plan=wrong, layout=CacheLayout(kv_groups=(group,)), device=META,
+                           allocator_factory=allocator_for_plan)
+    # 1,001 rows (1,000 tokens + the padding row): 258,258 B -> 258,560 B charged; 256,256 B -> 256,512 B of tensors
+    assert str(refused.value) == ("the plan charges other bytes than its tensors take in 1 of 3 buffers (name: charged, "
+                                  "tensors): kv_full: 258,560 B, 256,512 B")
+    assert census.made == 0
+    build_worker_pools(plan=plan, layout=CacheLayout(kv_groups=(group,)), device=META, allocator_factory=allocator_for_plan)
 
 
 def test_an_arena_refuses_a_buffer_beyond_its_size() -> None:

@@ -1,9 +1,9 @@
 """From the plan's tensor list to the views pools and allocators hold: the one road from layout to bytes.
 
 The builder carves a worker's planned slots (MemoryPoolConfig.worker_slots) from its arena in one pass
-(`carve_slots`) and hands each pool and allocator the views of its names. A pool or allocator takes the views
-it is given (`take_views`), checked against the planned tensors it asked the plan's functions for, and
-computes no shape or dtype of its own. One built outside a worker (a test, a benchmark, the fresh allocator
+(`carve_slots`) and hands each pool and allocator the views of its names. A pool takes its part of the plan (a
+KVPoolPlan, the StatePoolPlan, the request-table slot) as the one statement of what it holds, and the views it is
+given (`take_views`) are checked against that part's planned slot; it computes no shape or dtype of its own. One built outside a worker (a test, a benchmark, the fresh allocator
 of a resize) is given nothing and carves its planned slots from an arena of its own (`standalone_views`).
 """
 
