@@ -243,6 +243,7 @@ class ModelRunner:
             parallel_state=self.parallel_state, memory_probe=self.memory_probe,
             pre_model_load_memory=self.pre_model_load_memory or 0,
             captured_max_bs=self.graph_capture.max_bs if self.graph_capture else 0,
+            allocator_factory=configurator.allocator_factory,
         )
         self._kv_cache = msgspec.structs.replace(
             self.kv_cache, memory_pool_config=resize.after, token_to_kv_pool_allocator=allocator,

@@ -34,14 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from app.cli import main  # noqa: E402
-from app.forward import graphs, measured_sizing  # noqa: E402
-from app import model_runner  # noqa: E402
+from app.forward import graphs  # noqa: E402
+from kvcache.runtime import live_resize  # noqa: E402
 from kvcache.testing.arena_census import ArenaCensus  # noqa: E402
 from kvcache.testing.faults import FaultInjector  # noqa: E402
 from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG  # noqa: E402
 
-ENGINE_HOOKS = ((graphs.DecodeGraphs, "capture", "graph_capture"), (model_runner, "apply_post_capture_resize", "resize"),
-                (measured_sizing, "resize_pools", "resize"))
+# Every resize (post-capture, and both of the measured sizing's) takes kvcache.runtime.live_resize; its fault fails the
+# mapping step, after the allocator was swapped, so a faulted start also checks the undo of the swap.
+ENGINE_HOOKS = ((graphs.DecodeGraphs, "capture", "graph_capture"), (live_resize, "map_to_targets", "resize"))
 
 
 def configurations(device: str, model: str) -> dict[str, list[str]]:

@@ -1,4 +1,4 @@
-"""Applying a resize on CPU: the smaller allocator keeps exactly the tokens in use; live tokens in the tail refuse it."""
+"""Applying a resize on CPU: the new allocator keeps exactly the tokens in use; live tokens in the tail refuse it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec
 from kvcache.testing.pool_plans import standalone_kv_pool
 from kvcache.errors import VmmError
 from kvcache.runtime.shrink import (
-    LiveTokensInTailError, complement, pool_buffers, released_address_ranges, shrink_allocator,
+    LiveTokensInTailError, carry_tokens_in_use, complement, pool_buffers, released_address_ranges,
 )
 
 CPU = torch.device("cpu")
@@ -29,8 +29,8 @@ def _allocator(size: int, page: int):  # type: ignore[no-untyped-def]
 def test_the_smaller_allocator_keeps_the_tokens_in_use_and_frees_the_rest(page):
     old = _allocator(64 * page, page)
     held = old.alloc(8 * page)  # the first 8 pages of a fresh allocator
-    shrink = shrink_allocator(old, 32 * page)
-    smaller = shrink.allocator
+    swap = carry_tokens_in_use(old, _allocator(32 * page, page))
+    smaller = swap.allocator
     assert old.available_size() == 0  # drained until the resize commits or is undone
     assert smaller.size == 32 * page and smaller.available_size() == 24 * page
     rest = smaller.alloc(24 * page)
@@ -39,17 +39,20 @@ def test_the_smaller_allocator_keeps_the_tokens_in_use_and_frees_the_rest(page):
     assert smaller.alloc(page) is None
     smaller.free(held)  # what was in use is in use in the new allocator, so it can be freed once
     assert smaller.available_size() == 8 * page
-    shrink.undo()
+    swap.undo()
     assert old.available_size() == 56 * page
 
 
 @pytest.mark.parametrize("page", [1, 16])
-def test_the_smaller_allocator_addresses_the_same_kv_pool(page):
-    """SGLang's callers reach the pool through the allocator (get_kvcache): the rebuilt one answered None."""
-    pool = object()
-    old = (TokenToKVPoolAllocator(size=64 * page, device=CPU, kvcache=pool) if page == 1 else
-           PagedTokenToKVPoolAllocator(size=64 * page, page_size=page, device=CPU, kvcache=pool))
-    assert shrink_allocator(old, 32 * page).allocator.get_kvcache() is pool
+def test_a_larger_allocator_keeps_the_tokens_in_use_and_frees_the_rest_and_every_grown_page(page):
+    old = _allocator(32 * page, page)
+    held = old.alloc(8 * page)
+    larger = carry_tokens_in_use(old, _allocator(64 * page, page)).allocator
+    assert old.available_size() == 0 and larger.available_size() == 56 * page
+    rest = larger.alloc(56 * page)
+    assert sorted(rest.tolist() + held.tolist()) == list(range(page, 65 * page))  # pages 1..64, each once
+    larger.free(held)
+    assert larger.available_size() == 8 * page
 
 
 @pytest.mark.parametrize("page", [1, 16])
@@ -57,7 +60,7 @@ def test_live_tokens_in_the_tail_refuse_the_resize_and_change_nothing(page):
     old = _allocator(64 * page, page)
     old.alloc(40 * page)  # pages 1..40: pages 33..40 would be cut off
     with pytest.raises(LiveTokensInTailError, match=f"{8 * page} KV tokens in use lie past token {32 * page}"):
-        shrink_allocator(old, 32 * page)
+        carry_tokens_in_use(old, _allocator(32 * page, page))
     assert old.available_size() == 24 * page and old.size == 64 * page
 
 
@@ -76,12 +79,13 @@ def test_each_pool_buffer_keeps_its_first_rows():
 
 
 class FakeAllocation:
-    """Stands in for a VmmAllocation over a CPU pool's one storage: records what keep_only is asked to keep."""
+    """Stands in for a VmmAllocation over a CPU pool's one storage: records what it is told to map and keep."""
 
     granularity = 4096
 
     def __init__(self, storage: torch.UntypedStorage, fails: bool = False, remap_fails: bool = False) -> None:
         self.base, self.reserved = storage.data_ptr(), storage.nbytes()
+        self.mapped_ranges: list[tuple[int, int]] = [(0, self.reserved)]
         self.kept: list[tuple[int, int]] = []
         self.fails = fails
         self.remap_fails = remap_fails
@@ -90,17 +94,21 @@ class FakeAllocation:
 
     def keep_only(self, ranges):  # type: ignore[no-untyped-def]
         self.calls.append("keep_only")
-        if self.fails:  # a VmmAllocation that fails maps everything again itself
+        if self.fails:  # a VmmAllocation that fails maps everything again itself (unless that fails too)
+            if self.remap_fails:
+                self.mapped_ranges, self.released = list(ranges), self.reserved - sum(e - s for s, e in ranges)
+                raise VmmError("cuMemCreate failed: out of memory (injected, mapping back)")
             raise VmmError("cuMemCreate failed: out of memory (injected)")
-        self.kept = list(ranges)
+        self.kept = self.mapped_ranges = list(ranges)
         self.released = self.reserved - sum(e - s for s, e in ranges)
         return self.released
 
-    def map_unmapped(self) -> int:
-        self.calls.append("map_unmapped")
+    def map_within(self, ranges) -> int:  # type: ignore[no-untyped-def]
+        self.calls.append("map_within")
         if self.remap_fails:
             raise VmmError("cuMemCreate failed: out of memory (injected, mapping back)")
-        mapped, self.released, self.kept = self.released, 0, []
+        assert ranges == [(0, self.reserved)]  # what the resize maps back: all of it, as it was
+        mapped, self.released, self.kept, self.mapped_ranges = self.released, 0, [], [(0, self.reserved)]
         return mapped
 
 
@@ -150,6 +158,7 @@ def test_applying_a_resize_shrinks_the_allocator_and_keeps_each_buffers_first_ro
     assert resize.headroom_bytes == headroom and resize.changed
     assert resize.after.total_bytes <= before.total_bytes + 40 * 1024 * 1024 - headroom
     assert allocator.size == resize.tokens_after == kv.token_to_kv_pool.size
+    assert allocator.get_kvcache() is kv.token_to_kv_pool  # SGLang's callers reach the pool through it
     assert allocator.available_size() == resize.tokens_after - 64
     allocator.free(held)  # still in use in the new allocator
     rows = resize.tokens_after + 16
@@ -185,7 +194,7 @@ def test_a_failure_to_map_back_still_gives_the_old_allocator_its_free_tokens(mak
     backing = FakeBacking(kv.token_to_kv_pool, fails=True, remap_fails=True)
     with pytest.raises(VmmError, match="injected"):
         _apply(engine, runner, probe, backing)
-    assert old.available_size() == free and backing.allocation.calls == ["keep_only", "map_unmapped"]
+    assert old.available_size() == free and backing.allocation.calls == ["keep_only", "map_within"]
 
 
 def test_on_the_cpu_the_knob_changes_nothing_and_bootstrap_neither_captures_nor_resizes(make_engine):

@@ -103,6 +103,6 @@ def test_a_rank_that_fails_to_release_makes_every_rank_map_back_and_keep_its_all
     assert rank0["error"] == rank1["error"]
     kind, message = rank0["error"]
     assert kind == "VmmError" and message.startswith("rank 1 (tp 1/2, pp 0/1): cuMemCreate failed")
-    assert rank0["calls"] == ["keep_only", "map_unmapped"]  # rank 0 released, then mapped it back
+    assert rank0["calls"] == ["keep_only", "map_within"]  # rank 0 released, then mapped it back
     for rank in (rank0, rank1):
         assert rank["free"][0] == rank["free"][1] and rank["pool_size"][0] == rank["pool_size"][1]

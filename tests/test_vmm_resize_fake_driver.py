@@ -19,15 +19,16 @@ import app.forward.measured_sizing as measured_sizing
 import app.model_runner as model_runner
 from app.forward.graphs import GraphCapture
 from app.forward.measured_sizing import resize_pools
-from app.forward.post_capture import kept_ranges
 from containers import EngineContainer
 from kvcache.allocators.factory import allocator_for_plan
 from kvcache.byte_units import GiB, MiB
 from kvcache.errors import PoolOutOfMemoryError, VmmError
+from kvcache.inputs.rank_agreement import RankAgreement
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.memory.device_buffers import Arena
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.memory.vmm_storage import VmmAllocation, VmmBacking
+from kvcache.runtime.live_resize import mapping_targets
 from kvcache.runtime.measured_headroom import StepPeak
 from kvcache.runtime.resize import resized_plan_request
 from kvcache.runtime.shrink import pool_buffers
@@ -242,7 +243,8 @@ def test_resize_pools_shrinks_then_grows_back_in_the_same_addresses(make_engine:
     _mark_first_bytes(buffers, kept_bytes)
     kv.req_to_token_pool.req_to_token.fill_(7)
 
-    down = resize_pools(kv_cache=kv, backing=backing, plan=smaller, allocator_factory=allocator_for_plan)
+    down = resize_pools(kv_cache=kv, backing=backing, plan=smaller, allocator_factory=allocator_for_plan,
+                        ranks=RankAgreement.alone())
 
     row = buffers[0][0].nbytes
     tails = len(buffers) * (built.max_total_num_tokens - smaller.max_total_num_tokens) * row
@@ -253,7 +255,8 @@ def test_resize_pools_shrinks_then_grows_back_in_the_same_addresses(make_engine:
     assert _marked(buffers, kept_bytes)
     assert bool((kv.req_to_token_pool.req_to_token == 7).all())
 
-    up = resize_pools(kv_cache=kv, backing=backing, plan=built, allocator_factory=allocator_for_plan)
+    up = resize_pools(kv_cache=kv, backing=backing, plan=built, allocator_factory=allocator_for_plan,
+                      ranks=RankAgreement.alone())
 
     assert memory.physical_bytes == allocation.mapped_bytes == allocation.reserved == built.arena_bytes()
     assert up.size == built.max_total_num_tokens == kv.token_to_kv_pool.size
@@ -269,8 +272,9 @@ def test_a_buffer_with_no_rows_to_release_releases_nothing_even_at_the_allocatio
     flat = backing(2 * G, torch.device("cpu"))  # the fake's allocation lives as long as this tensor (an arena's)
     buffer = flat.view(2, G)  # two rows of one granule: the whole allocation
     (allocation,) = backing.allocations
-    assert kept_ranges(backing, [buffer], 1) == [(allocation, [(0, G)])]
-    assert kept_ranges(backing, [buffer], 2) == []  # was: KeyError, the empty tail's address is in no allocation
+    assert mapping_targets(backing, [buffer], 1) == [(allocation, [(0, G)])]
+    assert mapping_targets(backing, [buffer], 2) == [(allocation, [(0, 2 * G)])]  # was: KeyError, the empty tail's
+    # address is in no allocation
 
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory (injected)"),

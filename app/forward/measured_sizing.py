@@ -10,7 +10,8 @@ The pools were built for the higher (post-capture) fraction on VMM storage. In o
 4. decide the token count (peak + margin left free; the static plan's tokens at least unless they
    would run out of memory at the step; every rank the smallest), and grow (map the reserved
    addresses again) or shrink (release tails) the pools to it, with a fresh allocator.
-No request may hold tokens while this runs (it is part of the bootstrap).
+Both resizes take kvcache.runtime.live_resize, the post-capture resize's road too: on every rank or
+on none. It runs in the bootstrap, before any request holds tokens.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from typing import Any, Callable
 
 import torch
 
-from app.forward.post_capture import kept_ranges
 from kvcache.configurator import KVCacheConfigResult
-from kvcache.errors import KVCacheError
+from kvcache.inputs.rank_agreement import RankAgreement
 from kvcache.memory.vmm_storage import VmmBacking
+from kvcache.pools.allocator_protocol import AllocatorFactory
+from kvcache.runtime.live_resize import resize_live_pools
 from kvcache.runtime.measured_headroom import StepPeak, WorstCaseStep
 from kvcache.runtime.shrink import pool_buffers
 from kvcache.sizing.pool_config import MemoryPoolConfig
@@ -63,23 +65,11 @@ def measure_worst_case(step: WorstCaseStep, device: torch.device) -> tuple[StepP
 
 
 def resize_pools(*, kv_cache: KVCacheConfigResult, backing: VmmBacking, plan: MemoryPoolConfig,
-                 allocator_factory: Callable[..., Any]) -> Any:
+                 allocator_factory: AllocatorFactory, ranks: RankAgreement) -> Any:
     """The pools addressed by `plan`'s tokens (each buffer's first rows mapped, the rest of its reserved
-    addresses released) and a fresh allocator for them. Refused while any token is in use."""
-    pool = kv_cache.token_to_kv_pool
-    allocator = kv_cache.token_to_kv_pool_allocator
-    if allocator.available_size() != allocator.size:
-        raise KVCacheError(f"{allocator.size - allocator.available_size()} KV tokens are in use; the pools are "
-                           "sized before requests run")
-    buffers = pool_buffers(pool)
-    rows = plan.max_total_num_tokens + plan.page_size
-    kept = {id(a): (a, ranges) for a, ranges in kept_ranges(backing, buffers, rows)}
-    for allocation in backing.allocations:  # an allocation with no tail past `rows` keeps (and maps) it all
-        allocation.map_within(kept.get(id(allocation), (allocation, [(0, allocation.reserved)]))[1])
-    for allocation, ranges in kept.values():
-        allocation.keep_only(ranges)
-    pool.size = plan.max_total_num_tokens
-    return allocator_factory(plan=plan, device=allocator.device, kvcache=pool)
+    addresses released) and a fresh allocator for them, on every rank or on none (a collective)."""
+    return resize_live_pools(pool=kv_cache.token_to_kv_pool, allocator=kv_cache.token_to_kv_pool_allocator,
+                             backing=backing, plan=plan, ranks=ranks, allocator_factory=allocator_factory).allocator
 
 
 def static_plan(configurator: Any, built: MemoryPoolConfig) -> MemoryPoolConfig:
@@ -112,8 +102,8 @@ def size_from_worst_case(runner: Any, configurator: Any, make_step: Callable[...
     backing, settings, ranks = runner._vmm_backing, configurator.settings, runner.parallel_state.agreement
     built = runner.memory_pool_config
     static = static_plan(configurator, built)
-    runner.replace_kv_plan(static, ranks.run_everywhere(lambda: resize_pools(
-        kv_cache=runner.kv_cache, backing=backing, plan=static, allocator_factory=configurator.allocator_factory)))
+    runner.replace_kv_plan(static, resize_pools(kv_cache=runner.kv_cache, backing=backing, plan=static,
+                                                allocator_factory=configurator.allocator_factory, ranks=ranks))
     capture = runner.capture_decode_graphs()
     total = runner.memory_probe.total_bytes()
     margin = measured_margin_bytes(total)
@@ -140,8 +130,8 @@ def size_from_worst_case(runner: Any, configurator: Any, make_step: Callable[...
         mapping_slack_bytes=slack))
     (agreed,) = ranks.min_int64((after.max_total_num_tokens,))
     after = ranks.run_everywhere(lambda: agreed_plan(after, built, agreed))
-    runner.replace_kv_plan(after, ranks.run_everywhere(lambda: resize_pools(
-        kv_cache=runner.kv_cache, backing=backing, plan=after, allocator_factory=configurator.allocator_factory)))
+    runner.replace_kv_plan(after, resize_pools(kv_cache=runner.kv_cache, backing=backing, plan=after,
+                                               allocator_factory=configurator.allocator_factory, ranks=ranks))
     torch.cuda.empty_cache()
     return MeasuredSizing(steps=peaks, graph_bytes=capture.bytes_taken, margin_bytes=margin,
                           tokens_built=built.max_total_num_tokens, static_tokens=static.max_total_num_tokens,

@@ -136,6 +136,12 @@ class FreeListAllocator(SharedAllocatorAPI):
         return self.size
 
     @property
+    def check_frees(self) -> bool:
+        """Whether every free is checked id by id (a double free is named), as built: a resize's fresh allocator
+        is asked for the same, or double frees after it would pass unseen."""
+        return self._checking
+
+    @property
     def page_size(self) -> int:
         return self._page_size
 

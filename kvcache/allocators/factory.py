@@ -20,16 +20,18 @@ from kvcache.sizing.pool_config import MemoryPoolConfig
 
 
 def allocator_for_plan(*, plan: MemoryPoolConfig, device: torch.device, kvcache: Any = None,
-                       views: Views | None = None) -> TokenAllocator:
+                       views: Views | None = None, check_frees: bool = False) -> TokenAllocator:
     """The allocator over the plan's token rows: SWA-paired, token-level or paged; `kvcache` is the KV pool
-    its indices address (what get_kvcache() returns); `views` the builder's carve of the plan's tensors."""
+    its indices address (what get_kvcache() returns); `views` the builder's carve of the plan's tensors;
+    `check_frees` checks every free id by id (a resize asks for what the allocator it replaces did)."""
     window = plan.paired_window_pool
     if window is not None:
         return SWATokenToKVPoolAllocator(
             full_size=plan.max_total_num_tokens, swa_size=window.num_tokens, page_size=plan.page_size, device=device,
-            kvcache=kvcache, views=views,
+            check_frees=check_frees, kvcache=kvcache, views=views,
         )
     if plan.page_size == 1:
-        return TokenToKVPoolAllocator(size=plan.max_total_num_tokens, device=device, kvcache=kvcache, views=views)
+        return TokenToKVPoolAllocator(size=plan.max_total_num_tokens, device=device, check_frees=check_frees,
+                                      kvcache=kvcache, views=views)
     return PagedTokenToKVPoolAllocator(size=plan.max_total_num_tokens, page_size=plan.page_size, device=device,
-                                       kvcache=kvcache, views=views)
+                                       check_frees=check_frees, kvcache=kvcache, views=views)

@@ -93,6 +93,11 @@ class SWATokenToKVPoolAllocator(SWAFrees, SWACapacityHooks, SharedAllocatorAPI):
         return self.full_attn_allocator.size
 
     @property
+    def check_frees(self) -> bool:
+        """Whether both sides check every free id by id, as built."""
+        return self._check
+
+    @property
     def size_swa(self) -> int:
         return self.swa_attn_allocator.size
 

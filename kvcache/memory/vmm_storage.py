@@ -77,6 +77,17 @@ class VmmAllocation:
     def mapped_bytes(self) -> int:
         return sum(b.size for b, _ in self._handles.values())
 
+    @property
+    def mapped_ranges(self) -> list[tuple[int, int]]:
+        """The mapped [start, end) offsets, adjacent blocks joined: what a failed resize maps back to exactly."""
+        joined: list[tuple[int, int]] = []
+        for block in self.blocks:
+            if joined and joined[-1][1] == block.offset:
+                joined[-1] = (joined[-1][0], block.end)
+            else:
+                joined.append((block.offset, block.end))
+        return joined
+
     def _map_new(self, block: Block) -> None:
         """Fresh physical memory at `block` (its handle released again if the map fails)."""
         handle = self._vm.create(block.size)

@@ -45,7 +45,8 @@ class AllocatorFactory(Protocol):
     """Builds the allocator a plan calls for (its rows and sizes come from the plan alone); `kvcache` is the
     attention KV pool it addresses, or None when that pool is built after it (a hybrid SWA pool needs the
     allocator's map: the builder then calls the allocator's attach_kvcache). `views` are the builder's carve of
-    the plan's tensors by name (the allocator's `allocator.*` among them); None: it allocates its own."""
+    the plan's tensors by name (the allocator's `allocator.*` among them); None: it allocates its own.
+    `check_frees`: check every free id by id (a resize asks for what the allocator it replaces did)."""
 
     def __call__(self, *, plan: "MemoryPoolConfig", device: torch.device, kvcache: Any = None,
-                 views: "Mapping[str, torch.Tensor] | None" = None) -> TokenAllocator: ...
+                 views: "Mapping[str, torch.Tensor] | None" = None, check_frees: bool = False) -> TokenAllocator: ...

@@ -1,9 +1,10 @@
-"""Applying a resize to live objects: a smaller allocator with the same tokens in use, and each pool's kept bytes.
+"""Applying a resize to live objects: a fresh allocator holding the old one's tokens in use, and each pool's kept bytes.
 
-Only the allocator's public API is used (alloc, free, available_size): the free tokens
-are taken out, checked against the tail, and the in-use set is rebuilt in a smaller
-allocator. Tokens in use past the new size refuse the resize; nothing changes then.
-The taken tokens go back to the old allocator if the resize fails later (`undo`).
+Only the allocator's public API is used (alloc, free, available_size): the free tokens are
+taken out of the old allocator, checked against the new size, and the in-use set is rebuilt
+in the fresh one, smaller or larger. Tokens in use past the new size refuse the resize;
+nothing changes then. The taken tokens go back to the old allocator if the resize fails
+later (`undo`). kvcache.runtime.live_resize applies both to the pools.
 """
 
 from __future__ import annotations
@@ -21,48 +22,42 @@ class LiveTokensInTailError(KVCacheError):
 
 
 @dataclass(frozen=True, slots=True)
-class AllocatorShrink:
-    """A smaller allocator, and the free tokens taken from the old one until the resize commits or is undone."""
+class AllocatorSwap:
+    """The allocator to use from now on, and the free tokens taken from the old one until the resize commits or is
+    undone."""
 
     allocator: Any
     old: Any
-    taken: torch.Tensor | None  # None when the size did not change
+    taken: torch.Tensor
 
     def undo(self) -> None:
-        """The resize failed after the shrink: give the old allocator its free tokens back (drop the smaller one)."""
-        if self.taken is not None:
-            self.old.free(self.taken)
+        """The resize failed after the swap: give the old allocator its free tokens back (drop the new one)."""
+        self.old.free(self.taken)
 
 
-def shrink_allocator(allocator: Any, new_size: int) -> AllocatorShrink:
-    """A new token or paged allocator of `new_size` tokens in which exactly the old in-use tokens are in use.
+def carry_tokens_in_use(old: Any, new: Any) -> AllocatorSwap:
+    """`new` (fresh: every token free, of any size in whole pages) made to hold exactly the tokens `old` has in use.
 
     The old allocator is left with nothing free (a stale holder of it cannot hand out a released
-    slot) until `undo()`; live tokens past `new_size` refuse the shrink and change nothing."""
-    old_size, page = allocator.size, allocator.page_size
-    if new_size == old_size:
-        return AllocatorShrink(allocator=allocator, old=allocator, taken=None)
-    if not 0 < new_size < old_size or new_size % page:
-        raise ValueError(f"a shrink goes from {old_size} to a smaller positive multiple of {page}, not {new_size}")
-    free = allocator.alloc(allocator.available_size())
+    slot) until `undo()`; tokens in use past `new.size` refuse the swap and change nothing."""
+    page = old.page_size
+    if new.page_size != page or new.size % page:
+        raise ValueError(f"the new allocator's {new.size} tokens in pages of {new.page_size} do not continue the old "
+                         f"one's pages of {page}")
+    free = old.alloc(old.available_size())
     assert free is not None
-    kept = free // page <= new_size // page  # page p holds tokens p*page .. p*page+page-1; pages 1..size/page
-    live_in_tail = (old_size - new_size) - int((~kept).sum())
-    if live_in_tail:
-        allocator.free(free)
+    past = free // page > new.size // page  # page p holds tokens p*page .. p*page+page-1; pages 1..size/page
+    live_past = max(old.size - new.size, 0) - int(past.sum())
+    if live_past:
+        old.free(free)
         raise LiveTokensInTailError(
-            f"{live_in_tail} KV tokens in use lie past token {new_size}; shrinking the pool from {old_size} would "
+            f"{live_past} KV tokens in use lie past token {new.size}; shrinking the pool from {old.size} would "
             "drop them. Resize right after CUDA-graph capture, before requests run"
         )
-    from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-
-    device, pool = allocator.device, allocator.get_kvcache()  # the same pool, addressed by fewer tokens
-    smaller: Any = (TokenToKVPoolAllocator(size=new_size, device=device, kvcache=pool) if page == 1 else
-                    PagedTokenToKVPoolAllocator(size=new_size, page_size=page, device=device, kvcache=pool))
-    taken = smaller.alloc(new_size)
-    assert taken is not None
-    smaller.free(free[kept])
-    return AllocatorShrink(allocator=smaller, old=allocator, taken=free)
+    every = new.alloc(new.size)
+    assert every is not None
+    new.free(torch.cat((free[~past], every[every // page > old.size // page])))  # old free ones, and any grown
+    return AllocatorSwap(allocator=new, old=old, taken=free)
 
 
 def pool_buffers(pool: Any) -> list[torch.Tensor]:

@@ -54,9 +54,9 @@ class RecordingAllocator:
 
     @classmethod
     def from_plan(cls, *, plan: MemoryPoolConfig, device: torch.device, kvcache: Any = None,
-                  views: Any = None) -> "RecordingAllocator":
+                  views: Any = None, check_frees: bool = False) -> "RecordingAllocator":
         """The allocator the plan calls for (kvcache.allocators.factory) on the builder's views, wrapped."""
-        return cls(allocator_for_plan(plan=plan, device=device, kvcache=kvcache, views=views))
+        return cls(allocator_for_plan(plan=plan, device=device, kvcache=kvcache, views=views, check_frees=check_frees))
 
     def _record(self, name: str, arg: Any = None) -> None:
         self.calls.append((name, arg))
@@ -133,7 +133,8 @@ class FailingAllocatorFactory:
     def __init__(self, error: BaseException) -> None:
         self.error = error
 
-    def __call__(self, *, plan: MemoryPoolConfig, device: torch.device, kvcache: Any = None, views: Any = None) -> Any:
+    def __call__(self, *, plan: MemoryPoolConfig, device: torch.device, kvcache: Any = None, views: Any = None,
+                 check_frees: bool = False) -> Any:
         raise self.error
 
 
