@@ -1,13 +1,16 @@
 """The CUDA-only resize paths run on the CPU through the fake VMM driver (kvcache.testing.virtual_memory): a
 worker's arena on VmmBacking (the configurator's arena_backing), the post-capture resize and the measured
-sizing's resize_pools releasing KV tails in the same addresses, the fresh allocator carved from an arena of its
-own (not a second VMM arena), and every VMM byte released when the engine goes. Only what needs the device is
-stood in for: the eligibility's device check, graph capture (no graphs on the CPU) and the step's measurement."""
+sizing's resizes releasing KV tails and mapping them again in the same addresses, by the one road
+(kvcache.runtime.live_resize), on one rank and on two (threads agreeing through an InProcessGroup) with a
+failure injected on one of them; the fresh allocator carved from an arena of its own (not a second VMM arena),
+and every VMM byte released when the engine goes. Only what needs the device is stood in for: the eligibility's
+device check, graph capture (no graphs on the CPU) and the step's measurement."""
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import threading
 import weakref
 from typing import Any
 
@@ -20,21 +23,24 @@ import app.model_runner as model_runner
 from app.forward.graphs import GraphCapture
 from app.forward.measured_sizing import resize_pools
 from containers import EngineContainer
+from kvcache.allocators import PagedTokenToKVPoolAllocator
 from kvcache.allocators.factory import allocator_for_plan
 from kvcache.byte_units import GiB, MiB
 from kvcache.errors import PoolOutOfMemoryError, VmmError
+from kvcache.inputs.in_process_group import InProcessGroup
 from kvcache.inputs.rank_agreement import RankAgreement
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.memory.device_buffers import Arena
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.memory.vmm_storage import VmmAllocation, VmmBacking
-from kvcache.runtime.live_resize import mapping_targets
+from kvcache.runtime.live_resize import mapping_targets, resize_live_pools
 from kvcache.runtime.measured_headroom import StepPeak
 from kvcache.runtime.resize import resized_plan_request
-from kvcache.runtime.shrink import pool_buffers
+from kvcache.runtime.shrink import LiveTokensInTailError, pool_buffers
 from kvcache.sizing import worker_sizing
 from kvcache.sizing.planning import plan_pool_sizes
 from kvcache.testing import FixedActivationStep, tiny_model_config
+from kvcache.testing.faults import FaultInjector
 from kvcache.testing.fakes import FailingAllocatorFactory
 from kvcache.testing.virtual_memory import FakeVirtualMemory
 
@@ -224,15 +230,40 @@ def test_the_measured_sizing_resizes_twice_in_the_same_vmm_allocation_with_a_fre
     _every_vmm_byte_released(vmm, watched, scan_tensors=False)  # the first test scans for views left alive
 
 
-def test_resize_pools_shrinks_then_grows_back_in_the_same_addresses(make_engine: Any) -> None:
-    """Measured sizing's two moves on a worker built on the fake driver: down to a smaller plan (tails unmapped,
-    kept rows intact) and back up to the plan it was built for (every byte mapped again, no buffer moved)."""
+@dataclasses.dataclass
+class FakeWorker:
+    """One worker's pools on VMM storage over a fake driver of its own, and the allocator it uses now."""
+
+    memory: FakeVirtualMemory
+    backing: VmmBacking
+    kv: Any
+    allocator: Any = None
+
+    def __post_init__(self) -> None:
+        self.allocator = self.allocator or self.kv.token_to_kv_pool_allocator
+
+    def resize(self, plan: Any, ranks: RankAgreement) -> None:
+        """The one road to `plan`; the allocator it gives is this worker's from then on."""
+        self.allocator = resize_live_pools(pool=self.kv.token_to_kv_pool, allocator=self.allocator,
+                                           backing=self.backing, plan=plan, ranks=ranks,
+                                           allocator_factory=allocator_for_plan).allocator
+
+
+def _pools_on_a_fake_driver(make_engine: Any) -> FakeWorker:
+    """A tiny page-16 worker's pools (a 24 MiB KV budget) built on VMM storage over a fake driver of its own."""
     memory = FakeVirtualMemory(granularity=G, capacity_bytes=GiB)
     backing = VmmBacking(chunk_bytes=64 * G, memory=lambda device: memory)
     engine = make_engine(kv_cache_memory=24 * MiB, page_size=16, max_running_requests=8,
                          probe=FixedMemoryProbe(total_bytes=GiB))
     configurator = dataclasses.replace(engine.target.configurator(), arena_backing=backing)
-    kv = configurator.configure(pre_model_load_memory=GiB)
+    return FakeWorker(memory=memory, backing=backing, kv=configurator.configure(pre_model_load_memory=GiB))
+
+
+def test_resize_pools_shrinks_then_grows_back_in_the_same_addresses(make_engine: Any) -> None:
+    """Measured sizing's two moves on a worker built on the fake driver: down to a smaller plan (tails unmapped,
+    kept rows intact) and back up to the plan it was built for (every byte mapped again, no buffer moved)."""
+    worker = _pools_on_a_fake_driver(make_engine)
+    memory, backing, kv = worker.memory, worker.backing, worker.kv
     built = kv.memory_pool_config
     (allocation,) = backing.allocations
     buffers = pool_buffers(kv.token_to_kv_pool)
@@ -321,3 +352,168 @@ def test_a_post_capture_resize_the_driver_fails_leaves_the_vmm_arena_mapped_and_
     assert runner.token_to_kv_pool.size == size and allocator.available_size() == free
     assert _marked(buffers, 1000) and bool((runner.req_to_token_pool.req_to_token == 7).all())
     engine.shutdown_resources()
+
+
+def _on_two_ranks(step: Any) -> list[Any]:
+    """step(rank, agreement) on two threads that agree through an InProcessGroup: what each returned or raised."""
+    group = InProcessGroup(2)
+    out: list[Any] = [None, None]
+
+    def run(rank: int) -> None:
+        agreement = RankAgreement(group=group, rank=rank, world_size=2, rank_names=("rank 0", "rank 1"))
+        try:
+            out[rank] = step(rank, agreement)
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            out[rank] = exc
+    threads = [threading.Thread(target=run, args=(rank,), daemon=True) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads), "a rank still waits at a collective"
+    return out
+
+
+def _state(worker: FakeWorker) -> tuple[Any, ...]:
+    """What a failed resize must leave as it was: the physical bytes, what is mapped where, the allocator and its
+    free tokens, the pool's size."""
+    (allocation,) = worker.backing.allocations
+    return (worker.memory.physical_bytes, allocation.mapped_ranges, worker.allocator,
+            worker.allocator.available_size(), worker.kv.token_to_kv_pool.size)
+
+
+@pytest.mark.parametrize(("failing", "call", "after"), [
+    ("shrink", "unmap", 3),  # rank 1 fails part-way through releasing its tails (rank 0 released all of its own)
+    ("grow", "create", 1),  # rank 1 fails part-way through mapping its tails again (rank 0 mapped all of its own)
+])
+def test_a_driver_failure_on_one_of_two_ranks_mid_resize_leaves_both_ranks_as_they_were(
+        make_engine: Any, failing: str, call: str, after: int) -> None:
+    """Two ranks resize by the one road: shrink, then grow back, a failure injected on rank 1 in the middle of one
+    of them. Both raise the same typed error, and both keep their allocator (every free token free), their pool
+    size and exactly the mapping they had; the next resize then goes through on both."""
+    workers = [_pools_on_a_fake_driver(make_engine) for _ in range(2)]
+    built = workers[0].kv.memory_pool_config
+    smaller = plan_pool_sizes(resized_plan_request(built, 12 * MiB))
+    kept_bytes = (smaller.max_total_num_tokens + smaller.page_size) * pool_buffers(workers[0].kv.token_to_kv_pool)[0][0].nbytes
+    for worker in workers:
+        worker.allocator.alloc(64)  # a request's tokens, in the first pages: carried into every new allocator
+        _mark_first_bytes(pool_buffers(worker.kv.token_to_kv_pool), kept_bytes)
+    if failing == "grow":
+        assert _on_two_ranks(lambda rank, ranks: workers[rank].resize(smaller, ranks)) == [None, None]
+        assert len(workers[1].backing.allocations[0].mapped_ranges) >= 3  # two tails or more to map back: a middle
+    before = [_state(worker) for worker in workers]
+    workers[1].memory.fail(call, after=after)
+    target = smaller if failing == "shrink" else built
+
+    errors = _on_two_ranks(lambda rank, ranks: workers[rank].resize(target, ranks))
+
+    assert all(isinstance(e, VmmError) for e in errors) and str(errors[0]) == str(errors[1])
+    assert str(errors[0]) == f"rank 1: {call} failed (injected)"
+    assert [_state(worker) for worker in workers] == before
+    assert all(_marked(pool_buffers(worker.kv.token_to_kv_pool), kept_bytes) for worker in workers)
+
+    assert _on_two_ranks(lambda rank, ranks: workers[rank].resize(target, ranks)) == [None, None]
+    for worker in workers:
+        assert worker.allocator.size == target.max_total_num_tokens == worker.kv.token_to_kv_pool.size
+        assert worker.allocator.available_size() == target.max_total_num_tokens - 64
+        assert (worker.memory.physical_bytes == built.arena_bytes()) == (target is built)
+        assert _marked(pool_buffers(worker.kv.token_to_kv_pool), kept_bytes)
+
+
+def test_live_tokens_past_the_new_size_on_one_rank_stop_both_before_either_changes(make_engine: Any) -> None:
+    workers = [_pools_on_a_fake_driver(make_engine) for _ in range(2)]
+    smaller = plan_pool_sizes(resized_plan_request(workers[0].kv.memory_pool_config, 12 * MiB))
+    workers[1].allocator.alloc(workers[1].allocator.available_size())  # rank 1 holds every token
+    before = [_state(worker) for worker in workers]
+
+    errors = _on_two_ranks(lambda rank, ranks: workers[rank].resize(smaller, ranks))
+
+    assert all(isinstance(e, LiveTokensInTailError) for e in errors) and str(errors[0]) == str(errors[1])
+    assert str(errors[0]).startswith("rank 1: ") and "KV tokens in use lie past token" in str(errors[0])
+    assert [_state(worker) for worker in workers] == before
+
+
+def test_a_resized_allocator_still_names_a_double_free(make_engine: Any) -> None:
+    """An allocator built with check_frees (by hand: the plan the builder carves has no is_free flags) gets a
+    fresh one that checks too, from the factory. Before, a shrink built it without, and a request's tokens freed
+    twice while another request held tokens passed unseen (the ids then sat twice in the free list, each to be
+    handed to two requests)."""
+    worker = _pools_on_a_fake_driver(make_engine)
+    pool = worker.kv.token_to_kv_pool
+    worker.allocator = PagedTokenToKVPoolAllocator(size=pool.size, page_size=16, device=pool.device, check_frees=True,
+                                                   kvcache=pool)
+    held = worker.allocator.alloc(32)
+    worker.allocator.alloc(32)  # another request's
+    built = worker.kv.memory_pool_config
+    for plan in (plan_pool_sizes(resized_plan_request(built, 12 * MiB)), built):  # a shrink, then a grow
+        worker.resize(plan, RankAgreement.alone())
+        assert worker.allocator.check_frees
+    worker.allocator.free(held)
+    with pytest.raises(ValueError, match="double free: page 1 is already free"):
+        worker.allocator.free(held)
+
+
+def _post_capture_start(vmm: FakeVmm, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A runner whose start resizes after "capture" (24 MiB free, under the 32 MiB headroom)."""
+    probe = FixedMemoryProbe(total_bytes=CARD)
+    runner = _engine(probe, enable_post_capture_kv_resize=True, kv_headroom="fraction",
+                     mem_fraction_static=0.5).engine().target
+    runner.initialize()
+    probe.note_allocation(probe.free_bytes() - 24 * MiB)
+    _capture_without_graphs(runner, probe)
+    return runner
+
+
+def _measured_start(vmm: FakeVmm, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A runner whose start sizes by a measured 1 MiB step: to the static plan, then to the measured one."""
+    monkeypatch.setattr(measured_sizing, "measure_step", lambda name, run, device: StepPeak(
+        name=name, torch_peak_bytes=MiB, free_drop_bytes=0, lasting_bytes=0))
+    probe = FixedMemoryProbe(total_bytes=GiB)
+    engine = _engine(probe, chunked_prefill_size=256)
+    engine.target.worst_case_step.override(providers.Callable(FixedActivationStep.factory({"prefill_chunk": MiB})))
+    runner = engine.engine().target
+    runner.initialize()
+    _capture_without_graphs(runner, probe)
+    return runner
+
+
+@dataclasses.dataclass(slots=True)
+class NotingInjector(FaultInjector):
+    """A FaultInjector that notes `state()` at each hit of the resize point, before it may fail it."""
+
+    state: Any = None
+    noted: list[Any] = dataclasses.field(default_factory=list)
+
+    def hit(self, point: Any) -> None:
+        if point == "resize":
+            self.noted.append(self.state())
+        FaultInjector.hit(self, point)
+
+
+@pytest.mark.parametrize(("start", "resizes"), [(_post_capture_start, 1), (_measured_start, 2)],
+                         ids=["post-capture", "measured"])
+def test_the_fault_matrix_resize_point_is_hit_by_every_resize_and_a_fault_there_leaves_the_worker_as_it_was(
+        vmm: FakeVmm, monkeypatch: pytest.MonkeyPatch, start: Any, resizes: int) -> None:
+    """benchmarks/gpu_fault_matrix.py fails each hit of its `resize` point on the H200; here, on the fake driver,
+    each start hits it once per resize, and a fault at any hit (after that resize swapped the allocator) leaves
+    the runner's plan, allocator (every token free), pool size and mapped bytes as that resize found them."""
+    from test_bench_gpu_fault_matrix import gpu_fault_matrix
+
+    for at in range(resizes + 1):  # 0: a clean start, counting
+        runner = start(vmm, monkeypatch)
+        (allocation,) = vmm.backings[-1].allocations
+
+        def state() -> tuple[Any, ...]:
+            return (runner.memory_pool_config, runner.token_to_kv_pool_allocator, runner.token_to_kv_pool.size,
+                    allocation.mapped_bytes, allocation.mapped_ranges)
+        injector = NotingInjector(point="resize", at=at, state=state) if at else NotingInjector(state=state)
+        with injector.installed(*gpu_fault_matrix.ENGINE_HOOKS):
+            if not at:
+                runner.start_decode_runtime()
+                assert injector.hits["resize"] == resizes
+                continue
+            with pytest.raises(torch.OutOfMemoryError, match=f"resize #{at}"):
+                runner.start_decode_runtime()
+        assert injector.fired and len(injector.noted) == at
+        assert state() == injector.noted[-1]
+        assert runner.token_to_kv_pool_allocator.available_size() == runner.token_to_kv_pool_allocator.size
