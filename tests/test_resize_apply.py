@@ -64,6 +64,17 @@ def test_live_tokens_in_the_tail_refuse_the_resize_and_change_nothing(page):
     assert old.available_size() == 24 * page and old.size == 64 * page
 
 
+@pytest.mark.parametrize("page", [1, 16])
+def test_a_new_allocator_with_tokens_in_use_is_refused_and_the_old_one_keeps_its_free_tokens(page):
+    old = _allocator(64 * page, page)
+    old.alloc(8 * page)
+    used = _allocator(32 * page, page)
+    used.alloc(page)
+    with pytest.raises(ValueError, match=f"the new allocator has {page} tokens in use; it must be fresh"):
+        carry_tokens_in_use(old, used)
+    assert old.available_size() == 56 * page
+
+
 def test_each_pool_buffer_keeps_its_first_rows():
     fp8 = KV_CACHE_DTYPES["fp8_e4m3"]
     mha = standalone_kv_pool(FullAttentionSpec(2, 8, 8, fp8), tokens=64, page_size=16, layer_ids=range(3))

@@ -394,7 +394,8 @@ def test_a_driver_failure_on_one_of_two_ranks_mid_resize_leaves_both_ranks_as_th
     workers = [_pools_on_a_fake_driver(make_engine) for _ in range(2)]
     built = workers[0].kv.memory_pool_config
     smaller = plan_pool_sizes(resized_plan_request(built, 12 * MiB))
-    kept_bytes = (smaller.max_total_num_tokens + smaller.page_size) * pool_buffers(workers[0].kv.token_to_kv_pool)[0][0].nbytes
+    row = pool_buffers(workers[0].kv.token_to_kv_pool)[0][0].nbytes
+    kept_bytes = (smaller.max_total_num_tokens + smaller.page_size) * row
     for worker in workers:
         worker.allocator.alloc(64)  # a request's tokens, in the first pages: carried into every new allocator
         _mark_first_bytes(pool_buffers(worker.kv.token_to_kv_pool), kept_bytes)

@@ -46,17 +46,21 @@ def carry_tokens_in_use(old: Any, new: Any) -> AllocatorSwap:
                          f"one's pages of {page}")
     free = old.alloc(old.available_size())
     assert free is not None
-    past = free // page > new.size // page  # page p holds tokens p*page .. p*page+page-1; pages 1..size/page
-    live_past = max(old.size - new.size, 0) - int(past.sum())
-    if live_past:
-        old.free(free)
-        raise LiveTokensInTailError(
-            f"{live_past} KV tokens in use lie past token {new.size}; shrinking the pool from {old.size} would "
-            "drop them. Resize right after CUDA-graph capture, before requests run"
-        )
-    every = new.alloc(new.size)
-    assert every is not None
-    new.free(torch.cat((free[~past], every[every // page > old.size // page])))  # old free ones, and any grown
+    try:
+        past = free // page > new.size // page  # page p holds tokens p*page .. p*page+page-1; pages 1..size/page
+        live_past = max(old.size - new.size, 0) - int(past.sum())
+        if live_past:
+            raise LiveTokensInTailError(
+                f"{live_past} KV tokens in use lie past token {new.size}; shrinking the pool from {old.size} would "
+                "drop them. Resize right after CUDA-graph capture, before requests run"
+            )
+        every = new.alloc(new.size)
+        if every is None:
+            raise ValueError(f"the new allocator has {new.size - new.available_size()} tokens in use; it must be fresh")
+        new.free(torch.cat((free[~past], every[every // page > old.size // page])))  # old free ones, and any grown
+    except BaseException:
+        old.free(free)  # the old allocator as it was
+        raise
     return AllocatorSwap(allocator=new, old=old, taken=free)
 
 
