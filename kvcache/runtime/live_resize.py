@@ -11,8 +11,9 @@ the first:
 2. each allocation holding a pool buffer mapped to its target: grown back into its reserved
    addresses, or its buffers' tails released.
 A failure on any rank undoes both on every rank (the old allocator's free tokens back first, then
-each allocation mapped exactly as it was) and every rank raises the same error; the pool's size
-changes only once every rank succeeded.
+each allocation mapped exactly as it was) and every rank raises the same error (a rank whose
+mapping back fails too raises the driver's error instead); the pool's size changes only once every
+rank succeeded.
 """
 
 from __future__ import annotations
@@ -46,14 +47,13 @@ def resize_live_pools(*, pool: Any, allocator: Any, backing: VmmBacking, plan: M
 
     Every rank calls it (each step is a collective). The fresh allocator checks frees as `allocator` did."""
     tokens = plan.max_total_num_tokens
-    buffers = pool_buffers(pool)
     targets: list[tuple[VmmAllocation, Ranges]] = []
     before: list[tuple[VmmAllocation, Ranges]] = []
     swap: AllocatorSwap | None = None
 
     def swap_allocator() -> None:
         nonlocal swap
-        targets.extend(mapping_targets(backing, buffers, tokens + plan.page_size))
+        targets.extend(mapping_targets(backing, pool_buffers(pool), tokens + plan.page_size))
         fresh = allocator_factory(plan=plan, device=allocator.device, kvcache=pool, check_frees=allocator.check_frees)
         swap = carry_tokens_in_use(allocator, fresh)
 
