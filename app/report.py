@@ -65,6 +65,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     draft: WorkerReport | None = None
     measured_headroom: dict[str, Any] | None = None  # kvcache.runtime.measured_headroom.MeasuredSizing.to_dict()
     measured_prediction: dict[str, Any] | None = None  # a dry run: what a measured bootstrap on the card will hold
+    measured_off: str | None = None  # a dry run asking for measured headroom that the card's start would not measure: why
     multimodal: dict[str, Any] | None = None  # the engine's multimodal memory rule and what it kept (_multimodal)
 
 
@@ -110,6 +111,7 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         draft=_worker(engine.draft) if engine.draft is not None else None,
         measured_headroom=target.measured_sizing.to_dict() if target.measured_sizing is not None else None,
         measured_prediction=_prediction(target, card),
+        measured_off=_measured_off(target, card),
         multimodal=_multimodal(target),
     )
 
@@ -167,6 +169,19 @@ def _prediction(target: ModelRunner, card: str | None) -> dict[str, Any] | None:
                           free_after_load=b.free_after_load_bytes)
     prediction = predict_measured_tokens(sizing=target.configurator_sizing(), memory=memory, card_name=card)
     return prediction.to_dict() if prediction is not None else None
+
+
+def _measured_off(target: ModelRunner, card: str | None) -> str | None:
+    """A dry run for a card whose settings ask for measured headroom (--kv-headroom, auto by default) that its CUDA
+    start would not measure: the reason (the fraction then keeps the headroom); None otherwise."""
+    if card is None or target.role != "target":
+        return None
+    import dataclasses
+
+    cuda = dataclasses.replace(target.configurator_sizing(), device_type="cuda")
+    if not cuda.settings.measures_headroom or cuda.post_capture_resize().measured:
+        return None
+    return cuda.post_capture_resize().reason
 
 
 def _below_context_note(r: BootstrapReport) -> str:
@@ -237,6 +252,8 @@ def render_text(report: BootstrapReport) -> str:
         p = r.measured_prediction
         lines.append(f"measured bootstrap  {p['tokens']:,} tokens predicted on this card (--kv-headroom auto; keeps "
                      f"{format_bytes(p['kept_free_bytes'])} free); {p['source']}")
+    elif r.measured_off is not None:
+        lines.append(f"measured bootstrap  off on this card (the fraction keeps the headroom): {r.measured_off}")
     if r.draft is not None:
         d = r.draft
         lines.append(f"draft worker        {d.model} ({d.kv_cache_dtype}): pools {', '.join(d.pools)}, "

@@ -17,6 +17,7 @@ from msgspec import inspect as mi
 
 from kvcache.byte_units import parse_bytes
 from kvcache.errors import ConfigError
+from kvcache.inputs.other_engines_flags import special_value_hint
 from kvcache.inputs.server_args import ServerArgs
 
 
@@ -73,7 +74,7 @@ def _within(kind: mi.IntType | mi.FloatType, value: float) -> bool:
             and (kind.le is None or value <= kind.le) and (kind.lt is None or value < kind.lt))
 
 
-def _number_reader(kind: mi.IntType | mi.FloatType, *, is_bytes: bool) -> Callable[[str], Any]:
+def _number_reader(field: str, kind: mi.IntType | mi.FloatType, *, is_bytes: bool) -> Callable[[str], Any]:
     """An argparse `type` that reads the number and checks the field's bounds."""
     noun = "a size" if is_bytes else ("an integer" if isinstance(kind, mi.IntType) else "a number")
 
@@ -86,7 +87,9 @@ def _number_reader(kind: mi.IntType | mi.FloatType, *, is_bytes: bool) -> Callab
         if isinstance(value, float) and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
         if not _within(kind, value):
-            raise argparse.ArgumentTypeError(f"expected {noun} {_bounds(kind)}, got {text!r}")
+            special = special_value_hint(field, text)
+            raise argparse.ArgumentTypeError(f"expected {noun} {_bounds(kind)}, got {text!r}"
+                                             + (f": {text} {special}" if special else ""))
         return value
 
     return read
@@ -114,7 +117,7 @@ def add_server_args_flags(parser: argparse.ArgumentParser, *, leave_out: frozens
         elif isinstance(f.kind, mi.LiteralType):
             kwargs.update(choices=f.kind.values, metavar=f.field.upper().split("_")[-1])
         elif isinstance(f.kind, (mi.IntType, mi.FloatType)):
-            kwargs.update(type=_number_reader(f.kind, is_bytes=f.is_bytes),
+            kwargs.update(type=_number_reader(f.field, f.kind, is_bytes=f.is_bytes),
                           metavar="SIZE" if f.is_bytes else "N" if isinstance(f.kind, mi.IntType) else "X")
         elif isinstance(f.kind, mi.StrType):
             kwargs.update(type=str, metavar="TEXT")

@@ -27,8 +27,17 @@ NOT_SIZED_HERE: dict[str, str] = {
     **dict.fromkeys(("host", "port", "trust_remote_code", "served_model_name", "api_key", "log_level",
                      "random_seed", "seed", "tokenizer_path", "tokenizer", "revision", "download_dir",
                      "attention_backend", "enable_torch_compile", "max_prefill_tokens", "schedule_policy",
-                     "schedule_conservativeness", "enable_prefix_caching"),
+                     "schedule_conservativeness", "enable_prefix_caching", "tool_call_parser",
+                     "reasoning_parser", "chat_template", "enable_metrics", "stream_interval",
+                     "max_queued_requests", "watchdog_timeout", "tokenizer_mode", "skip_tokenizer_init",
+                     "grammar_backend", "sampling_backend", "disable_custom_all_reduce", "log_requests",
+                     "enable_cache_report", "disable_cuda_graph_padding"),
                     "changes nothing this engine sizes: drop it"),
+    **dict.fromkeys(("nnodes", "node_rank", "dist_init_addr"),
+                    "changes nothing this engine sizes: the plan is per GPU, and --tp-size counts the GPUs of "
+                    "every node: drop it"),
+    "cuda_graph_bs": "is a list of batch sizes there; here the largest one sizes the graphs: --cuda-graph-max-bs N",
+    "json_model_override_args": "is not read: edit a copy of config.json and pass that file with --model",
     "quantization": "is not modelled (online quantization): weights are sized in the format config.json's "
                     "quantization_config names",
     **dict.fromkeys(("ep_size", "ep", "expert_parallel_size", "enable_expert_parallel"),
@@ -48,3 +57,16 @@ def other_engines_hint(name: str) -> str | None:
     if field in NOT_SIZED_HERE:
         return NOT_SIZED_HERE[field]
     return None
+
+
+# Values another engine gives a special meaning that this engine does not model: (field, value as typed) -> what to do.
+SPECIAL_VALUES: dict[tuple[str, str], str] = {
+    ("chunked_prefill_size", "-1"): "is SGLang's 'no chunked prefill', not modelled here (a whole prompt then runs "
+                                    "in one step): pass the longest prompt you will prefill, e.g. the context length",
+    ("cuda_graph_max_bs", "-1"): "is not a batch size: --disable-cuda-graph turns the graphs off",
+}
+
+
+def special_value_hint(field: str, text: str) -> str | None:
+    """What to say about `text` given to `field` where another engine reads it as a switch, or None."""
+    return SPECIAL_VALUES.get((field, text.strip()))

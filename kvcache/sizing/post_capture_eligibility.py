@@ -58,9 +58,8 @@ def post_capture_eligibility(
     for blocked, reason in blockers:
         if blocked:
             return PostCaptureEligibility(active=False, reason=reason)
-    if measures_headroom(a) and multimodal_on:
-        why = ("not measured: the worst-case step runs no vision encoder, so with the multimodal side on the "
-               "engine's cut fraction keeps the headroom (--language-model-only measures)")
+    why = _why_not_measured(a, multimodal_on)
+    if measures_headroom(a) and why:
         if a.enable_post_capture_kv_resize:
             return PostCaptureEligibility(active=True, reason=f"on: pools shrink after CUDA-graph capture; {why}")
         return PostCaptureEligibility(active=False, reason=why)
@@ -68,6 +67,18 @@ def post_capture_eligibility(
         return PostCaptureEligibility(active=True, measured=True, reason=(
             "measured: after CUDA-graph capture the pools keep what the worst-case step left free, less a margin"))
     return PostCaptureEligibility(active=True, reason="on: pools shrink to the memory free after CUDA-graph capture")
+
+
+def _why_not_measured(a: ServerArgs | SizingSettings, multimodal_on: bool) -> str:
+    """Why the engine runs a step the measured worst-case steps do not ("" when they cover it): then the
+    fraction keeps the headroom."""
+    if multimodal_on:
+        return ("not measured: the worst-case step runs no vision encoder, so with the multimodal side on the "
+                "engine's cut fraction keeps the headroom (--language-model-only measures)")
+    if a.enable_mixed_chunk:
+        return ("not measured: --enable-mixed-chunk runs a prefill chunk and the decode batch in one step, which "
+                "holds both at once, and the worst-case steps run each alone")
+    return ""
 
 
 def is_post_capture_kv_active(

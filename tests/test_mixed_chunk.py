@@ -1,0 +1,62 @@
+"""--enable-mixed-chunk (SGLang's flag): accepted, sized as SGLang sizes it, and the measured headroom stands aside."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.cli import main
+import torch
+
+from kvcache.engines import engine_rules
+from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+from kvcache.inputs.parallel import ParallelState
+from kvcache.inputs.sizing_settings import SizingSettings
+from kvcache.models.presets import load_model_config
+from kvcache.sizing.worker_sizing import WorkerSizing
+
+MODEL = "Llama-3.1-8B-Instruct"
+PLAN = ["plan", "--gpu", "H200", "--model", MODEL, "--json"]
+
+
+def _plan(capsys: pytest.CaptureFixture[str], *extra: str) -> dict:
+    assert main([*PLAN, *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_mixed_chunk_keeps_sglangs_static_plan_and_says_why_nothing_is_measured(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    plain, mixed = _plan(capsys), _plan(capsys, "--enable-mixed-chunk")
+    # SGLang 0.5.23's reserve does not read the flag: the same fraction and tokens
+    assert mixed["mem_fraction_static"] == plain["mem_fraction_static"] == 0.903
+    assert mixed["max_total_num_tokens"] == plain["max_total_num_tokens"]
+    # by default a measured bootstrap is predicted; with the flag it would not measure, and the report says so
+    assert plain["measured_prediction"]["tokens"] > plain["max_total_num_tokens"] and plain["measured_off"] is None
+    assert mixed["measured_prediction"] is None and "--enable-mixed-chunk" in mixed["measured_off"]
+
+
+def test_the_text_report_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(PLAN[:-1] + ["--enable-mixed-chunk"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("measured bootstrap"))
+    assert "off on this card" in line and "--enable-mixed-chunk runs a prefill chunk and the decode batch in one step" in line
+
+
+@pytest.mark.parametrize("resize", [False, True])
+def test_eligibility_with_mixed_chunk_is_never_measured(resize: bool) -> None:
+    answer = _cuda_sizing(enable_mixed_chunk=True, enable_post_capture_kv_resize=resize).post_capture_resize()
+    assert not answer.measured and answer.active is resize  # the fraction's resize still runs when asked
+    assert "--enable-mixed-chunk" in answer.reason
+    assert _cuda_sizing().post_capture_resize().measured  # the same worker without the flag measures
+
+
+def test_vllm_refuses_sglangs_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*PLAN, "--engine", "vllm", "--enable-mixed-chunk"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--enable-mixed-chunk: SGLang's knob, unused by --engine vllm; drop it" in err
+
+
+def _cuda_sizing(**settings: bool) -> WorkerSizing:
+    return WorkerSizing(settings=SizingSettings(context_length=8192, **settings), model_config=load_model_config(MODEL),
+                        parallel_state=ParallelState(), model_dtype=torch.bfloat16,
+                        kv_cache_dtype=KV_CACHE_DTYPES["bfloat16"], device_type="cuda", engine=engine_rules("sglang"))
