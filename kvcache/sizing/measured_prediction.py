@@ -9,8 +9,11 @@ less PREDICTION_SAFETY, so it states the tokens within 0.5% and never above. Any
 (another card, model, or a setting that changes the steps) is EXTRAPOLATED from the model's
 shapes with coefficients fitted to those runs, rounded up (module constants below); the
 prediction says which.
-"""
 
+The steps now sample with logprobs (app.forward.worst_case); the recorded runs did not. Until the
+H200 is measured again, their kept_free is used with the sampler's bytes added by formula
+(`sampler_bytes`, an upper bound: every tensor it adds counted in full), and the prediction says so.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -43,6 +46,7 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     alternating_bytes: int
     kept_free_bytes: int  # free after load - the measured plan's bytes
     tokens: int
+    sampled: bool = False  # whether the steps ran the sampler with logprobs (sample_with_logprobs)
 
 
 CALIBRATION: dict[str, Calibration] = {
@@ -65,6 +69,11 @@ PREFILL_PER_TOKEN_PER_HIDDEN = {False: 54, True: 145}
 DECODE_PER_REQUEST_PER_HIDDEN = {False: 52, True: 146}
 GRAPH_PER_BS_LAYER_PER_HIDDEN = {False: 23, True: 102}
 LOGIT_BYTES_PER_VOCAB_ENTRY = 6
+# The sampler with logprobs (app.forward.worst_case): per decode request, a float32 temporary over the float32
+# logits (softmax, then log); per prompt-logprob token, bf16 and float32 logits and their float32 log-softmax.
+SAMPLER_BYTES_PER_VOCAB_ENTRY = 4
+PROMPT_LOGPROB_BYTES_PER_VOCAB_ENTRY = 10
+PROMPT_LOGPROB_TOKENS = 2048  # SGLang 0.5.23 computes input logprobs this many tokens at a time (its default)
 ALTERNATING_PREFILL_SHARE = Fraction(3, 5)
 RESIZE_OVERHEAD_BYTES = GiB
 
@@ -87,13 +96,22 @@ class MeasuredPrediction(msgspec.Struct, frozen=True, kw_only=True):
                 "source": self.source}
 
 
+def sampler_bytes(*, vocab: int, chunk: int, decode_batch: int, graph_bs: int) -> int:
+    """What sampling with logprobs adds to the steps without it (bytes): the prefill chunk's prompt logprobs, and
+    the eager decode batch's softmax and log when there is one; counted in full, as if both stayed cached."""
+    prompt = min(chunk, PROMPT_LOGPROB_TOKENS) * PROMPT_LOGPROB_BYTES_PER_VOCAB_ENTRY * vocab
+    decode = decode_batch * SAMPLER_BYTES_PER_VOCAB_ENTRY * vocab if decode_batch > graph_bs else 0
+    return prompt + decode
+
+
 def extrapolated_kept_free_bytes(*, hidden: int, vocab: int, layers: int, moe: bool, chunk: int, decode_batch: int,
                                  graph_bs: int, total_bytes: int) -> int:
-    """kept_free from the model's shapes (the fitted coefficients above)."""
+    """kept_free from the model's shapes (the fitted coefficients above, plus the sampler's bytes)."""
     prefill = chunk * PREFILL_PER_TOKEN_PER_HIDDEN[moe] * hidden
     decode = decode_batch * (LOGIT_BYTES_PER_VOCAB_ENTRY * vocab + DECODE_PER_REQUEST_PER_HIDDEN[moe] * hidden)
     eager = decode_batch > graph_bs
     peak = decode + int(prefill * ALTERNATING_PREFILL_SHARE) if eager else prefill
+    peak += sampler_bytes(vocab=vocab, chunk=chunk, decode_batch=decode_batch, graph_bs=graph_bs)
     graphs = graph_bs * layers * GRAPH_PER_BS_LAYER_PER_HIDDEN[moe] * hidden
     return graphs + peak + measured_margin_bytes(total_bytes) + RESIZE_OVERHEAD_BYTES
 
@@ -112,12 +130,19 @@ def predict_measured_tokens(*, sizing: object, memory: object, card_name: str | 
                                        s.max_total_tokens, s.context_length))
     calibration = CALIBRATION.get(m.name)
     single = cuda.parallel_state.tp_size * cuda.parallel_state.pp_size == 1
+    total = memory.total_bytes  # type: ignore[attr-defined]
+    shape = cuda.runtime_shape()
     if calibration is not None and defaults and card_name == "H200" and single and s.page_size == 1 \
             and cuda.kv_cache_dtype.bits == 16:
         kept, calibrated, source = calibration.kept_free_bytes + PREDICTION_SAFETY, True, "calibrated: " + CALIBRATION_SOURCE
+        if not calibration.sampled:
+            extra = sampler_bytes(vocab=m.vocab_size, chunk=default_chunked_prefill_size(total),
+                                  decode_batch=built.max_running_requests,
+                                  graph_bs=decode_cuda_graph_max_bs(total, shape))
+            kept, calibrated = kept + extra, False
+            source = (f"calibrated without the sampler's logprobs, plus {extra:,} B for them by formula (an upper "
+                      f"bound until re-measured): {CALIBRATION_SOURCE}")
     else:
-        total = memory.total_bytes  # type: ignore[attr-defined]
-        shape = cuda.runtime_shape()
         kept = extrapolated_kept_free_bytes(
             hidden=m.hidden_size, vocab=m.vocab_size, layers=m.num_hidden_layers, moe=any(k in m.hf_config for k in ("n_routed_experts", "num_experts", "num_local_experts")),
             chunk=s.chunked_prefill_size or default_chunked_prefill_size(total), decode_batch=built.max_running_requests,
