@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 
@@ -17,7 +18,7 @@ from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllo
 from kvcache.errors import PlanMismatchError
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.memory.device_buffers import Arena
-from kvcache.pools import MHATokenToKVPool, RecurrentStatePool, ReqToTokenPool
+from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool, RecurrentStatePool, ReqToTokenPool
 from kvcache.pools.planned_views import carve_slots
 from kvcache.sizing.allocator_footprint import allocator_slots, free_list_slots
 from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec, RecurrentStateSpec
@@ -121,6 +122,21 @@ def test_a_view_of_another_shape_dtype_or_device_or_none_is_refused_by_name(
     with pytest.raises(PlanMismatchError) as refused:
         mha(views)
     assert str(refused.value) == message
+
+
+def test_a_kv_pool_refuses_a_spec_that_is_not_the_one_its_planned_row_came_from() -> None:
+    """The pool reads its encoding and head widths from the spec and its tensors from the plan: an FP4 spec over a
+    bfloat16 plan (2 heads of 64: FP4 packs 32 bytes and 4 scale bytes a head) would write the wrong bytes."""
+    plan = kv_pool_plan(FullAttentionSpec(2, 64, 64, BF16), tokens=8)
+    with pytest.raises(PlanMismatchError) as refused:
+        MHATokenToKVPool(plan=plan, spec=FullAttentionSpec(2, 64, 64, KV_CACHE_DTYPES["fp4_e2m1"]), device=CPU)
+    assert str(refused.value) == ("the spec given for 'kv_full' stores a token as k (2, 32) uint8, k_scales (2, 4) "
+                                  "uint8, v (2, 32) uint8, v_scales (2, 4) uint8; the plan has k (2, 64) bfloat16, "
+                                  "v (2, 64) bfloat16")
+    bytes_alone = msgspec.structs.replace(kv_pool_plan(MLASpec(512, 64, BF16), tokens=8), row=())  # by hand
+    with pytest.raises(PlanMismatchError, match=r"'kv_mla' stores a token as latent \(1, 576\) bfloat16; the plan "
+                                                r"has nothing"):
+        MLATokenToKVPool(plan=bytes_alone, spec=MLASpec(512, 64, BF16), device=CPU)
 
 
 def test_an_allocator_refuses_free_logs_sized_for_another_capacity() -> None:

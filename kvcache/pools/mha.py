@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from kvcache.pools.codec import CacheTensor, LayerIndex
-from kvcache.pools.planned_views import Views, slots_nbytes, take_views
+from kvcache.pools.planned_views import Views, kv_pool_slot, slots_nbytes, take_views
 from kvcache.sizing.layer_specs import AttentionSpec
 from kvcache.sizing.pool_config import KVPoolPlan
 
@@ -39,7 +39,7 @@ class MHATokenToKVPool:
         self.start_layer = self.layer_ids[0] if self.layer_ids else 0
         self.end_layer = self.layer_ids[-1] if self.layer_ids else -1
         self.head_num, self.head_dim, self.v_head_dim = spec.kv_heads, spec.head_dim, spec.v_head_dim
-        self._slot = plan.slot()
+        self._slot = kv_pool_slot(plan, spec)
         self._views = take_views([self._slot], views, device)
         parts = list(self._views)
         self._k: list[CacheTensor] = []

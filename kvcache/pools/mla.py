@@ -18,7 +18,7 @@ import torch
 
 from kvcache.sizing.dsa_latent import PackedLatentTensor
 from kvcache.pools.codec import CacheTensor, LayerIndex
-from kvcache.pools.planned_views import Views, slots_nbytes, take_views
+from kvcache.pools.planned_views import Views, kv_pool_slot, slots_nbytes, take_views
 from kvcache.sizing.layer_specs import MLASpec
 from kvcache.sizing.pool_config import KVPoolPlan
 
@@ -42,7 +42,7 @@ class MLATokenToKVPool:
         self.layer_num = len(self.layer_ids)
         self.start_layer = self.layer_ids[0] if self.layer_ids else 0
         self.end_layer = self.layer_ids[-1] if self.layer_ids else -1
-        self._slot = plan.slot()
+        self._slot = kv_pool_slot(plan, spec)
         self._views = take_views([self._slot], views, device)
         parts = list(self._views)
         self._kv: list[CacheTensor | PackedLatentTensor] = []

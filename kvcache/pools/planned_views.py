@@ -15,9 +15,21 @@ import torch
 
 from kvcache.errors import PlanMismatchError
 from kvcache.memory.device_buffers import Arena
+from kvcache.sizing.layer_specs import TokenSpec
+from kvcache.sizing.pool_config import KVPoolPlan
 from kvcache.sizing.tensor_plan import PlannedSlot, PlannedTensor, dtype_name, torch_dtype
 
 Views = Mapping[str, torch.Tensor]
+
+
+def kv_pool_slot(plan: KVPoolPlan, spec: TokenSpec) -> PlannedSlot:
+    """A per-token pool's planned slot (KVPoolPlan.slot()), refused (PlanMismatchError naming both) unless `spec`,
+    which the pool reads its encoding and widths from, is the spec the plan's row came from."""
+    row = spec.row_tensors()
+    if row != plan.row:
+        raise PlanMismatchError(
+            f"the spec given for {plan.buffer!r} stores a token as {_listed(row)}; the plan has {_listed(plan.row)}")
+    return plan.slot()
 
 
 def carve_slots(arena: Arena, slots: Sequence[PlannedSlot]) -> dict[str, torch.Tensor]:
@@ -54,6 +66,10 @@ def _checked(planned: PlannedTensor, view: torch.Tensor | None, device: torch.de
         raise PlanMismatchError(
             f"the view given for {planned.name!r} is {got[0]} {got[1]} on {got[2]}; the plan has {want}")
     return view
+
+
+def _listed(row: tuple[PlannedTensor, ...]) -> str:
+    return ", ".join(f"{t.name} {t.shape} {t.dtype}" for t in row) or "nothing"
 
 
 def slots_nbytes(slots: Sequence[PlannedSlot]) -> int:
