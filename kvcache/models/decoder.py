@@ -34,6 +34,9 @@ class ModelSource:
     model_type: str
     raw: dict[str, Any]
     wrapped: bool = False
+    # a wrapper whose composite model holds the LM head itself (Qwen-VL style), so its tie_word_embeddings is the
+    # wrapper's; otherwise the language model's section holds the head and its own flag (fields.py says why)
+    head_on_wrapper: bool = False
 
     @property
     def name(self) -> str:
@@ -280,7 +283,8 @@ def _quantization(src: ModelSource) -> Quantization:
 
 
 def _tied(src: ModelSource, default: bool) -> bool:
-    for f in (src.text, src.top):
+    """tie_word_embeddings of the config that holds the LM head, else of the other level, else the family's default."""
+    for f in ((src.top, src.text) if src.head_on_wrapper else (src.text, src.top)):
         if f.has("tie_word_embeddings"):
             return f.flag("tie_word_embeddings")
     return default

@@ -47,6 +47,19 @@ def with_transformers5_names(table: Mapping[str, T]) -> dict[str, T]:
     return {**table, **{new: table[old] for new, old in TRANSFORMERS5_LAYER_NAMES.items() if old in table}}
 
 
+# Which level of a multimodal wrapper speaks for the language model. Every number the language model is sized from
+# (layers, heads, widths, vocab, positions, windows, experts) belongs to its own section (text_config...): engines
+# build the language model from that section alone (SGLang 0.5.23's get_hf_text_config). A wrapper that repeats one
+# of them must repeat it exactly: two values mean the file was edited at one level, or was saved from a form whose
+# section the wrapper class does not fill (which then holds the class's defaults), and either way one of the two
+# readings sizes the wrong model. The exception is tie_word_embeddings: transformers 5 gives every config class its
+# own (72 of its 121 classes with a language-model section write it at both levels, 16 with opposite defaults:
+# Mistral3Config True over MistralConfig False, Qwen3VLMoeConfig False over its text class's True), so the levels
+# differ in files nobody edited. It says whether the module holding the LM head shares the embedding, so it is read
+# from that module's config (ModelSource.head_on_wrapper), and the other level's copy is not compared.
+OWN_FIELDS_OF_EVERY_CONFIG_CLASS = frozenset({"tie_word_embeddings"})
+
+
 @dataclass(frozen=True, slots=True)
 class ConfigFields:
     """One (possibly nested) section of a config.json, read field by field for the model `model`."""
@@ -55,7 +68,7 @@ class ConfigFields:
     model: str
     path: str = ""
     # the whole file, when this is a multimodal wrapper's language-model section (text_config...): a number
-    # stated at the top too must agree with the section's, or the file says two things about one model
+    # stated at the top too must agree with the section's (OWN_FIELDS_OF_EVERY_CONFIG_CLASS says which need not)
     outer: Mapping[str, Any] | None = None
 
     # ---- lookup ---------------------------------------------------------------------------------
@@ -73,8 +86,9 @@ class ConfigFields:
 
     def _agrees_with_outer(self, name: str, value: Any) -> None:
         """A number or switch the wrapper's top level states too must be the same there (model_type and other
-        names differ by design between the two, so only numbers are compared)."""
-        if self.outer is None or isinstance(value, str):
+        names differ by design between the two, so only numbers are compared; nor are the fields each config class
+        declares for itself, OWN_FIELDS_OF_EVERY_CONFIG_CLASS)."""
+        if self.outer is None or isinstance(value, str) or name in OWN_FIELDS_OF_EVERY_CONFIG_CLASS:
             return
         top = self.outer.get(name)
         if top is not None and not isinstance(top, str) and top != value:

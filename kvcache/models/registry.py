@@ -81,6 +81,16 @@ UNSUPPORTED: dict[str, str] = {
 _NON_STANDARD_FIELDS = ("block_configs", "compress_ratios", "swa_num_key_value_heads", "global_head_dim",
                         "num_kv_shared_layers", "hybrid_layer_pattern", "sparse_attention_config")
 _WRAPPERS = ("text_config", "llm_config", "language_config")
+# Wrappers whose composite model holds the LM head (lm_head.weight at the top of the checkpoint) and reads its own
+# tie_word_embeddings, as SGLang 0.5.23 builds them (models/qwen2_vl.py, qwen2_5_vl.py, qwen3_vl.py: Qwen3-VL-MoE and
+# Qwen3.5 copy the wrapper's flag over their text section's; glm4v.py, ernie45_vl.py). Every other wrapper builds a
+# complete causal LM from its section, head included (llava.py for Mistral-3, gemma3_mm.py, mllama4.py, kimi_k25.py,
+# step3p7.py), and that section's flag counts.
+HEAD_ON_WRAPPER = frozenset({
+    "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
+    "Qwen3VLMoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+    "Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration", "Ernie4_5_VLMoeForConditionalGeneration",
+})
 _DECODER_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "Eagle", "Eagle3")
 
 
@@ -127,7 +137,7 @@ def model_source(hf: Mapping[str, Any], *, name: str) -> ModelSource:
     if text is not None:
         text = replace(text, outer=hf)
     return ModelSource(top=top, text=text or top, architecture=arch, model_type=top.text("model_type", default=""),
-                       raw=dict(hf), wrapped=text is not None)
+                       raw=dict(hf), wrapped=text is not None, head_on_wrapper=arch in HEAD_ON_WRAPPER)
 
 
 def reader_for(src: ModelSource) -> Reader:
