@@ -24,13 +24,20 @@ from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.models.hf_config import model_config_from_hf
 from kvcache.models.model_config import ModelConfig
+from kvcache.models.vision import without_vision_tower
 from kvcache.sizing.layer_specs import model_layer_specs
 
 CORPUS = Path(__file__).with_name("model_corpus")
-# (the older form, the same model as transformers 5 writes it)
+# (the older form, the same model as transformers 5 writes it); the last four are multimodal wrappers, whose
+# re-save gives the wrapper its class's own tie_word_embeddings (Mistral3Config: true, over the section's false)
 PAIRS = [(name, f"{name}-transformers5") for name in (
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "granite-4.0-h-tiny-example", "Kimi-Linear-48B-A3B-Instruct",
-    "dbrx-instruct", "Zamba2-2.7B")]
+    "dbrx-instruct", "Zamba2-2.7B",
+    "Mistral-Small-3.1-24B-Instruct-2503", "Qwen3-VL-8B-Instruct", "Qwen3.5-35B-A3B", "gemma-3-27b-it")]
+# Qwen2-VL's flat config comes back nested under text_config: the same plan, its weights named under language_model
+PLAN_PAIRS = [*PAIRS, ("Qwen2-VL-7B-Instruct", "Qwen2-VL-7B-Instruct-transformers5")]
+# transformers 5 writes Step3p7TextConfig's defaults beside the flat Step-3.7 digest: refused (SOURCES.md)
+REFUSED_FORMS = CORPUS / "refused"
 
 
 def raw(name: str) -> dict[str, Any]:
@@ -55,7 +62,7 @@ def plan(path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]) -> dic
     return {k: v for k, v in out.items() if k not in ("model", "timings_s", "engine_notes")}
 
 
-@pytest.mark.parametrize(("older", "newer"), PAIRS, ids=[p[1] for p in PAIRS])
+@pytest.mark.parametrize(("older", "newer"), PLAN_PAIRS, ids=[p[1] for p in PLAN_PAIRS])
 @pytest.mark.parametrize("argv", [["--tp-size", "2"], ["--tp-size", "4", "--kv-cache-dtype", "fp8_e4m3"]],
                          ids=["tp2", "tp4-fp8"])
 def test_the_transformers5_form_plans_byte_for_byte_like_the_older_form(
@@ -76,7 +83,7 @@ def test_both_forms_are_one_description_of_the_model(older: str, newer: str) -> 
 
 def test_the_newer_forms_really_are_the_newer_spelling() -> None:
     """The pairs test something: the transformers 5 files carry none of the older fields they replace."""
-    nemotron, granite, kimi, dbrx, zamba = (raw(p[1]) for p in PAIRS)
+    nemotron, granite, kimi, dbrx, zamba = (raw(p[1]) for p in PAIRS[:5])
     assert "hybrid_override_pattern" not in nemotron and "num_hidden_layers" not in nemotron
     assert set(nemotron["layers_block_type"]) == {"linear_attention", "full_attention", "moe"}
     assert set(granite["layer_types"]) == {"linear_attention", "full_attention"}
@@ -85,6 +92,10 @@ def test_the_newer_forms_really_are_the_newer_spelling() -> None:
     assert set(zamba["layers_block_type"]) == {"linear_attention", "hybrid"}
     assert dbrx["num_key_value_heads"] == 8 and dbrx["ffn_config"]["hidden_size"] == 6144
     assert dbrx["rope_parameters"]["rope_theta"] != dbrx["attn_config"]["rope_theta"] == 500_000
+    mistral, qwen2_vl = raw(f"{PAIRS[5][0]}-transformers5"), raw("Qwen2-VL-7B-Instruct-transformers5")
+    assert "tie_word_embeddings" not in raw(PAIRS[5][0]) and mistral["tie_word_embeddings"] is True
+    assert mistral["text_config"]["tie_word_embeddings"] is False
+    assert "num_hidden_layers" not in qwen2_vl and qwen2_vl["text_config"]["model_type"] == "qwen2_vl_text"
 
 
 def test_nemotron_h_lists_in_either_key_and_either_spelling_agree_with_the_pattern() -> None:
@@ -138,6 +149,7 @@ def _with(name: str, section: str | None = None, **edit: Any) -> dict[str, Any]:
 
 
 NANO5, GRANITE5, KIMI5, KIMI = (PAIRS[0][1], PAIRS[1][1], PAIRS[2][1], PAIRS[2][0])
+MISTRAL5, QWEN35_5 = PAIRS[5][1], PAIRS[7][1]
 _NANO_TYPES = raw(NANO5)["layers_block_type"]
 _KIMI_TYPES = raw(KIMI5)["layer_types"]
 CONTRADICTIONS: list[tuple[str, dict[str, Any], str]] = [
@@ -188,6 +200,16 @@ CONTRADICTIONS: list[tuple[str, dict[str, Any], str]] = [
      "field 'num_key_value_heads' is 4; expected attn_config.kv_n_heads (8)"),
     ("DBRX heads that do not split d_model", _with("dbrx-instruct", n_heads=47),
      "field 'n_heads' is 47; expected a divisor of d_model (6144)"),
+    ("Mistral-3 wrapper's layer count against its section's", _with(MISTRAL5, num_hidden_layers=39),
+     "field 'text_config.num_hidden_layers' is 40; expected the value the top level of config.json gives "
+     "'num_hidden_layers' (39)"),
+    ("Mistral-3 wrapper's vocab against its section's", _with(MISTRAL5, vocab_size=131_073),
+     "field 'text_config.vocab_size' is 131072; expected the value the top level of config.json gives 'vocab_size' "
+     "(131073)"),
+    ("Step-3.7 digest re-saved: a default language model beside the flat one",
+     json.loads((REFUSED_FORMS / "Step-3.7-Flash-transformers5.json").read_text()),
+     "field 'text_config.vocab_size' is 128815; expected the value the top level of config.json gives 'vocab_size' "
+     "(128896)"),
 ]
 
 
@@ -204,6 +226,64 @@ def test_through_the_cli_a_contradiction_exits_2_in_one_line(tmp_path: Path,
     assert main(["plan", "--gpu", "H200", "--model", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "field 'attn_config.kv_n_heads' is 7" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_through_the_cli_the_resaved_step_digest_exits_2_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--gpu", "H200", "--model", str(REFUSED_FORMS / "Step-3.7-Flash-transformers5.json")]) == 2
+    err = capsys.readouterr().err
+    assert "field 'text_config.vocab_size' is 128815" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+# ---- a wrapper's two levels: the section sizes the language model, the head's module says whether it is tied ------
+
+@pytest.mark.parametrize(("name", "top", "section", "tied", "head"), [
+    (MISTRAL5, True, False, False, "language_model.lm_head"),  # as saved: SGLang's llava.py reads the section's flag
+    (MISTRAL5, False, True, True, "language_model.lm_head"),
+    (QWEN35_5, False, True, False, "lm_head"),  # SGLang's qwen3_vl.py copies the wrapper's flag over the section's
+    (QWEN35_5, True, False, True, "lm_head"),
+])
+def test_the_tie_flag_is_the_one_of_the_module_that_holds_the_lm_head(
+        name: str, top: bool, section: bool, tied: bool, head: str) -> None:
+    hf = _with(name, tie_word_embeddings=top)
+    hf["text_config"]["tie_word_embeddings"] = section
+    weights = model_config_from_hf(hf, name="m").weights
+    assert (weights.tied, weights.lm_head_name) == (tied, head)
+
+
+def test_mistral_small_keeps_its_own_lm_head_of_vocab_by_hidden() -> None:
+    """The wrapper's true (Mistral3Config's default) does not tie it: 131,072 x 5,120 more than a tied head."""
+    tied = model_config_from_hf(_with(MISTRAL5, "text_config", tie_word_embeddings=True), name="m")
+    assert count_parameters(read(MISTRAL5)) - count_parameters(tied) == 131_072 * 5_120
+
+
+def test_qwen2_vl_nested_by_transformers5_is_the_same_parameters_under_other_names() -> None:
+    older, newer = read("Qwen2-VL-7B-Instruct"), read("Qwen2-VL-7B-Instruct-transformers5")
+    shapes = [sorted(p.shape for p in m.weights.parameter_specs(tp_size=2)) for m in (older, newer)]
+    assert shapes[0] == shapes[1] and count_parameters(older) == count_parameters(newer)
+    assert newer.weights.lm_head_name == "lm_head" and newer.weights.embed_name == "language_model.model.embed_tokens"
+
+
+def test_llama4_resaved_gains_a_vision_config_that_sglang_builds_no_tower_for(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """transformers 5 writes Llama4VisionConfig's defaults where the corpus file has none; without
+    --enable-multimodal SGLang 0.5.23 builds no tower, so the plan is the same bytes, labelled not_loaded."""
+    argv = ["--tp-size", "8"]
+    before = plan(CORPUS / "Llama-4-Scout-17B-16E-Instruct.json", argv, capsys)
+    after = plan(CORPUS / "Llama-4-Scout-17B-16E-Instruct-transformers5.json", argv, capsys)
+    assert before["vision_weights"] == "none" and after == before | {"vision_weights": "not_loaded"}
+
+
+def test_kimi_k25_resaved_counts_the_vision_tower_transformers5_describes() -> None:
+    """The corpus file's vision_config has no shapes; transformers 5 writes KimiK25VisionConfig's (hidden 1152,
+    27 layers, MLP 4304, patch 14), so the tower is counted. Less the tower, the same model."""
+    older, newer = read("Kimi-K2.5"), read("Kimi-K2.5-transformers5")
+    assert (older.vision_weights, newer.vision_weights) == ("not_counted", "counted")
+    assert without_vision_tower(newer) == msgspec.structs.replace(without_vision_tower(older), name=newer.name,
+                                                                  hf_config=newer.hf_config)
+    hidden, mlp, layers, patch, text_hidden = 1152, 4304, 27, 14, 7168
+    layer = (4 * hidden * hidden + 4 * hidden) + (2 * hidden * mlp + mlp + hidden) + 2 * 2 * hidden  # attn, MLP, norms
+    tower = (hidden * 3 * patch * patch + hidden) + layers * layer + 2 * hidden + (text_hidden * hidden + text_hidden)
+    assert count_parameters(newer) - count_parameters(older) == tower == 420_412_144
 
 
 # ---- DBRX by hand: d_model 6144, 48 heads of 128, 8 KV heads, 40 layers, 16 GLU experts of 10,752, vocab 100,352

@@ -266,15 +266,17 @@ def mixed_layers(mixers: tuple[Part, ...], ffns: tuple[Block, ...], hidden: int,
 
 def weight_layout(src: ModelSource, layers: tuple[Layer, ...], hidden: int, *, tied_default: bool = False,
                   **ends: Any) -> WeightLayout:
-    """The layout with the fields every config has; a wrapped (multimodal) config nests it under language_model."""
+    """The layout with the fields every config has; a wrapped (multimodal) config nests it under language_model,
+    the LM head too unless the wrapper holds it (ModelSource.head_on_wrapper)."""
     t = src.text
     layout = WeightLayout(hidden=hidden, vocab=t.int("vocab_size", "padded_vocab_size", high=MAX_VOCAB), layers=layers,
                           tied=_tied(src, tied_default), quantization=_quantization(src), **ends)
     if not src.wrapped:
         return layout
+    head = layout.lm_head_name if src.head_on_wrapper else "language_model." + layout.lm_head_name
     return replace(layout, layer_prefix="language_model." + layout.layer_prefix,
                    embed_name="language_model." + layout.embed_name, final_norm="language_model." + layout.final_norm,
-                   lm_head_name="language_model." + layout.lm_head_name)
+                   lm_head_name=head)
 
 
 def _quantization(src: ModelSource) -> Quantization:

@@ -30,11 +30,11 @@ _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "mi
 # Families whose o_proj has no bias whatever attention_bias says (GLM-4-0414: q/k/v only).
 _NO_O_BIAS_TYPES = frozenset({"glm4"})
 # Families with per-head q/k RMSNorms over head_dim.
-_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_moe", "gemma3", "gemma3_text"})
+_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_moe", "gemma3"})
 # GPT-2-style families: biases everywhere and learned absolute positions, which their configs do not state.
 _GPT2_TYPES = frozenset({"gpt2", "gpt_bigcode"})
 # Families whose configs omit tie_word_embeddings because their default is to tie.
-_TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "gpt_bigcode", "starcoder2",
+_TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gpt2", "gpt_bigcode", "starcoder2",
                               "cohere", "cohere2", "opt", "bloom"})
 
 
@@ -52,8 +52,10 @@ def attention_block(f: ConfigFields, heads: Heads, model_type: str, *, input_siz
 
 
 def text_model_type(src: ModelSource) -> str:
-    """The language model's model_type (text_config's for wrapped configs)."""
-    return src.text.text("model_type", default=src.model_type)
+    """The language model's family: its section's model_type (text_config's for wrapped configs), less the `_text`
+    that transformers puts on a wrapper's language-model class (qwen2_vl_text, qwen3_vl_text, gemma3_text), whose
+    unstated biases and norms are its family's."""
+    return src.text.text("model_type", default=src.model_type).removesuffix("_text")
 
 
 def read_generic(src: ModelSource) -> ModelConfig:

@@ -82,10 +82,11 @@ _NON_STANDARD_FIELDS = ("block_configs", "compress_ratios", "swa_num_key_value_h
                         "num_kv_shared_layers", "hybrid_layer_pattern", "sparse_attention_config")
 _WRAPPERS = ("text_config", "llm_config", "language_config")
 # Wrappers whose composite model holds the LM head (lm_head.weight at the top of the checkpoint) and reads its own
-# tie_word_embeddings, as SGLang 0.5.23 builds them (models/qwen2_vl.py, qwen2_5_vl.py, qwen3_vl.py: Qwen3-VL-MoE and
-# Qwen3.5 copy the wrapper's flag over their text section's; glm4v.py, ernie45_vl.py). Every other wrapper builds a
-# complete causal LM from its section, head included (llava.py for Mistral-3, gemma3_mm.py, mllama4.py, kimi_k25.py,
-# step3p7.py), and that section's flag counts.
+# tie_word_embeddings, as SGLang 0.5.23 builds them: from the top-level config, onto which its get_config copies only
+# the text fields the top lacks (models/qwen2_vl.py, qwen2_5_vl.py, qwen3_vl.py, whose Qwen3-VL-MoE and Qwen3.5 copy
+# the wrapper's flag over their section's; glm4v.py, ernie45_vl.py). Every other wrapper builds a complete causal LM
+# from its section, head included (llava.py for Mistral-3, gemma3_mm.py, mllama4.py, kimi_k25.py, step3p7.py), and
+# that section's flag counts.
 HEAD_ON_WRAPPER = frozenset({
     "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
     "Qwen3VLMoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
