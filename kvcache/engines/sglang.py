@@ -12,6 +12,10 @@ from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory, WindowPools
 
 
+# KDA models SGLang 0.5.23 still captures prefill graphs for (arg_groups/cuda_graph_hook.py: "BCG-validated")
+KDA_PREFILL_GRAPH_ARCHITECTURES = frozenset({"Glm5NextForConditionalGeneration"})
+
+
 class SGLangRules(EngineRules):
     """SGLang 0.5.23."""
 
@@ -44,6 +48,14 @@ class SGLangRules(EngineRules):
         multimodal side is on (kvcache.engines.sglang_multimodal)."""
         return sglang_multimodal_memory(model, enable_multimodal=enable_multimodal,
                                         language_model_only=language_model_only, label=self.label)
+
+    def no_prefill_graphs_reason(self, model: ModelConfig) -> str:
+        """KDA layers: SGLang 0.5.23's `disable_breakable_cudagraph_if_incompatible` turns prefill graphs off for
+        them (`uses_kda_attention`), but for the architectures it has validated."""
+        arch = architectures(model)[0]
+        if "kda" in model.layer_kinds and arch not in KDA_PREFILL_GRAPH_ARCHITECTURES:
+            return f"{self.label} captures no prefill CUDA graphs for KDA linear attention ({arch})"
+        return ""
 
     def served_model(self, model: ModelConfig, *, enable_multimodal: bool | None,
                      language_model_only: bool) -> ModelConfig:

@@ -93,6 +93,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         "largest decode CUDA-graph batch (sets the graph reserve); default by card size and TP")] | None = None
     disable_cuda_graph: Annotated[bool, _doc(
         "no decode or prefill CUDA graphs (their reserve is then left out)")] = False
+    disable_prefill_cuda_graph: Annotated[bool, _doc(
+        "no prefill CUDA graphs (SGLang's flag): their reserve is left out")] = False
     enable_mixed_chunk: Annotated[bool, _doc(
         "mix the running decode requests into each prefill chunk (SGLang's flag): the headroom is then the "
         "fraction's, as the measured worst-case steps run prefill and decode apart")] = False
@@ -299,7 +301,7 @@ SGLANG_ONLY_FIELDS = ("mem_fraction_static", "kv_cache_memory", "page_size", "ma
                       "cuda_graph_max_bs", "disable_overlap_schedule", "enable_post_capture_kv_resize",
                       "enable_dp_attention", "disable_radix_cache", "max_mamba_cache_size", "speculative_algorithm",
                       "swa_full_tokens_ratio", "mamba_full_memory_ratio", "enable_multimodal", "language_model_only",
-                      "enable_mixed_chunk")
+                      "enable_mixed_chunk", "disable_prefill_cuda_graph")
 VLLM_ONLY_FIELDS = {"gpu_memory_utilization": "--mem-fraction-static", "block_size": "--page-size"}
 FLASH_ATTN_KERNEL_BLOCK = 16
 

@@ -48,6 +48,7 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
     chunked_prefill_size: int | None = None
     cuda_graph_max_bs: int | None = None
     disable_cuda_graph: bool = False
+    disable_prefill_cuda_graph: bool = False
     disable_overlap_schedule: bool = False
     enable_mixed_chunk: bool = False  # decode requests ride in prefill chunks: a step the measurement does not run
     disable_radix_cache: bool = False
@@ -76,7 +77,8 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
             max_total_tokens=a.max_total_tokens, max_running_requests=a.max_running_requests,
             mem_fraction_static=a.mem_fraction_static, kv_cache_memory=a.kv_cache_memory,
             chunked_prefill_size=a.chunked_prefill_size, cuda_graph_max_bs=a.cuda_graph_max_bs,
-            disable_cuda_graph=a.disable_cuda_graph, disable_overlap_schedule=a.disable_overlap_schedule,
+            disable_cuda_graph=a.disable_cuda_graph, disable_prefill_cuda_graph=a.disable_prefill_cuda_graph,
+            disable_overlap_schedule=a.disable_overlap_schedule,
             enable_mixed_chunk=a.enable_mixed_chunk, disable_radix_cache=a.disable_radix_cache,
             hybrid_swa_memory=a.hybrid_swa_memory, swa_full_tokens_ratio=exact_fraction(a.swa_full_tokens_ratio),
             mamba_full_memory_ratio=exact_fraction(a.mamba_full_memory_ratio),

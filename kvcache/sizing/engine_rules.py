@@ -99,6 +99,10 @@ class EngineRules(ABC):
         """What this engine keeps back for the model's multimodal side: nothing unless an engine says so."""
         return MultimodalMemory(on=False, why=f"{self.label} has no multimodal memory rule here")
 
+    def no_prefill_graphs_reason(self, model: ModelConfig) -> str:
+        """Why the engine captures no prefill CUDA graphs for this model, so reserves none ("" where it does)."""
+        return ""
+
     def served_model(self, model: ModelConfig, *, enable_multimodal: bool | None,
                      language_model_only: bool) -> ModelConfig:
         """The model as this engine builds it (the weights it loads): as read, unless an engine says otherwise."""

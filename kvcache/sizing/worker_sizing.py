@@ -141,7 +141,8 @@ class WorkerSizing:
             tp_size=p.tp_size, pp_size=p.pp_size, attention_dp_size=p.attention_dp_size,
             uses_mla=any(g.spec.pool_kind == "mla" for g in self.layout().kv_groups),
             max_total_tokens=s.max_total_tokens, max_running_requests=s.max_running_requests,
-            prefill_cuda_graphs=self.multimodal().prefill_cuda_graphs,
+            prefill_cuda_graphs=(self.multimodal().prefill_cuda_graphs and not s.disable_prefill_cuda_graph
+                                 and not self.engine.no_prefill_graphs_reason(self.model_config)),
         )
 
     def post_capture_resize(self) -> PostCaptureEligibility:

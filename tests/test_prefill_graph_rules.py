@@ -1,0 +1,59 @@
+"""Which prefill CUDA graphs SGLang 0.5.23 captures, so reserves: none for KDA models, none with its flag."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+
+H200_MIB = 150_109_880_320 / 2**20  # SGLang reads the card's capacity in MiB
+KIMI_LINEAR = str(Path(__file__).parent / "model_corpus" / "Kimi-Linear-48B-A3B-Instruct.json")
+# SGLang 0.5.23's reserve on an H200 at TP 1 without prefill graphs (MiB): 512 + 1.5 x the 8,192-token chunk +
+# TP x PP / 8 GiB + 2 x the 256 decode graphs; above the 10 GiB floor
+WITHOUT_PREFILL_GRAPHS_MIB = 512 + 1.5 * 8192 + 1024 / 8 + 2 * 256
+MLA_PREFILL_GRAPHS_MIB = 1536
+
+
+def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main(["plan", "--gpu", "H200", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_kda_models_reserve_no_prefill_graphs(capsys: pytest.CaptureFixture[str]) -> None:
+    """Kimi-Linear's KDA layers: SGLang turns its breakable prefill graphs off, so the 1,536 MiB an MLA model's
+    prefill graphs would keep is not kept (0.895 before this rule)."""
+    fraction = _plan(capsys, "--model", KIMI_LINEAR)["mem_fraction_static"]
+    assert fraction == round((H200_MIB - WITHOUT_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.906
+    assert round((H200_MIB - WITHOUT_PREFILL_GRAPHS_MIB - MLA_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.895
+
+
+def test_the_flag_drops_the_prefill_graph_reserve(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = _plan(capsys, "--model", "Llama-3.1-8B-Instruct", "--kv-headroom", "fraction")
+    off = _plan(capsys, "--model", "Llama-3.1-8B-Instruct", "--kv-headroom", "fraction", "--disable-prefill-cuda-graph")
+    assert plain["mem_fraction_static"] == 0.903  # 8 MiB for each captured prefill size
+    assert off["mem_fraction_static"] == round((H200_MIB - WITHOUT_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.906
+    assert off["max_total_num_tokens"] > plain["max_total_num_tokens"]
+
+
+def test_vllm_refuses_sglangs_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--gpu", "H200", "--model", "Llama-3.1-8B-Instruct", "--engine", "vllm",
+                 "--disable-prefill-cuda-graph"]) == 2
+    assert "--disable-prefill-cuda-graph: SGLang's knob, unused by --engine vllm" in capsys.readouterr().err
+
+
+def test_the_kda_exception_list_is_sglangs() -> None:
+    """The KDA rule in SGLang's own source names the architectures it still captures for: ours, no more."""
+    import ast
+
+    from kvcache.engines.sglang import KDA_PREFILL_GRAPH_ARCHITECTURES
+    from reference_sources import reference_src_holding
+
+    relative = "sglang/srt/arg_groups/cuda_graph_hook.py"
+    tree = ast.parse((reference_src_holding(relative, "SGLang") / relative).read_text())
+    rule = next(node for node in ast.walk(tree) if isinstance(node, ast.Tuple) and node.elts
+                and isinstance(node.elts[0], ast.Constant) and node.elts[0].value == "KDA hybrid linear attention")
+    named = {n.value for n in ast.walk(rule.elts[1]) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert named == KDA_PREFILL_GRAPH_ARCHITECTURES
