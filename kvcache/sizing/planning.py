@@ -175,7 +175,7 @@ def plan_pool_sizes(req: PlanRequest) -> MemoryPoolConfig:
     if req.state is not None:
         _check_state_fits(req, slots)
     tokens = _largest_fitting_tokens(req, slots)
-    one_request = align_up(max(one_request_tokens(req), 1), page)
+    one_request = whole_request_tokens(req)
     if tokens == 0:
         raise BudgetBelowOnePageError(
             f"the KV budget does not hold one page ({page} tokens) plus the request table",
@@ -204,13 +204,23 @@ def _refuse_below_one_request(req: PlanRequest, tokens: int, one_request: int, s
             f"--max-total-tokens {req.max_total_tokens} is below one request of --context-length "
             f"{req.context_length} ({one_request} tokens); the budget would hold more",
             needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
-            suggestions=(f"--max-total-tokens {one_request} (or drop it)",),
+            suggestions=(max_total_tokens_fix(one_request),),
         )
     raise BudgetBelowOneRequestError(
         f"the KV budget holds {tokens} tokens, fewer than one request of --context-length {req.context_length} "
         f"needs ({one_request} tokens)",
         needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
     )
+
+
+def max_total_tokens_fix(one_request: int) -> str:
+    """The fix for a --max-total-tokens below one whole request, in the words every refusal and note uses."""
+    return f"--max-total-tokens {one_request} or more (or drop it)"
+
+
+def whole_request_tokens(req: PlanRequest) -> int:
+    """One request's full-pool tokens (one_request_tokens) in whole pages, at least one page."""
+    return align_up(max(one_request_tokens(req), 1), req.page_size)
 
 
 def one_request_tokens(req: PlanRequest) -> int:
@@ -260,7 +270,7 @@ def requests_at_context(req: PlanRequest, plan: MemoryPoolConfig) -> int:
     """Requests of `req.context_length` tokens each that `plan` holds at once: its running-request cap (state slots
     included), and every pool's tokens over what one such request takes there (plan_pool_sizes' one request in a
     pool of every token; a window plus a page in a paired sliding-window pool, as _check_windows_fit counts it)."""
-    one_request = align_up(max(one_request_tokens(req), 1), req.page_size)
+    one_request = whole_request_tokens(req)
     held = plan.max_running_requests
     for demand, pool in zip(req.kv_pools, plan.kv_pools, strict=True):
         per_request = one_request

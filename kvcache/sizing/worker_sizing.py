@@ -23,10 +23,9 @@ from kvcache.memory.host_memory import host_memory_bytes
 from kvcache.memory.memory_budget import MemoryBudget, compute_budget, derive_mem_fraction_static
 from kvcache.memory.runtime_reserve import RuntimeShape, default_mem_fraction_static
 from kvcache.models.model_config import ModelConfig
-from kvcache.arithmetic import align_up
 from kvcache.sizing.advice import KeptFree, fits, suggest_fixes, suggest_kv_cache_memory
 from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory
-from kvcache.sizing.planning import PlanRequest, one_request_tokens
+from kvcache.sizing.planning import PlanRequest, max_total_tokens_fix, whole_request_tokens
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.pool_layout import CacheLayout, worker_cache_layout
 from kvcache.sizing.post_capture_eligibility import (
@@ -87,10 +86,10 @@ class WorkerSizing:
         layout = self.layout()
         request = self._request(layout, memory)
         fixes: tuple[str, ...] = ()
-        whole = align_up(one_request_tokens(request), request.page_size)
+        whole = whole_request_tokens(request)
         if request.max_total_tokens is not None and request.max_total_tokens < whole \
                 and fits(msgspec.structs.replace(request, max_total_tokens=whole)):
-            fixes = (f"--max-total-tokens {whole} or more (or drop it)",)
+            fixes = (max_total_tokens_fix(whole),)
         fraction = request.budget.mem_fraction_static
         return fixes + self._suggestions(layout, request, self._budget_for(memory) if fraction else None)
 
