@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Callable, NoReturn, TypeVar
 
 import torch
 
@@ -94,6 +94,13 @@ class ConfigFields:
         if top is not None and not isinstance(top, str) and top != value:
             self.fail(name, value, f"the value the top level of config.json gives '{name}' ({_shown(top)}): "
                                    "one model cannot have both")
+
+    def repeats(self, name: str, value: Any, source: str, read: Callable[[str], Any] | None = None) -> None:
+        """A field that restates what `source` gives (another name, section or form of the same config), where
+        present, must give the same `value`, read by `read` (a typed reader of this section; the raw value if
+        none): one model cannot state two."""
+        if self.has(name) and (stated := (read(name) if read else self.raw[name])) != value:
+            self.fail(name, stated, f"{source} ({_shown(value)}), when both are given")
 
     def fail(self, name: str, value: Any, expected: str) -> NoReturn:
         """Refuse one field: its name (with the section it sits in), its value, what it must be."""

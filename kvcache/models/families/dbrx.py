@@ -27,8 +27,8 @@ _ALIASES = (("d_model", "hidden_size"), ("n_heads", "num_attention_heads"), ("n_
 def _one_value_per_size(t: ConfigFields) -> None:
     """A size stated under both its DBRX and its transformers name must be one number."""
     for own, alias in _ALIASES:
-        if t.has(own) and t.has(alias) and t.raw[own] != t.raw[alias]:
-            t.fail(alias, t.raw[alias], f"the value '{t.path}{own}' gives ({t.raw[own]!r}): both name one size")
+        if t.has(own):
+            t.repeats(alias, t.raw[own], f"the value '{t.path}{own}' gives")
 
 
 def _required_section(t: ConfigFields, name: str, holds: str) -> ConfigFields:
@@ -46,9 +46,8 @@ def _heads(t: ConfigFields, attn: ConfigFields) -> Heads:
     kv_heads = attn.int("kv_n_heads", default=1, high=heads)
     if heads % kv_heads:
         attn.fail("kv_n_heads", kv_heads, f"a divisor of n_heads ({heads})")
-    stated = t.optional_int("num_key_value_heads", high=MAX_HEADS)  # transformers 5 repeats it at the top
-    if stated is not None and stated != kv_heads:
-        t.fail("num_key_value_heads", stated, f"attn_config.kv_n_heads ({kv_heads}): both name the KV heads")
+    t.repeats("num_key_value_heads", kv_heads, "attn_config.kv_n_heads",  # transformers 5 repeats it at the top
+              read=lambda name: t.int(name, high=MAX_HEADS))
     return Heads(hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=hidden // heads)
 
 

@@ -80,8 +80,7 @@ def _kda_size(t: ConfigFields, lin: ConfigFields | None, nested: str, flat: str,
     if lin is None:
         return read(t, flat)
     value = read(lin, nested)
-    if t.has(flat) and read(t, flat) != value:
-        t.fail(flat, t.raw[flat], f"linear_attn_config.{nested} ({value}), when both are given")
+    t.repeats(flat, value, f"linear_attn_config.{nested}", read=lambda name: read(t, name))
     return value
 
 
