@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator  # noqa: E402
+from kvcache.testing.allocator_plans import paged_allocator, token_allocator# noqa: E402
 from reference_allocators import load_sglang, load_vllm  # noqa: E402
 from reference_tree import add_reference_src_argument  # noqa: E402
 from vllm_steps import SchedulerPath, block_pool_step  # noqa: E402
@@ -159,8 +159,8 @@ class Batches:
 
 def our_allocator(size: int, ps: int, device: torch.device) -> Any:
     if ps == 1:
-        return TokenToKVPoolAllocator(size=size, device=device)
-    return PagedTokenToKVPoolAllocator(size=size, page_size=ps, device=device)
+        return token_allocator(size=size, device=device)
+    return paged_allocator(size=size, page_size=ps, device=device)
 
 
 def sglang_allocator(sglang: Any, size: int, ps: int, device: torch.device) -> Any:

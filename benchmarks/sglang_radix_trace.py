@@ -29,9 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator  # noqa: E402
 from kvcache.pools import ReqToTokenPool  # noqa: E402
 from kvcache.sizing.pool_config import request_table_slot  # noqa: E402
+from kvcache.testing.allocator_plans import paged_allocator, swa_allocator, token_allocator# noqa: E402
 from reference_allocators import load_sglang, load_sglang_radix  # noqa: E402
 from reference_tree import add_reference_src_argument  # noqa: E402
 from sglang_request_fakes import Batch, Req  # noqa: E402
@@ -183,11 +183,10 @@ def ours(work: Workload, swa_window: int = 0) -> tuple[ReqToTokenPool, Any]:
     size, ps, device = work.pool_size, work.page_size, work.device
     req_pool = ReqToTokenPool(slot=request_table_slot(work.rows, 128), device=torch.device(device))
     if swa_window:
-        return req_pool, SWATokenToKVPoolAllocator(full_size=size, swa_size=size, page_size=ps, device=device,
-                                                   check_frees=True)
+        return req_pool, swa_allocator(full_size=size, swa_size=size, page_size=ps, device=device, check_frees=True)
     if ps == 1:
-        return req_pool, TokenToKVPoolAllocator(size=size, device=device, check_frees=True)
-    return req_pool, PagedTokenToKVPoolAllocator(size=size, page_size=ps, device=device, check_frees=True)
+        return req_pool, token_allocator(size=size, device=device, check_frees=True)
+    return req_pool, paged_allocator(size=size, page_size=ps, device=device, check_frees=True)
 
 
 def sglangs(alloc_classes: SimpleNamespace, sg: SimpleNamespace, work: Workload, swa_window: int = 0) -> tuple[Any, Any]:

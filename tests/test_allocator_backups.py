@@ -9,7 +9,9 @@ import torch
 from kvcache.allocators.backups import BackupState, LatestBackup
 from kvcache.allocators.free_log import FreeLogState
 from kvcache.allocators.index_map import FullToSWAMap, IndexMapState
-from kvcache.allocators.swa import SWAAllocatorState, SWATokenToKVPoolAllocator
+from kvcache.sizing.allocator_footprint import full_to_swa_slot
+from kvcache.allocators.swa import SWAAllocatorState
+from kvcache.testing.allocator_plans import swa_allocator
 
 
 def test_the_three_state_types_are_one_kind_of_backup() -> None:
@@ -28,12 +30,12 @@ def test_only_the_latest_backup_of_its_own_owner_restores() -> None:
 
 
 def test_a_reset_map_refuses_its_backup_and_a_cleared_swa_allocator_its_own() -> None:
-    table = FullToSWAMap(rows=8, device=torch.device("cpu"))
+    table = FullToSWAMap(slot=full_to_swa_slot(8), device=torch.device("cpu"))
     mark = table.mark()
     table.reset()
     with pytest.raises(ValueError, match=r"index map state \(backup #1\) is not the latest backup \(latest is #2\)"):
         table.restore(mark)
-    swa = SWATokenToKVPoolAllocator(full_size=16, swa_size=8, page_size=1, device="cpu")
+    swa = swa_allocator(full_size=16, swa_size=8, page_size=1, device="cpu")
     state = swa.backup_allocator_state()
     swa.clear()
     with pytest.raises(ValueError, match="not the latest backup of this allocator"):

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.allocators.locations import SMALL_BATCH
+from kvcache.testing.allocator_plans import paged_allocator, swa_allocator, token_allocator
 
 CPU = torch.device("cpu")
 
@@ -71,12 +71,12 @@ def half_full(a: Any) -> Any:
 
 @pytest.mark.parametrize("size", [1_000, 1_000_000])
 def test_page_1_alloc_free_cycle_is_one_kernel_at_any_pool_size(size: int) -> None:
-    a = half_full(TokenToKVPoolAllocator(size=size, device=CPU))
+    a = half_full(token_allocator(size=size, device=CPU))
     assert kernels(lambda: a.free(a.alloc(256)), a) == ["copy_"]  # alloc is a view; free appends
 
 
 def test_a_full_log_moves_to_the_other_log_and_handed_out_views_keep_their_values_for_capacity_frees() -> None:
-    a = TokenToKVPoolAllocator(size=8, device=CPU)
+    a = token_allocator(size=8, device=CPU)
     planned = a.nbytes
     kept = a.alloc(3)  # a view of log A[0:3]
     assert kept is not None
@@ -96,7 +96,7 @@ def test_a_full_log_moves_to_the_other_log_and_handed_out_views_keep_their_value
 @pytest.mark.parametrize("size", [4_096, 1_048_576])
 def test_paged_steps_launch_the_same_few_kernels_at_any_pool_size(size: int) -> None:
     ps = 16
-    a = half_full(PagedTokenToKVPoolAllocator(size=size, page_size=ps, device=CPU))
+    a = half_full(paged_allocator(size=size, page_size=ps, device=CPU))
     seq = torch.tensor([17, 18, 33, 40])  # requests 0 and 2 start a page
     last = torch.tensor([ps * 3 + 15, ps * 5, ps * 7 + 15, ps * 9 + 6])
     decode = kernels(lambda: a.alloc_decode(seq, seq, last), a, last)
@@ -128,8 +128,8 @@ def test_paged_steps_launch_the_same_few_kernels_at_any_pool_size(size: int) -> 
 def test_a_free_group_copies_each_free_and_ends_in_one_kernel(page_size: int) -> None:
     """A group of releases: one copy per deferred free (the caller may overwrite its tensor) and one
     concatenation written straight into the free log at the end (not a cat and then an append)."""
-    a = half_full(PagedTokenToKVPoolAllocator(size=1 << 14, page_size=page_size, device=CPU) if page_size > 1
-                  else TokenToKVPoolAllocator(size=1 << 14, device=CPU))
+    a = half_full(paged_allocator(size=1 << 14, page_size=page_size, device=CPU) if page_size > 1
+                  else token_allocator(size=1 << 14, device=CPU))
     rows = [a.alloc(3 * page_size) for _ in range(3)]
     free = a.available_size()
     a.free_group_begin()
@@ -142,9 +142,9 @@ def test_a_free_group_copies_each_free_and_ends_in_one_kernel(page_size: int) ->
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_steady_state_steps_never_sync_the_host_on_cuda() -> None:
     dev = torch.device("cuda")
-    token = half_full(TokenToKVPoolAllocator(size=1 << 20, device=dev))
-    paged = half_full(PagedTokenToKVPoolAllocator(size=1 << 20, page_size=16, device=dev))
-    swa = SWATokenToKVPoolAllocator(full_size=1 << 16, swa_size=1 << 14, page_size=16, device=dev)
+    token = half_full(token_allocator(size=1 << 20, device=dev))
+    paged = half_full(paged_allocator(size=1 << 20, page_size=16, device=dev))
+    swa = swa_allocator(full_size=1 << 16, swa_size=1 << 14, page_size=16, device=dev)
     seq_cpu = torch.arange(256) * 16 + 1 + (torch.arange(256) % 3)  # some start a page, most continue
     seq = seq_cpu.to(dev)
     last = paged.alloc(256 * 16)[::16].clone() + (seq - 2) % 16  # type: ignore[index]
@@ -198,7 +198,7 @@ class SyncLog(TorchDispatchMode):
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_a_paged_swa_set_free_syncs_twice_find_pages_and_pick_held_ones(page_size: int) -> None:
-    swa = SWATokenToKVPoolAllocator(full_size=1024, swa_size=512, page_size=page_size, device=CPU)
+    swa = swa_allocator(full_size=1024, swa_size=512, page_size=page_size, device=CPU)
     full = swa.alloc(64)
     assert full is not None
     with SyncLog() as log:
@@ -232,10 +232,10 @@ class _Kept(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("make", [
-    lambda: TokenToKVPoolAllocator(size=4096, device=CPU),
-    lambda: PagedTokenToKVPoolAllocator(size=4096, page_size=16, device=CPU),
-    lambda: PagedTokenToKVPoolAllocator(size=4096, page_size=64, device=CPU, kernels=None),
-    lambda: SWATokenToKVPoolAllocator(full_size=4096, swa_size=1024, page_size=16, device=CPU),
+    lambda: token_allocator(size=4096, device=CPU),
+    lambda: paged_allocator(size=4096, page_size=16, device=CPU),
+    lambda: paged_allocator(size=4096, page_size=64, device=CPU, kernels=None),
+    lambda: swa_allocator(full_size=4096, swa_size=1024, page_size=16, device=CPU),
 ])
 def test_an_allocator_keeps_no_memory_beyond_the_bytes_the_plan_counts(make: Callable[[], Any]) -> None:
     """What an allocator holds after construction is its planned index buffers, nothing more (a stray

@@ -9,11 +9,12 @@ import torch
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator
 from kvcache.sizing.allocator_footprint import allocator_index_bytes
+from kvcache.testing.allocator_plans import paged_allocator
 from sglang_calls import decode, extend
 
 
 def make(size: int = 32, page_size: int = 4, check_frees: bool = True) -> PagedTokenToKVPoolAllocator:
-    return PagedTokenToKVPoolAllocator(size=size, page_size=page_size, device=torch.device("cpu"), check_frees=check_frees)
+    return paged_allocator(size=size, page_size=page_size, device=torch.device("cpu"), check_frees=check_frees)
 
 
 def t(*values: int) -> torch.Tensor:
@@ -177,7 +178,7 @@ def test_checked_free_rejects_bad_pages_and_changes_nothing(bad: tuple[int, ...]
 )
 def test_bad_sizes_are_rejected(kwargs: dict[str, int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        PagedTokenToKVPoolAllocator(device="cpu", **kwargs)
+        paged_allocator(device="cpu", **kwargs)
 
 
 def test_alloc_needs_a_multiple_of_page_size() -> None:
@@ -186,13 +187,13 @@ def test_alloc_needs_a_multiple_of_page_size() -> None:
 
 
 def test_properties_and_nbytes_match_the_planner() -> None:
-    a = PagedTokenToKVPoolAllocator(size=4096, page_size=16, device="cpu")
+    a = paged_allocator(size=4096, page_size=16, device="cpu")
     assert (a.size, a.page_size, a.num_pages, a.device) == (4096, 16, 256, torch.device("cpu"))
     assert a.nbytes == allocator_index_bytes(4096, 16) == 2 * 2 * 256 * 8  # two logs of 512 int64 = 2 x 4,096 B
 
 
 def test_meta_allocator_constructs_but_holds_no_indices() -> None:
-    a = PagedTokenToKVPoolAllocator(size=1 << 24, page_size=64, device="meta")
+    a = paged_allocator(size=1 << 24, page_size=64, device="meta")
     assert a.available_size() == 1 << 24
     with pytest.raises(ValueError, match="alloc_extend\\(\\) on a meta-device allocator"):
         extend(a, t(0), t(3), t(-1), 3)
@@ -204,7 +205,7 @@ def test_meta_allocator_constructs_but_holds_no_indices() -> None:
 def test_cuda_extend_and_decode_match_cpu() -> None:
     results = []
     for device in ("cpu", "cuda"):
-        a = PagedTokenToKVPoolAllocator(size=64, page_size=4, device=device, check_frees=True)
+        a = paged_allocator(size=64, page_size=4, device=device, check_frees=True)
         a.alloc(4)
         ext = extend(a, t(3, 0), t(6, 5), t(6, -1), 8)
         dec = decode(a, t(7, 6), t(9, 16))
@@ -223,7 +224,7 @@ class _KernelsThatFail:
 
 
 def test_a_step_that_fails_after_taking_pages_gives_them_back() -> None:
-    a = PagedTokenToKVPoolAllocator(size=1024, page_size=16, device="cpu", kernels=_KernelsThatFail())  # type: ignore[arg-type]
+    a = paged_allocator(size=1024, page_size=16, device="cpu", kernels=_KernelsThatFail())  # type: ignore[arg-type]
     free = a.available_size()
     seq = torch.tensor([17, 18, 33])  # two requests start a page
     with pytest.raises(RuntimeError, match="injected"):
@@ -246,7 +247,7 @@ def test_small_batch_runs_equal_the_per_token_plan(mocker, ps: int) -> None:
         results = []
         for small in (64, -1):
             mocker.patch("kvcache.allocators.paged.SMALL_BATCH", small)
-            a = PagedTokenToKVPoolAllocator(size=256 * ps, page_size=ps, device="cpu", check_frees=True)
+            a = paged_allocator(size=256 * ps, page_size=ps, device="cpu", check_frees=True)
             held = a.alloc(64 * ps)  # the requests' earlier pages: request i's partial page is page i + 1
             assert held is not None
             last = torch.where(prefix > 0, held[::ps][: n] + (prefix - 1) % ps, torch.full_like(prefix, -1))

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvcache.testing.allocator_plans import paged_allocator, swa_allocator, token_allocator
 from sglang_calls import decode, extend
 
 SETTINGS = settings(max_examples=40, stateful_step_count=30, deadline=None,
@@ -69,7 +69,7 @@ class TokenMachine(RuleBasedStateMachine):
 
     @initialize(size=st.integers(16, 200))
     def setup(self, size: int) -> None:
-        self.a = TokenToKVPoolAllocator(size=size, device="cpu", check_frees=True)
+        self.a = token_allocator(size=size, device="cpu", check_frees=True)
         self.everything = set(range(1, size + 1))
         self.free = set(self.everything)
         self.held: set[int] = set()
@@ -189,7 +189,7 @@ class PagedMachine(RuleBasedStateMachine):
     @initialize(pages=st.integers(4, 50), page_size=st.sampled_from([1, 2, 4, 8]))
     def setup(self, pages: int, page_size: int) -> None:
         self.ps = page_size
-        self.a = PagedTokenToKVPoolAllocator(size=pages * page_size, page_size=page_size, device="cpu",
+        self.a = paged_allocator(size=pages * page_size, page_size=page_size, device="cpu",
                                              check_frees=True)
         self.everything = set(range(1, pages + 1))
         self.free = set(self.everything)
@@ -367,7 +367,7 @@ class SWAMachine(RuleBasedStateMachine):
     @initialize(full_pages=st.integers(8, 40), swa_pages=st.integers(4, 20), page_size=st.sampled_from([1, 4]))
     def setup(self, full_pages: int, swa_pages: int, page_size: int) -> None:
         self.ps = page_size
-        self.a = SWATokenToKVPoolAllocator(full_size=full_pages * page_size, swa_size=swa_pages * page_size,
+        self.a = swa_allocator(full_size=full_pages * page_size, swa_size=swa_pages * page_size,
                                            page_size=page_size, device="cpu", check_frees=True)
         self.all_full, self.all_swa = set(range(1, full_pages + 1)), set(range(1, swa_pages + 1))
         self.full_free, self.swa_free = set(self.all_full), set(self.all_swa)

@@ -9,10 +9,11 @@ from kvcache.allocators import SWATokenToKVPoolAllocator
 from kvcache.sizing.allocator_footprint import allocator_index_bytes
 from sglang_calls import decode, extend
 from kvcache.memory.device_buffers import allocation_size
+from kvcache.testing.allocator_plans import swa_allocator
 
 
 def make(full: int = 16, swa: int = 8, page_size: int = 1, check_frees: bool = True) -> SWATokenToKVPoolAllocator:
-    return SWATokenToKVPoolAllocator(full_size=full, swa_size=swa, page_size=page_size, device="cpu",
+    return swa_allocator(full_size=full, swa_size=swa, page_size=page_size, device="cpu",
                                      check_frees=check_frees)
 
 
@@ -196,7 +197,7 @@ def test_alloc_extend_and_decode_need_pages() -> None:
 )
 def test_bad_sizes_are_rejected(kwargs: dict[str, int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        SWATokenToKVPoolAllocator(device="cpu", **kwargs)
+        swa_allocator(device="cpu", **kwargs)
 
 
 def test_checked_free_of_unheld_full_indices_raises_and_changes_nothing() -> None:
@@ -211,13 +212,13 @@ def test_checked_free_of_unheld_full_indices_raises_and_changes_nothing() -> Non
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_properties_and_nbytes_match_the_planner(page_size: int) -> None:
-    a = SWATokenToKVPoolAllocator(full_size=4096, swa_size=1024, page_size=page_size, device="cpu")
+    a = swa_allocator(full_size=4096, swa_size=1024, page_size=page_size, device="cpu")
     assert (a.size, a.size_full, a.size_swa, a.page_size) == (1024, 4096, 1024, page_size)  # size: both sides (SGLang)
     assert a.nbytes == allocator_index_bytes(4096, page_size, 1024)
 
 
 def test_meta_allocator_constructs_but_holds_no_indices() -> None:
-    a = SWATokenToKVPoolAllocator(full_size=1 << 20, swa_size=1 << 16, page_size=16, device="meta")
+    a = swa_allocator(full_size=1 << 20, swa_size=1 << 16, page_size=16, device="meta")
     assert a.available_size() == 1 << 16 and a.full_to_swa_index_mapping.device.type == "meta"
     a.restore_state(a.backup_state())
     with pytest.raises(ValueError, match="meta-device allocator"):
@@ -247,7 +248,7 @@ def test_restore_after_a_long_live_backup_still_restores_the_map() -> None:
 
 
 def test_checked_allocators_count_their_flags_in_nbytes() -> None:
-    a = SWATokenToKVPoolAllocator(full_size=64, swa_size=32, page_size=4, device="cpu", check_frees=True)
+    a = swa_allocator(full_size=64, swa_size=32, page_size=4, device="cpu", check_frees=True)
     # Each buffer at the device allocator's 512 B blocks: two free logs each of 2 x 16 and of 2 x 8 page
     # starts, 17 + 9 flags, 69 map rows (64 tokens, a padding page of 4, the -1 row): 8 blocks.
     expected = sum(allocation_size(n) for n in (32 * 8, 32 * 8, 17, 16 * 8, 16 * 8, 9, 69 * 8))

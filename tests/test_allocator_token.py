@@ -8,14 +8,16 @@ import torch
 from kvcache.allocators import TokenToKVPoolAllocator
 from kvcache.sizing.allocator_footprint import allocator_index_bytes, free_log_slots
 from kvcache.byte_units import MiB
+from kvcache.errors import PlanMismatchError
 from kvcache.memory.device_buffers import Arena
 from kvcache.pools.planned_views import carve_slots
+from kvcache.testing.allocator_plans import token_allocator
 
 CPU = torch.device("cpu")
 
 
 def make(size: int = 8, check_frees: bool = True) -> TokenToKVPoolAllocator:
-    return TokenToKVPoolAllocator(size=size, device=torch.device("cpu"), check_frees=check_frees)
+    return token_allocator(size=size, device=torch.device("cpu"), check_frees=check_frees)
 
 
 def held_after_drain(a: TokenToKVPoolAllocator) -> set[int]:
@@ -245,13 +247,26 @@ def test_unchecked_free_still_refuses_to_overflow_the_free_list() -> None:
         a.free(torch.tensor([1, 2]))
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [({"size": 0}, "positive number of tokens, got 0"), ({"size": -5}, "got -5")],
-)
-def test_bad_sizes_are_rejected(kwargs: dict[str, int], message: str) -> None:
+@pytest.mark.parametrize(("size", "message"), [(0, "size 0 must be a positive multiple of page_size 1"),
+                                               (-5, "size -5 must be")])
+def test_bad_sizes_are_rejected(size: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        TokenToKVPoolAllocator(device="cpu", **kwargs)
+        token_allocator(size=size)
+
+
+@pytest.mark.parametrize(("slots", "given"), [
+    (free_log_slots(0), "allocator.free_log.0 (0,) int64; allocator.free_log.1 (0,) int64"),  # no id at all
+    (free_log_slots(8)[:1], "allocator.free_log.0 (16,) int64"),  # one log
+    ((*free_log_slots(8)[:1], *free_log_slots(4)[1:]), "allocator.free_log.0 (16,) int64; allocator.free_log.1 (8,) int64"),
+    ((*free_log_slots(8), *free_log_slots(4, True)[2:]),  # flags for 4 ids beside logs for 8
+     "allocator.free_log.0 (16,) int64; allocator.free_log.1 (16,) int64; allocator.is_free (5,) bool"),
+], ids=["empty", "one-log", "logs-differ", "flags-differ"])
+def test_slots_that_are_not_a_planned_free_list_are_refused_naming_what_was_given(slots: tuple, given: str) -> None:
+    """The allocator reads its size from its planned slots, so it checks they are one free list's: two int64 logs
+    of two entries per id (one id at least) and, to check frees, one bool per id and the padding id."""
+    with pytest.raises(PlanMismatchError) as refused:
+        TokenToKVPoolAllocator(slots=slots, device=CPU)
+    assert str(refused.value).endswith(f"each in a slot; given {given}")
 
 
 def test_bad_alloc_and_free_arguments_are_rejected() -> None:
@@ -264,18 +279,18 @@ def test_bad_alloc_and_free_arguments_are_rejected() -> None:
 
 def test_constructor_is_keyword_only() -> None:
     with pytest.raises(TypeError):
-        TokenToKVPoolAllocator(8, "cpu")  # type: ignore[misc]
+        TokenToKVPoolAllocator(free_log_slots(8), "cpu")  # type: ignore[misc]
 
 
 def test_properties_and_nbytes_match_the_planner() -> None:
-    a = TokenToKVPoolAllocator(size=100, device="cpu")
+    a = token_allocator(size=100, device="cpu")
     assert (a.size, a.page_size, a.device) == (100, 1, torch.device("cpu"))
     assert a.nbytes == allocator_index_bytes(100, 1) == 4096  # two logs of 200 x int64 = 1,600 B, each four 512 B blocks
     assert make(100).nbytes == allocator_index_bytes(100, 1, check_frees=True)
 
 
 def test_meta_allocator_constructs_but_holds_no_indices() -> None:
-    a = TokenToKVPoolAllocator(size=1 << 20, device="meta")
+    a = token_allocator(size=1 << 20, device="meta")
     assert a.available_size() == 1 << 20 and a.device.type == "meta"
     assert a.nbytes == allocator_index_bytes(1 << 20, 1)
     a.restore_state(a.backup_state())
@@ -287,12 +302,12 @@ def test_meta_allocator_constructs_but_holds_no_indices() -> None:
     with pytest.raises(ValueError, match="meta-device allocator"):
         a.free(torch.empty(3, dtype=torch.int64, device="meta"))  # not through the hot path either
     with pytest.raises(ValueError, match="check_frees=True needs real tensors"):
-        TokenToKVPoolAllocator(size=8, device="meta", check_frees=True)
+        token_allocator(size=8, device="meta", check_frees=True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_allocator_keeps_indices_on_the_device() -> None:
-    a = TokenToKVPoolAllocator(size=64, device="cuda", check_frees=True)
+    a = token_allocator(size=64, device="cuda", check_frees=True)
     out = a.alloc(8)
     assert out is not None and out.device.type == "cuda" and out.dtype == torch.int64
     state = a.backup_state()
@@ -326,7 +341,7 @@ def test_compactions_allocate_nothing_beyond_the_plan_and_lose_no_index(check_fr
     assert planned == 2 * 2_048 + (512 if check_frees else 0)
     arena = Arena(10 * MiB, CPU)
     views = carve_slots(arena, free_log_slots(100, check_frees))
-    a = TokenToKVPoolAllocator(size=100, device=CPU, check_frees=check_frees, views=views)
+    a = token_allocator(size=100, device=CPU, check_frees=check_frees, views=views)
     held = a.alloc(30)
     assert held is not None
     held = held.clone()
@@ -343,7 +358,7 @@ def test_compactions_allocate_nothing_beyond_the_plan_and_lose_no_index(check_fr
 
 
 def test_a_restore_across_two_compactions_gives_back_the_backed_up_free_set() -> None:
-    a = TokenToKVPoolAllocator(size=8, device=CPU)
+    a = token_allocator(size=8, device=CPU)
     held = a.alloc(3)
     assert held is not None
     state = a.backup_state()

@@ -15,7 +15,7 @@ import pytest
 import torch
 from reference_sources import reference_src_holding
 
-from kvcache.allocators import PagedTokenToKVPoolAllocator
+from kvcache.testing.allocator_plans import paged_allocator
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -47,7 +47,7 @@ def _t(*values: int) -> torch.Tensor:
 def test_slot_mapping_equals_ours_on_a_fresh_pool(vllm: SimpleNamespace, computed: list[int]) -> None:
     # page 4, 16 pages: request A 7 tokens (pages 1, 2), B 4 tokens (page 3), then one decode token each:
     # A continues page 2 at slot 11, B starts page 4 at slot 16. Both allocators number pages from 1.
-    ours = PagedTokenToKVPoolAllocator(size=64, page_size=4, device="cpu")
+    ours = paged_allocator(size=64, page_size=4, device="cpu")
     prefill = ours.alloc_extend(_t(0, 0), _t(0, 0), _t(7, 4), _t(7, 4), _t(-1, -1), 11)
     assert prefill.tolist() == [4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15]
     decode = ours.alloc_decode(_t(8, 5), _t(8, 5), _t(10, 15))

@@ -16,7 +16,6 @@ import torch
 
 from app.forward import ContextFullError, UnknownRequestError, DecodeRequests, PoolAttention, build_decoder, paged_decode_attention_torch
 from app.weights import parameter_specs
-from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.errors import UnsupportedModelError
 from kvcache.models.model_config import ModelConfig
@@ -27,6 +26,7 @@ from kvcache.testing.pool_plans import standalone_kv_pool
 from kvcache.models.presets import load_model_config
 from kvcache.testing import tiny_model_config
 from kvcache.models.hf_config import model_config_from_hf
+from kvcache.testing.allocator_plans import paged_allocator, token_allocator
 
 CPU = torch.device("cpu")
 POOL_TOKENS = 256
@@ -108,8 +108,8 @@ def pools_for(model: ModelConfig, page: int, kv: str) -> tuple[ReqToTokenPool, A
     spec = (MLASpec(model.kv_lora_rank, model.qk_rope_head_dim, dtype) if model.kv_lora_rank else
             FullAttentionSpec(model.num_key_value_heads, model.head_dim, model.v_head_dim, dtype))
     pool: Any = standalone_kv_pool(spec, tokens=POOL_TOKENS, page_size=page, layer_ids=layers)
-    allocator: Any = (TokenToKVPoolAllocator(size=POOL_TOKENS, device=CPU, check_frees=True) if page == 1 else
-                      PagedTokenToKVPoolAllocator(size=POOL_TOKENS, page_size=page, device=CPU, check_frees=True))
+    allocator: Any = (token_allocator(size=POOL_TOKENS, device=CPU, check_frees=True) if page == 1 else
+                      paged_allocator(size=POOL_TOKENS, page_size=page, device=CPU, check_frees=True))
     return ReqToTokenPool(slot=request_table_slot(8, 64), device=CPU), pool, allocator
 
 
@@ -166,7 +166,7 @@ def test_the_kernel_masks_positions_past_each_request_and_reads_through_req_to_t
 
 
 def test_a_step_past_the_context_length_is_a_typed_error_and_takes_no_slot():
-    allocator = TokenToKVPoolAllocator(size=POOL_TOKENS, device=CPU, check_frees=True)
+    allocator = token_allocator(size=POOL_TOKENS, device=CPU, check_frees=True)
     requests = DecodeRequests(req_to_token_pool=ReqToTokenPool(slot=request_table_slot(2, 2), device=CPU),
                               allocator=allocator, device=CPU)
     (row,) = requests.add(1)
@@ -179,7 +179,7 @@ def test_a_step_past_the_context_length_is_a_typed_error_and_takes_no_slot():
 
 
 def test_a_row_that_no_running_request_holds_is_a_typed_error_that_names_it_and_takes_no_slot():
-    allocator = TokenToKVPoolAllocator(size=POOL_TOKENS, device=CPU, check_frees=True)
+    allocator = token_allocator(size=POOL_TOKENS, device=CPU, check_frees=True)
     requests = DecodeRequests(req_to_token_pool=ReqToTokenPool(slot=request_table_slot(4, 8), device=CPU),
                               allocator=allocator, device=CPU)
     rows = requests.add(2)
@@ -195,7 +195,7 @@ def test_a_row_that_no_running_request_holds_is_a_typed_error_that_names_it_and_
 def test_a_row_named_twice_is_a_typed_error_that_takes_and_frees_nothing():
     """A step naming a row twice took two slots for one token position (one never freed); a release
     naming it twice freed its slots, then failed on a bare KeyError."""
-    allocator = TokenToKVPoolAllocator(size=POOL_TOKENS, device=CPU, check_frees=True)
+    allocator = token_allocator(size=POOL_TOKENS, device=CPU, check_frees=True)
     requests = DecodeRequests(req_to_token_pool=ReqToTokenPool(slot=request_table_slot(4, 8), device=CPU),
                               allocator=allocator, device=CPU)
     rows = requests.add(2)

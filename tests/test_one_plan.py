@@ -28,6 +28,7 @@ from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.models.presets import load_model_config
 from kvcache.testing import tiny_model_config
 from kvcache.testing.pool_plans import standalone_kv_pool
+from kvcache.testing.allocator_plans import token_allocator
 
 META = torch.device("meta")
 
@@ -87,19 +88,19 @@ def test_a_draft_worker_has_its_own_arena_and_the_target_pays_for_both(make_engi
 def _checking_allocator(*, plan: Any, device: torch.device, kvcache: Any = None,
                         views: Any = None) -> TokenToKVPoolAllocator:
     """An allocator with is-free flags the plan did not pay for."""
-    return TokenToKVPoolAllocator(size=plan.max_total_num_tokens, device=device, check_frees=True)
+    return token_allocator(size=plan.max_total_num_tokens, device=device, check_frees=True)
 
 
 def _undersized_allocator(*, plan: Any, device: torch.device, kvcache: Any = None,
                           views: Any = None) -> TokenToKVPoolAllocator:
     """An allocator over half the plan's tokens: smaller index buffers than planned."""
-    return TokenToKVPoolAllocator(size=plan.max_total_num_tokens // 2, device=device)
+    return token_allocator(size=plan.max_total_num_tokens // 2, device=device)
 
 
 def _own_buffers_allocator(*, plan: Any, device: torch.device, kvcache: Any = None,
                            views: Any = None) -> TokenToKVPoolAllocator:
     """The plan's allocator, shapes and all, on buffers of its own instead of the arena's views."""
-    return TokenToKVPoolAllocator(size=plan.max_total_num_tokens, device=device)
+    return token_allocator(size=plan.max_total_num_tokens, device=device)
 
 
 @pytest.mark.parametrize("factory", [_checking_allocator, _undersized_allocator, _own_buffers_allocator])

@@ -12,8 +12,9 @@ import random
 import pytest
 import torch
 
-from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator
+from kvcache.allocators import PagedTokenToKVPoolAllocator
 from kvcache.allocators import paged_kernels
+from kvcache.testing.allocator_plans import paged_allocator, swa_allocator
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -24,8 +25,8 @@ runs_kernels = pytest.mark.skipif(KERNELS is None, reason="needs CUDA with Trito
 
 def pair(ps: int, size: int = 1 << 16) -> tuple[PagedTokenToKVPoolAllocator, PagedTokenToKVPoolAllocator]:
     """A kernel allocator and a host-planned one in the same state (a third of the pool held, in the same order)."""
-    a = PagedTokenToKVPoolAllocator(size=size, page_size=ps, device=DEVICE, kernels=KERNELS)
-    b = PagedTokenToKVPoolAllocator(size=size, page_size=ps, device=DEVICE, kernels=None)
+    a = paged_allocator(size=size, page_size=ps, device=DEVICE, kernels=KERNELS)
+    b = paged_allocator(size=size, page_size=ps, device=DEVICE, kernels=None)
     assert a.uses_device_kernels and not b.uses_device_kernels
     for x in (a, b):
         held = x.alloc(size // 3 // ps * ps)
@@ -121,7 +122,7 @@ def test_kernel_steps_refuse_a_batch_that_does_not_fit_and_change_nothing() -> N
 
 @runs_kernels
 def test_check_frees_catches_device_lengths_that_differ_from_the_cpu_copies() -> None:
-    a = PagedTokenToKVPoolAllocator(size=1024, page_size=16, device=DEVICE, check_frees=True, kernels=KERNELS)
+    a = paged_allocator(size=1024, page_size=16, device=DEVICE, check_frees=True, kernels=KERNELS)
     seq_cpu = torch.tensor([17, 18])
     last = torch.tensor([15, 40], device=DEVICE)
     with pytest.raises(ValueError, match="seq_lens on the device differs from seq_lens_cpu"):
@@ -130,7 +131,7 @@ def test_check_frees_catches_device_lengths_that_differ_from_the_cpu_copies() ->
 
 @runs_kernels
 def test_swa_sides_share_one_count_and_both_run_the_kernel() -> None:
-    swa = SWATokenToKVPoolAllocator(full_size=1 << 14, swa_size=1 << 12, page_size=16, device=DEVICE)
+    swa = swa_allocator(full_size=1 << 14, swa_size=1 << 12, page_size=16, device=DEVICE)
     assert swa.full_attn_allocator.uses_device_kernels == (KERNELS is not None and DEVICE.type == "cuda")
     prefix_cpu, seq_cpu = torch.tensor([0, 0]), torch.tensor([40, 17])
     out = swa.alloc_extend(prefix_cpu.to(DEVICE), prefix_cpu, seq_cpu.to(DEVICE), seq_cpu,

@@ -14,7 +14,7 @@ from kvcache.byte_units import GiB, MiB
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.memory.vmm_storage import VmmBacking
 from kvcache.testing.virtual_memory import FakeVirtualMemory
-from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvcache.allocators import SWATokenToKVPoolAllocator
 from kvcache.errors import PlanMismatchError
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.memory.device_buffers import Arena
@@ -25,6 +25,7 @@ from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec, RecurrentStat
 from kvcache.sizing.pool_config import request_table_slot
 from kvcache.sizing.tensor_plan import PlannedSlot, per_layer, tensor, torch_dtype
 from kvcache.testing.pool_plans import kv_pool_plan, standalone_kv_pool, state_pool_plan
+from kvcache.testing.allocator_plans import paged_allocator, swa_allocator, token_allocator
 
 CPU = torch.device("cpu")
 BF16 = KV_CACHE_DTYPES["bfloat16"]
@@ -72,10 +73,10 @@ def test_the_other_pools_and_every_allocator_take_plain_tensors() -> None:
     assert mla.get_key_buffer(0) is mla_views["kv_mla.0.latent"]
 
     for allocator, slots in [
-        (lambda v: TokenToKVPoolAllocator(size=8, device=CPU, views=v), free_list_slots(8, 1)),
-        (lambda v: PagedTokenToKVPoolAllocator(size=64, page_size=16, device=CPU, kernels=None, views=v),
+        (lambda v: token_allocator(size=8, device=CPU, views=v), free_list_slots(8, 1)),
+        (lambda v: paged_allocator(size=64, page_size=16, device=CPU, kernels=None, views=v),
          free_list_slots(64, 16)),
-        (lambda v: SWATokenToKVPoolAllocator(full_size=64, swa_size=32, page_size=16, device=CPU, views=v),
+        (lambda v: swa_allocator(full_size=64, swa_size=32, page_size=16, device=CPU, views=v),
          allocator_slots(64, 16, 32)),
     ]:
         views = plain(slots)
@@ -98,7 +99,7 @@ def test_one_pass_carves_each_slot_back_to_back_and_the_pools_hold_those_views()
     assert [views[n].data_ptr() - base for n in ("allocator.free_log.0", "allocator.free_log.1", "kv_full.0.k",
                                                  "kv_full.0.v", "kv_full.1.k")] == [512, 1024, 1536, 3840, 6144]
     req = ReqToTokenPool(slot=request_table_slot(4, 16), device=CPU, views=views)
-    allocator = TokenToKVPoolAllocator(size=8, device=CPU, views=views, kvcache=mha(views))
+    allocator = token_allocator(size=8, device=CPU, views=views, kvcache=mha(views))
     assert req.named_tensors()["req_to_token.table"] is views["req_to_token.table"]
     assert allocator.named_tensors()["allocator.free_log.1"] is views["allocator.free_log.1"]
 
@@ -143,7 +144,30 @@ def test_an_allocator_refuses_free_logs_sized_for_another_capacity() -> None:
     views = plain(free_list_slots(16, 1))  # logs of 32 ids for an allocator of 8 tokens
     with pytest.raises(PlanMismatchError, match=r"'allocator.free_log.0' is \(32,\) int64 on cpu; the plan has "
                                                 r"\(16,\) int64 on cpu"):
-        TokenToKVPoolAllocator(size=8, device=CPU, views=views)
+        token_allocator(size=8, device=CPU, views=views)
+
+
+def test_an_swa_allocator_reads_both_sizes_from_its_slots_and_refuses_a_map_or_a_side_they_do_not_agree_on() -> None:
+    """The full -> SWA map has a row per full-pool row (64 tokens + a page of 16) and the -1 row: 81 int64."""
+    slots = allocator_slots(64, 16, 32)
+    a = SWATokenToKVPoolAllocator(slots=slots, page_size=16, device=CPU)
+    assert (a.size_full, a.size_swa, a.full_to_swa_index_mapping.shape) == (64, 32, (81,))
+    other_map = (*slots[:-1], allocator_slots(128, 16, 32)[-1])  # a map planned for 128 full tokens
+    with pytest.raises(PlanMismatchError, match=r"the full -> SWA map is planned as \[\(145,\)\]; the full side's 64 "
+                                                r"tokens in pages of 16 need \(81,\)"):
+        SWATokenToKVPoolAllocator(slots=other_map, page_size=16, device=CPU)
+    with pytest.raises(PlanMismatchError, match=r"two free lists \(\*\.full\.\* and \*\.swa\.\*\) and the full -> SWA map; "
+                                                r"given allocator.full.free_log.0, allocator.full.free_log.1, "
+                                                r"allocator.full_to_swa$"):
+        SWATokenToKVPoolAllocator(slots=(*slots[:2], slots[-1]), page_size=16, device=CPU)
+
+
+def test_an_allocator_asked_to_check_frees_on_the_builders_views_finds_no_flags_there() -> None:
+    """The worker's arena plans no is_free flags (MemoryPoolConfig.worker_slots): an allocator that checks frees
+    carves its own lists, and one given the builder's views is refused by name."""
+    views = plain(free_list_slots(8, 1))
+    with pytest.raises(PlanMismatchError, match=r"no view was given for 'allocator.is_free'; the plan has \(9,\) bool"):
+        token_allocator(size=8, check_frees=True, views=views)
 
 
 def test_a_worker_given_an_arena_backing_carves_every_tensor_from_that_storage(make_engine: Any) -> None:

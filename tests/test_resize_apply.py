@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 import torch
 
-from kvcache.allocators import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec
 from kvcache.testing.pool_plans import standalone_kv_pool
@@ -15,14 +14,15 @@ from kvcache.errors import VmmError
 from kvcache.runtime.shrink import (
     LiveTokensInTailError, carry_tokens_in_use, complement, pool_buffers, released_address_ranges,
 )
+from kvcache.testing.allocator_plans import paged_allocator, token_allocator
 
 CPU = torch.device("cpu")
 
 
 def _allocator(size: int, page: int):  # type: ignore[no-untyped-def]
     if page == 1:
-        return TokenToKVPoolAllocator(size=size, device=CPU, check_frees=True)
-    return PagedTokenToKVPoolAllocator(size=size, page_size=page, device=CPU, check_frees=True)
+        return token_allocator(size=size, device=CPU, check_frees=True)
+    return paged_allocator(size=size, page_size=page, device=CPU, check_frees=True)
 
 
 @pytest.mark.parametrize("page", [1, 16])

@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 import torch
 
-from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvcache.allocators import SWATokenToKVPoolAllocator
 from kvcache.pools import ReqToTokenPool
 from kvcache.sizing.pool_config import request_table_slot
+from kvcache.testing.allocator_plans import paged_allocator, swa_allocator, token_allocator
 
 CPU = torch.device("cpu")
 CHUNK = 48  # chunked-prefill budget per request and step
@@ -380,8 +381,8 @@ def run_trace(allocator: Any, page_size: int, *, radix: bool, window: int | None
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_radix_trace_loses_and_duplicates_nothing(page_size: int) -> None:
     size = 1024 if page_size == 1 else 2048
-    allocator: Any = (TokenToKVPoolAllocator(size=size, device=CPU, check_frees=True) if page_size == 1 else
-                      PagedTokenToKVPoolAllocator(size=size, page_size=page_size, device=CPU, check_frees=True))
+    allocator: Any = (token_allocator(size=size, device=CPU, check_frees=True) if page_size == 1 else
+                      paged_allocator(size=size, page_size=page_size, device=CPU, check_frees=True))
     s = run_trace(allocator, page_size, radix=True)
     assert s.tree is not None and s.tree.values() == [s.tree.root.value]  # drained: only the root
     # the workload did what it is for: prefix hits, chunked prompts, eviction to make room
@@ -391,6 +392,6 @@ def test_radix_trace_loses_and_duplicates_nothing(page_size: int) -> None:
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_sliding_window_trace_loses_and_duplicates_nothing(page_size: int) -> None:
     full = 1024 if page_size == 1 else 2048
-    allocator = SWATokenToKVPoolAllocator(full_size=full, swa_size=full // 2, page_size=page_size, device=CPU,
+    allocator = swa_allocator(full_size=full, swa_size=full // 2, page_size=page_size, device=CPU,
                                           check_frees=True)
     run_trace(allocator, page_size, radix=False, window=32)

@@ -15,9 +15,9 @@ import pytest
 import torch
 from reference_sources import reference_src_holding
 
-from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.pools import ReqToTokenPool
 from kvcache.sizing.pool_config import request_table_slot
+from kvcache.testing.allocator_plans import paged_allocator, swa_allocator, token_allocator
 
 
 
@@ -44,7 +44,7 @@ class Tree:
 
 
 def test_max_new_tokens_is_clipped_to_an_empty_pool_after_the_page_rounded_prompt() -> None:
-    a = PagedTokenToKVPoolAllocator(size=4096, page_size=16, device="cpu")
+    a = paged_allocator(size=4096, page_size=16, device="cpu")
     clip = lambda prompt, wanted: a.max_new_tokens_for_memory(  # noqa: E731
         prompt, wanted, token_capacity=1000, sliding_window_size=None, chunk_size=None)
     assert clip(100, 2000) == 1000 - 112 - 16 - 1  # 100 tokens take 7 pages = 112
@@ -53,8 +53,8 @@ def test_max_new_tokens_is_clipped_to_an_empty_pool_after_the_page_rounded_promp
 
 
 @pytest.mark.parametrize("make", [
-    lambda: TokenToKVPoolAllocator(size=64, device="cpu"),
-    lambda: PagedTokenToKVPoolAllocator(size=64, page_size=4, device="cpu"),
+    lambda: token_allocator(size=64, device="cpu"),
+    lambda: paged_allocator(size=64, page_size=4, device="cpu"),
 ])
 def test_decode_capacity_evicts_the_shortfall_first(make: Any) -> None:
     a = make()
@@ -67,7 +67,7 @@ def test_decode_capacity_evicts_the_shortfall_first(make: Any) -> None:
 
 
 def test_the_rest_of_the_scheduler_hooks_add_nothing_a_plain_pool_does_not_have() -> None:
-    a = PagedTokenToKVPoolAllocator(size=64, page_size=4, device="cpu")
+    a = paged_allocator(size=64, page_size=4, device="cpu")
     assert a.request_slot_reserve(has_req_pool_slot=True, prefill_tokens=100) == 0
     assert a.prealloc_fits_assumes_reclaim() is False and a.prealloc_ceiling_fits(8, 0) is None
     assert a.prealloc_fits(None, 8, 4, full_budget_tokens=8, swa_budget_tokens=4)
@@ -78,7 +78,7 @@ def test_the_rest_of_the_scheduler_hooks_add_nothing_a_plain_pool_does_not_have(
 
 
 def test_swa_reclaim_for_prealloc_evicts_the_window_side_and_names_a_shortfall() -> None:
-    a = SWATokenToKVPoolAllocator(full_size=64, swa_size=16, page_size=1, device="cpu")
+    a = swa_allocator(full_size=64, swa_size=16, page_size=1, device="cpu")
     held = a.alloc(16)
     tree = Tree(a, held[:8])
     assert a.reclaim_for_prealloc(tree, 100, 8) is None and tree.asked == [(0, 8)]
@@ -88,8 +88,8 @@ def test_swa_reclaim_for_prealloc_evicts_the_window_side_and_names_a_shortfall()
 
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_resize_after_capture_shrinks_and_frees_everything_and_refuses_to_grow(page_size: int) -> None:
-    a = (PagedTokenToKVPoolAllocator(size=64, page_size=page_size, device="cpu", check_frees=True) if page_size > 1
-         else TokenToKVPoolAllocator(size=64, device="cpu", check_frees=True))
+    a = (paged_allocator(size=64, page_size=page_size, device="cpu", check_frees=True) if page_size > 1
+         else token_allocator(size=64, device="cpu", check_frees=True))
     a.alloc(8)
     a.resize(SimpleNamespace(max_total_num_tokens=32))
     assert a.size == a.available_size() == 32
@@ -97,7 +97,7 @@ def test_resize_after_capture_shrinks_and_frees_everything_and_refuses_to_grow(p
     assert got is not None and int(got.max()) < 32 + page_size and a.alloc(page_size) is None
     with pytest.raises(ValueError, match="cannot be resized to"):
         a.resize(SimpleNamespace(max_total_num_tokens=128))
-    swa = SWATokenToKVPoolAllocator(full_size=64, swa_size=32, page_size=page_size, device="cpu")
+    swa = swa_allocator(full_size=64, swa_size=32, page_size=page_size, device="cpu")
     swa.alloc(page_size)
     swa.resize(SimpleNamespace(full_max_total_num_tokens=48, swa_max_total_num_tokens=16))
     assert (swa.size_full, swa.size_swa, swa.full_available_size(), swa.swa_available_size()) == (48, 16, 48, 16)
@@ -107,13 +107,13 @@ def test_resize_after_capture_shrinks_and_frees_everything_and_refuses_to_grow(p
 def test_a_refused_resize_changes_nothing(page_size: int) -> None:
     """SWA: the SWA side's refusal came after the full side had shrunk and freed everything (48 full tokens free,
     the 8 held ones void, the SWA side still holding them); a single pool: an open free group was dropped."""
-    swa = SWATokenToKVPoolAllocator(full_size=64, swa_size=32, page_size=page_size, device="cpu", check_frees=True)
+    swa = swa_allocator(full_size=64, swa_size=32, page_size=page_size, device="cpu", check_frees=True)
     swa.alloc(8)
     with pytest.raises(ValueError, match="built for 32 tokens cannot be resized to 64"):
         swa.resize(SimpleNamespace(full_max_total_num_tokens=48, swa_max_total_num_tokens=64))
     assert (swa.size_full, swa.full_available_size(), swa.size_swa, swa.swa_available_size()) == (64, 56, 32, 24)
-    one = (PagedTokenToKVPoolAllocator(size=64, page_size=page_size, device="cpu", check_frees=True) if page_size > 1
-           else TokenToKVPoolAllocator(size=64, device="cpu", check_frees=True))
+    one = (paged_allocator(size=64, page_size=page_size, device="cpu", check_frees=True) if page_size > 1
+           else token_allocator(size=64, device="cpu", check_frees=True))
     held = one.alloc(8)
     one.free_group_begin()
     one.free(held)
@@ -169,7 +169,7 @@ def sglang_budgets() -> Iterator[SimpleNamespace]:
 
 
 def test_sglangs_own_prefill_budget_runs_over_our_paged_allocator(sglang_budgets: SimpleNamespace) -> None:
-    a = PagedTokenToKVPoolAllocator(size=1024, page_size=16, device="cpu")
+    a = paged_allocator(size=1024, page_size=16, device="cpu")
     held = a.alloc(256)
     tree = Tree(a, held[:64])
     budget = a.create_prefill_budget(tree, num_mixed_decode_tokens=8)
@@ -184,7 +184,7 @@ def test_sglangs_own_prefill_budget_runs_over_our_paged_allocator(sglang_budgets
 
 
 def test_sglangs_own_swa_prefill_budget_runs_over_our_swa_allocator(sglang_budgets: SimpleNamespace) -> None:
-    a = SWATokenToKVPoolAllocator(full_size=512, swa_size=128, page_size=16, device="cpu")
+    a = swa_allocator(full_size=512, swa_size=128, page_size=16, device="cpu")
     a.alloc(64)
     tree = SimpleNamespace(full_evictable_size=lambda: 32, swa_evictable_size=lambda: 16,
                            supports_mamba=lambda: False, supports_prefix_sharing=lambda: True)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from kvcache.allocators import TokenToKVPoolAllocator
 from kvcache.byte_units import GiB
 from kvcache.memory.memory_probe import FixedMemoryProbe, MemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.testing import RecordingAllocator, fixed_card_probe, tiny_model_config
+from kvcache.testing.allocator_plans import token_allocator
 
 
 def test_recording_allocator_records_and_delegates() -> None:
-    inner = TokenToKVPoolAllocator(size=8, device=torch.device("cpu"))
+    inner = token_allocator(size=8, device=torch.device("cpu"))
     rec = RecordingAllocator(inner)
     idx = rec.alloc(3)
     assert idx is not None and rec.available_size() == 5

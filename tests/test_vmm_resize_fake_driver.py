@@ -23,7 +23,6 @@ import app.model_runner as model_runner
 from app.forward.graphs import GraphCapture
 from app.forward.measured_sizing import resize_pools
 from containers import EngineContainer
-from kvcache.allocators import PagedTokenToKVPoolAllocator
 from kvcache.allocators.factory import allocator_for_plan
 from kvcache.byte_units import GiB, MiB
 from kvcache.errors import PoolOutOfMemoryError, VmmError
@@ -43,6 +42,7 @@ from kvcache.testing import FixedActivationStep, tiny_model_config
 from kvcache.testing.faults import FaultInjector
 from kvcache.testing.fakes import FailingAllocatorFactory
 from kvcache.testing.virtual_memory import FakeVirtualMemory
+from kvcache.testing.allocator_plans import paged_allocator
 
 CARD = 64 * MiB  # a small simulated card: the arena is a few MiB of CPU memory
 G = 4096  # the fake driver's granularity
@@ -441,7 +441,7 @@ def test_a_resized_allocator_still_names_a_double_free(make_engine: Any) -> None
     handed to two requests)."""
     worker = _pools_on_a_fake_driver(make_engine)
     pool = worker.kv.token_to_kv_pool
-    worker.allocator = PagedTokenToKVPoolAllocator(size=pool.size, page_size=16, device=pool.device, check_frees=True,
+    worker.allocator = paged_allocator(size=pool.size, page_size=16, device=pool.device, check_frees=True,
                                                    kvcache=pool)
     held = worker.allocator.alloc(32)
     worker.allocator.alloc(32)  # another request's

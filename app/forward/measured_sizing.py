@@ -24,9 +24,8 @@ from kvcache.configurator import KVCacheConfigResult
 from kvcache.inputs.rank_agreement import RankAgreement
 from kvcache.memory.vmm_storage import VmmBacking
 from kvcache.pools.allocator_protocol import AllocatorFactory
-from kvcache.runtime.live_resize import resize_live_pools
+from kvcache.runtime.live_resize import resize_live_pools, resize_slack_bytes
 from kvcache.runtime.measured_headroom import StepPeak, WorstCaseStep
-from kvcache.runtime.shrink import pool_buffers
 from kvcache.sizing.pool_config import MemoryPoolConfig
 
 
@@ -123,7 +122,8 @@ def size_from_worst_case(runner: Any, configurator: Any, make_step: Callable[...
                               note=f"kept the static plan: no worst-case step to measure ({exc})")
     peaks = ranks.run_everywhere(lambda: measure_worst_case(step, runner.device))
     free = runner.memory_probe.free_bytes()
-    slack = 2 * backing.granularity * len(pool_buffers(runner.token_to_kv_pool)) + built.allocator_index_bytes
+    slack = resize_slack_bytes(backing=backing, pool=runner.token_to_kv_pool, plan=built,  # the largest it grows to
+                               allocator=runner.token_to_kv_pool_allocator)
     peak = max((p.peak_bytes for p in peaks), default=0)
     after, note = ranks.run_everywhere(lambda: decide_measured_tokens(
         built=built, static=static, free_at_static_bytes=free, peak_bytes=peak, margin_bytes=margin,

@@ -19,8 +19,7 @@ from kvcache.memory.runtime_reserve import RuntimeShape, runtime_reserve_mib
 from kvcache.memory.memory_probe import MemoryProbe
 from kvcache.inputs.parallel import ParallelState
 from kvcache.runtime.resize import PostCaptureKVResize, compute_post_capture_kv_resize, post_capture_headroom_bytes
-from kvcache.runtime.live_resize import resize_live_pools
-from kvcache.runtime.shrink import pool_buffers
+from kvcache.runtime.live_resize import resize_live_pools, resize_slack_bytes
 from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.memory.vmm_storage import VmmBacking
 from kvcache.pools.allocator_protocol import AllocatorFactory
@@ -41,12 +40,14 @@ def apply_post_capture_resize(
 ) -> tuple[PostCaptureKVResize, Any, int]:
     """(the decision, the allocator to use from now on, device bytes released).
 
-    The slack taken off the budget covers whole granules kept at each buffer's end and the
-    new allocator's lists, allocated beside the old ones (which stay in the worker's arena);
-    `allocator_factory` is the worker's (the one that built the pools).
+    The slack taken off the budget (kvcache.runtime.live_resize.resize_slack_bytes) covers whole granules kept
+    at each buffer's end and the new allocator's lists, the resized plan's allocator slots, allocated beside the
+    old ones outside the worker's arena (the old lists stay in it); `allocator_factory` is the worker's (the one
+    that built the pools), and it builds the new allocator for the resized plan.
     """
     plan = kv_cache.memory_pool_config
-    buffers = pool_buffers(kv_cache.token_to_kv_pool)
+    slack = resize_slack_bytes(backing=backing, pool=kv_cache.token_to_kv_pool, plan=plan,
+                               allocator=kv_cache.token_to_kv_pool_allocator)  # shrink-only: at most `plan`'s lists
     total = memory_probe.total_bytes()
     headroom = post_capture_headroom_bytes(
         plan=plan, pre_model_load_bytes=pre_model_load_memory, cuda_graph_max_bs=captured_max_bs,
@@ -55,7 +56,7 @@ def apply_post_capture_resize(
     ranks = parallel_state.agreement  # one rank that cannot resize stops all; all keep the smallest count
     resize = ranks.run_everywhere(lambda: compute_post_capture_kv_resize(
         plan=plan, free_after_capture_bytes=memory_probe.free_bytes(), headroom_bytes=headroom,
-        mapping_slack_bytes=2 * backing.granularity * len(buffers) + plan.allocator_index_bytes,
+        mapping_slack_bytes=slack,
     ))
     resize = agree_on_resize(resize, ranks)
     if not resize.changed:

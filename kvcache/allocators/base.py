@@ -9,7 +9,7 @@ a lie. A dry run goes through construction (and its byte count) and nothing more
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from kvcache.allocators.free_group import FreeGroup, FreeGroupState
 from kvcache.allocators.free_log import FreeLog, FreeLogState
 from kvcache.allocators.scheduler_hooks import SchedulerCapacityHooks
 from kvcache.pools.planned_views import Views
+from kvcache.sizing.tensor_plan import PlannedSlot
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,22 +104,25 @@ class SharedAllocatorAPI(SchedulerCapacityHooks):
 
 
 class FreeListAllocator(SharedAllocatorAPI):
-    """SGLang's allocator API over one FreeLog of ids, each id standing for page_size tokens."""
+    """SGLang's allocator API over one FreeLog of ids, each id standing for page_size tokens. `slots` are its free
+    list's part of the plan (kvcache.sizing.allocator_footprint.free_list_slots): its size, and whether it checks
+    frees (the is_free flags planned), are read from them."""
 
     def __init__(
-        self, *, capacity: int, page_size: int, device: torch.device | str, check_frees: bool, unit: str,
-        kvcache: Any = None, prefix: str = "allocator.", views: Views | None = None,
+        self, *, slots: Sequence[PlannedSlot], page_size: int, device: torch.device | str, unit: str,
+        kvcache: Any = None, views: Views | None = None,
     ) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
         self._device = torch.device(device)
         self._page_size = page_size
-        self._checking = check_frees
-        self._log = FreeLog(capacity=capacity, device=self._device, unit=unit, stride=page_size, check=check_frees,
-                            prefix=prefix, views=views)
+        self._log = FreeLog(slots=slots, device=self._device, unit=unit, stride=page_size, views=views)
+        self._checking = self._log.checks
         self._group = FreeGroup()
         self._kvcache = kvcache
         # The hot paths take flat int64 tensors on this device as they are; -2 (no tensor's get_device())
         # turns them off where every call must be checked (check_frees) or refused (meta).
-        self._hot_device = -2 if check_frees or self._device.type == "meta" else torch.empty(
+        self._hot_device = -2 if self._checking or self._device.type == "meta" else torch.empty(
             0, device=self._device).get_device()
 
     def is_hot(self, indices: torch.Tensor) -> bool:
@@ -137,8 +141,8 @@ class FreeListAllocator(SharedAllocatorAPI):
 
     @property
     def check_frees(self) -> bool:
-        """Whether every free is checked id by id (a double free is named), as built: a resize's fresh allocator
-        is asked for the same, or double frees after it would pass unseen."""
+        """Whether every free is checked id by id (a double free is named): its plan has the is_free flags. A
+        resize's fresh allocator is asked for the same, or double frees after it would pass unseen."""
         return self._checking
 
     @property

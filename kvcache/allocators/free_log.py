@@ -1,8 +1,10 @@
 """FreeLog: the free ids of one pool in an append-only device log; alloc hands out views, free appends.
 
-Layout: TWO int64 logs of 2 * capacity entries each, the views of the plan's free-list slots
-(kvcache.sizing.allocator_footprint.free_log_slots) the builder carved from the worker's arena (or,
-built alone, carved from an arena of its own: kvcache.pools.planned_views), one of them active, and host ints head <= tail. The free ids are exactly active[head:tail].
+Layout: TWO int64 logs of 2 * capacity entries each, one of them active, and host ints head <= tail; the free
+ids are exactly active[head:tail]. The log is given its planned slots (kvcache.sizing.allocator_footprint.
+free_log_slots, its part of the plan's tensor list) and reads its capacity, and whether it checks frees, from
+them; its buffers are the views of those slots the builder carved from the worker's arena (or, given none,
+carved from an arena of its own: kvcache.pools.planned_views).
 
 - take(n)  returns the view log[head:head+n] and moves head up: no kernel, no sync.
 - put(xs)  copies xs into log[tail:tail+len] and moves tail up: one kernel, no sync
@@ -36,15 +38,36 @@ it is opt-in, and restore() then rebuilds the flags (O(capacity)).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from kvcache.errors import PlanMismatchError
 from kvcache.sizing.allocator_footprint import FREE_LOGS, LOG_LENGTH_FACTOR, free_log_slots
+from kvcache.sizing.tensor_plan import PlannedSlot
 from kvcache.allocators.backups import BackupState, LatestBackup
 from kvcache.pools.planned_views import Views, slots_nbytes, take_views
 
 
+def planned_free_list(slots: Sequence[PlannedSlot], unit: str) -> tuple[int, bool]:
+    """(ids, whether frees are checked) of a free list's planned slots: they must be free_log_slots(ids, check)
+    (two int64 logs of LOG_LENGTH_FACTOR entries per id, and to check frees one bool per id and the padding id),
+    each tensor in its own slot, or PlanMismatchError lists what was given."""
+    slots = tuple(slots)
+    first = slots[0].tensors[0] if slots and slots[0].tensors else None
+    ids = first.shape[0] // LOG_LENGTH_FACTOR if first is not None and len(first.shape) == 1 else 0
+    check = len(slots) > FREE_LOGS
+    if ids < 1 or _layout(slots) != _layout(free_log_slots(ids, check)):
+        given = "; ".join(", ".join(f"{t.name} {t.shape} {t.dtype}" for t in s.tensors) for s in slots) or "nothing"
+        raise PlanMismatchError(
+            f"a free list of {unit}s is planned as {FREE_LOGS} int64 logs of {LOG_LENGTH_FACTOR} entries per id, one "
+            f"id at least (and, to check frees, one bool per id and the padding id), each in a slot; given {given}")
+    return ids, check
+
+
+def _layout(slots: Sequence[PlannedSlot]) -> list[list[tuple[tuple[int, ...], str]]]:
+    return [[(t.shape, t.dtype) for t in s.tensors] for s in slots]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,20 +86,20 @@ class _Saved:
 
 
 class FreeLog:
-    """Ids stride*1 .. stride*capacity, all free at first; a fresh log hands out the lowest first. Its buffers
-    are the views named `{prefix}free_log.0`, `.1` (and `{prefix}is_free`) in `views`, or its own."""
+    """Ids stride*1 .. stride*capacity, all free at first; a fresh log hands out the lowest first. `slots` are its
+    planned slots (planned_free_list: the capacity and the is_free flags are theirs); its buffers the views of
+    their tensors in `views`, or, given None, its own."""
 
-    def __init__(self, *, capacity: int, device: torch.device, unit: str, stride: int = 1, check: bool = False,
-                 prefix: str = "allocator.", views: Views | None = None) -> None:
-        if capacity < 1:
-            raise ValueError(f"a free list needs at least one {unit}, got capacity {capacity}")
+    def __init__(self, *, slots: Sequence[PlannedSlot], device: torch.device, unit: str, stride: int = 1,
+                 views: Views | None = None) -> None:
+        capacity, check = planned_free_list(slots, unit)
         if check and device.type == "meta":
             raise ValueError("check_frees=True needs real tensors, but a meta allocator holds no index values")
         self._capacity = capacity
         self._device = device
         self._unit = unit
         self._stride = stride
-        self._slots = free_log_slots(capacity, check, prefix=prefix)
+        self._slots = tuple(slots)
         self._views = take_views(self._slots, views, device)
         self._logs = tuple(self._views[:FREE_LOGS])
         self._active = 0
@@ -94,6 +117,11 @@ class FreeLog:
     @property
     def capacity(self) -> int:
         return self._capacity
+
+    @property
+    def checks(self) -> bool:
+        """Whether frees are checked id by id: its plan has the is_free flags."""
+        return self._is_free is not None
 
     @property
     def available(self) -> int:

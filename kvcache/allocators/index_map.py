@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import torch
 
 from kvcache.allocators.backups import BackupState, LatestBackup
+from kvcache.errors import PlanMismatchError
 from kvcache.pools.planned_views import Views, slots_nbytes, take_views
 from kvcache.sizing.allocator_footprint import full_to_swa_slot
+from kvcache.sizing.tensor_plan import PlannedSlot
 
 
 
@@ -43,10 +45,17 @@ def page_rows(starts: torch.Tensor, page_size: int) -> torch.Tensor:
 
 class FullToSWAMap:
     """One row per full-pool row (tokens plus the padding page) and the -1 row; rows of free tokens read 0.
-    The table is the view named `{prefix}full_to_swa` in `views` (the plan's), or its own."""
+    `slot` is its planned slot (kvcache.sizing.allocator_footprint.full_to_swa_slot), which says its rows; the
+    table is the view of its tensor in `views` (the plan's), or, given None, its own."""
 
-    def __init__(self, *, rows: int, device: torch.device, prefix: str = "allocator.", views: Views | None = None) -> None:
-        self._slot = full_to_swa_slot(rows, prefix=prefix)
+    def __init__(self, *, slot: PlannedSlot, device: torch.device, views: Views | None = None) -> None:
+        table = slot.tensors[0] if len(slot.tensors) == 1 else None
+        planned = full_to_swa_slot(table.shape[0] - 1).tensors[0] if table is not None and table.shape else None
+        if table is None or planned is None or (table.shape, table.dtype) != (planned.shape, planned.dtype) \
+                or table.shape[0] < 2:
+            raise PlanMismatchError(f"the full -> SWA map is planned as one int64 table of the full rows and the -1 "
+                                    f"row; given {', '.join(f'{t.name} {t.shape} {t.dtype}' for t in slot.tensors)}")
+        self._slot = slot
         (self._table,) = take_views([self._slot], views, device)
         self._table[-1] = -1
         self._backups = LatestBackup("index map state", "", "")

@@ -19,7 +19,7 @@ torch.unique and so syncs, as SGLang's does.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,6 +28,7 @@ import torch
 from kvcache.allocators import paged_kernels
 from kvcache.allocators.base import INDEX_DTYPES, FreeListAllocator, as_indices, check_need_size, reject_meta
 from kvcache.pools.planned_views import Views
+from kvcache.sizing.tensor_plan import PlannedSlot
 from kvcache.allocators.locations import (
     SMALL_BATCH,
     ExtendPlan,
@@ -72,22 +73,19 @@ class ExtendBatch:
 
 
 class PagedTokenToKVPoolAllocator(FreeListAllocator):
-    """SGLang 0.5.23's paged allocator API; `size` usable tokens in pages of `page_size`.
+    """SGLang 0.5.23's paged allocator API; `size` usable tokens in pages of `page_size`. `slots` are its free
+    list's planned slots (kvcache.sizing.allocator_footprint.free_list_slots: one id per page), which say its
+    size and whether it checks frees; its buffers are their views in `views`, or, given None, its own.
 
     kernels: "auto" runs paged_kernels.load() on CUDA (Triton) and plans on the host elsewhere;
     None always plans on the host; a PagedKernels instance is used as given.
     """
 
     def __init__(
-        self, *, size: int, page_size: int, device: torch.device | str, check_frees: bool = False, kvcache: Any = None,
-        kernels: PagedKernels | None | Literal["auto"] = "auto", prefix: str = "allocator.", views: Views | None = None,
+        self, *, slots: Sequence[PlannedSlot], page_size: int, device: torch.device | str, kvcache: Any = None,
+        kernels: PagedKernels | None | Literal["auto"] = "auto", views: Views | None = None,
     ) -> None:
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
-        if size < page_size or size % page_size:
-            raise ValueError(f"size {size} must be a positive multiple of page_size {page_size}")
-        super().__init__(capacity=size // page_size, page_size=page_size, device=device,
-                         check_frees=check_frees, unit="page", kvcache=kvcache, prefix=prefix, views=views)
+        super().__init__(slots=slots, page_size=page_size, device=device, unit="page", kvcache=kvcache, views=views)
         if kernels == "auto":
             kernels = paged_kernels.load() if self._device.type == "cuda" else None
         self._kernels: PagedKernels | None = kernels

@@ -16,7 +16,7 @@ Backup covers both sides, the free group and the map (journaled while live).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,10 @@ from kvcache.allocators.scheduler_hooks import SWACapacityHooks
 from kvcache.allocators.swa_frees import SWAFrees
 from kvcache.allocators.token import TokenToKVPoolAllocator
 from kvcache.allocators.backups import BackupState, LatestBackup
+from kvcache.errors import PlanMismatchError
 from kvcache.pools.planned_views import Views
+from kvcache.sizing.allocator_footprint import SWA_SIDES
+from kvcache.sizing.tensor_plan import PlannedSlot
 
 
 SideAllocator = TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
@@ -48,36 +51,51 @@ class SWAAllocatorState(BackupState):
     free_group: FreeGroupState
 
 
-def _side(name: str, size: int, page_size: int, device: torch.device, check: bool, prefix: str,
-          views: Views | None) -> SideAllocator:
-    if size < page_size or size % page_size:
-        raise ValueError(f"{name} {size} must be a positive multiple of page_size {page_size}")
+def _side(slots: Sequence[PlannedSlot], page_size: int, device: torch.device, views: Views | None) -> SideAllocator:
     if page_size == 1:
-        return TokenToKVPoolAllocator(size=size, device=device, check_frees=check, prefix=prefix, views=views)
-    return PagedTokenToKVPoolAllocator(size=size, page_size=page_size, device=device, check_frees=check,
-                                       prefix=prefix, views=views)
+        return TokenToKVPoolAllocator(slots=slots, device=device, views=views)
+    return PagedTokenToKVPoolAllocator(slots=slots, page_size=page_size, device=device, views=views)
+
+
+def _by_side(slots: Sequence[PlannedSlot]) -> tuple[tuple[PlannedSlot, ...], tuple[PlannedSlot, ...], PlannedSlot]:
+    """The full side's free-list slots, the SWA side's and the map's, by their planned names (allocator_slots)."""
+    sides = tuple(tuple(s for s in slots if any(f".{side}" in t.name for t in s.tensors)) for side in SWA_SIDES)
+    rest = [s for s in slots if not any(s in side for side in sides)]
+    if len(rest) != 1 or not all(sides):
+        raise PlanMismatchError(
+            f"an SWA allocator is planned as two free lists ({' and '.join(f'*.{side}*' for side in SWA_SIDES)}) and the "
+            f"full -> SWA map; given {', '.join(t.name for s in slots for t in s.tensors) or 'nothing'}")
+    return sides[0], sides[1], rest[0]
 
 
 class SWATokenToKVPoolAllocator(SWAFrees, SWACapacityHooks, SharedAllocatorAPI):
-    """Full and SWA allocators behind SGLang 0.5.23's allocator API; hands out full-pool indices. Its buffers are
-    the views named `{prefix}full.*`, `{prefix}swa.*` and `{prefix}full_to_swa` in `views` (the builder's carve
-    of kvcache.sizing.allocator_footprint.allocator_slots), or, without views, its own."""
+    """Full and SWA allocators behind SGLang 0.5.23's allocator API; hands out full-pool indices. `slots` are its
+    part of the plan (kvcache.sizing.allocator_footprint.allocator_slots: both sides' free lists and the map), which
+    say both sides' sizes and whether they check frees; the map must have a row per full-pool row (tokens and the
+    padding page) and the -1 row. Its buffers are their views in `views` (the builder's carve), or, given None, its
+    own."""
 
     def __init__(
-        self, *, full_size: int, swa_size: int, page_size: int, device: torch.device | str, check_frees: bool = False,
-        kvcache: Any = None, prefix: str = "allocator.", views: Views | None = None,
+        self, *, slots: Sequence[PlannedSlot], page_size: int, device: torch.device | str, kvcache: Any = None,
+        views: Views | None = None,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
+        full, swa, table = _by_side(slots)
         self._device = torch.device(device)
         self._page_size = page_size
-        self._check = check_frees
         self._kvcache: Any = None
-        self.full_attn_allocator = _side("full_size", full_size, page_size, self._device, check_frees,
-                                         f"{prefix}full.", views)
-        self.swa_attn_allocator = _side("swa_size", swa_size, page_size, self._device, check_frees,
-                                        f"{prefix}swa.", views)
-        self._map = FullToSWAMap(rows=full_size + page_size, device=self._device, prefix=prefix, views=views)
+        self.full_attn_allocator = _side(full, page_size, self._device, views)
+        self.swa_attn_allocator = _side(swa, page_size, self._device, views)
+        self._check = self.full_attn_allocator.check_frees
+        if self.swa_attn_allocator.check_frees != self._check:
+            raise PlanMismatchError("an SWA allocator's two free lists are planned with and without is_free flags: "
+                                    "both sides check frees or neither does")
+        rows = self.full_attn_allocator.size + page_size + 1  # every full-pool row and the -1 row
+        if [t.shape for t in table.tensors] != [(rows,)]:
+            raise PlanMismatchError(f"the full -> SWA map is planned as {[t.shape for t in table.tensors]}; the full side's "
+                                    f"{self.full_attn_allocator.size} tokens in pages of {page_size} need ({rows},)")
+        self._map = FullToSWAMap(slot=table, device=self._device, views=views)
         self._group = FreeGroup()
         self._backups = LatestBackup()
         if kvcache is not None:

@@ -8,24 +8,25 @@ row (free_segment) or "page ids" (free_page_ids), which at page size 1 are all t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from kvcache.allocators.base import FreeListAllocator, check_need_size, reject_meta
 from kvcache.pools.planned_views import Views
+from kvcache.sizing.tensor_plan import PlannedSlot
 
 
 class TokenToKVPoolAllocator(FreeListAllocator):
-    """SGLang 0.5.23's token allocator API; `size` usable tokens, indices are int64 on `device`. Its free list is
-    the views named `{prefix}free_log.*` in `views` (the builder's carve of the plan), or its own."""
+    """SGLang 0.5.23's token allocator API; indices are int64 on `device`. `slots` are its free list's planned
+    slots (kvcache.sizing.allocator_footprint.free_list_slots at page size 1), which say its `size` (usable
+    tokens) and whether it checks frees; its buffers are their views in `views` (the builder's carve of the
+    plan) or, given None, its own."""
 
-    def __init__(self, *, size: int, device: torch.device | str, check_frees: bool = False, kvcache: Any = None,
-                 prefix: str = "allocator.", views: Views | None = None) -> None:
-        if size < 1:
-            raise ValueError(f"size must be a positive number of tokens, got {size}")
-        super().__init__(capacity=size, page_size=1, device=device, check_frees=check_frees, unit="token index",
-                         kvcache=kvcache, prefix=prefix, views=views)
+    def __init__(self, *, slots: Sequence[PlannedSlot], device: torch.device | str, kvcache: Any = None,
+                 views: Views | None = None) -> None:
+        super().__init__(slots=slots, page_size=1, device=device, unit="token index", kvcache=kvcache, views=views)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """need_size free token indices (a view kept until `size` more tokens are freed), or None when fewer are free."""

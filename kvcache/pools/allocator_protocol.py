@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class TokenAllocator(Protocol):
-    """Hands out KV token indices 1..size in pages of page_size; nbytes are its own index buffers."""
+    """Hands out KV token indices 1..size in pages of page_size; size and nbytes are its planned slots'
+    (MemoryPoolConfig.allocator_slots, read by the allocator) and nbytes what they take of an arena."""
 
     @property
     def size(self) -> int: ...
@@ -34,6 +35,12 @@ class TokenAllocator(Protocol):
     @property
     def nbytes(self) -> int: ...
 
+    @property
+    def check_frees(self) -> bool:
+        """Whether it checks every free id by id (its plan has the is_free flags): a resize asks the same of the
+        allocator it builds to replace it."""
+        ...
+
     def available_size(self) -> int: ...
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
@@ -42,7 +49,7 @@ class TokenAllocator(Protocol):
 
 
 class AllocatorFactory(Protocol):
-    """Builds the allocator a plan calls for (its rows and sizes come from the plan alone); `kvcache` is the
+    """Builds the allocator a plan calls for (its sizes and tensors are the plan's allocator slots); `kvcache` is the
     attention KV pool it addresses, or None when that pool is built after it (a hybrid SWA pool needs the
     allocator's map: the builder then calls the allocator's attach_kvcache). `views` are the builder's carve of
     the plan's tensors by name (the allocator's `allocator.*` among them); None: it allocates its own.

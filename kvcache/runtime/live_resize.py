@@ -6,8 +6,11 @@ never move, so captured CUDA graphs stay valid: each per-token buffer keeps, or 
 plan's rows and the padding page, and the rest of its rows is unmapped. Two steps, each agreed by
 the ranks (RankAgreement.run_everywhere), so no rank starts the second before every rank finished
 the first:
-1. a fresh allocator from the factory, holding exactly the old one's tokens in use (refused, with
-   nothing changed, when one lies past the plan's tokens); the old one is drained meanwhile;
+1. a fresh allocator from the worker's factory for the plan's tokens, holding exactly the old one's tokens in use
+   (refused, with nothing changed, when one lies past the plan's tokens); the old one is drained meanwhile. Its
+   index lists are the resized plan's allocator slots (MemoryPoolConfig.allocator_slots), carved from an arena of
+   their own beside the old lists, outside the worker's arena (the old lists stay there, mapped, until the arena
+   goes); the budget each resize decides leaves room for them (resize_slack_bytes);
 2. each allocation holding a pool buffer mapped to its target: grown back into its reserved
    addresses, or its buffers' tails released.
 A failure on any rank undoes both on every rank (the old allocator's free tokens back first, then
@@ -26,6 +29,7 @@ import torch
 from kvcache.inputs.rank_agreement import RankAgreement
 from kvcache.memory.vmm_storage import VmmAllocation, VmmBacking
 from kvcache.pools.allocator_protocol import AllocatorFactory
+from kvcache.pools.planned_views import slots_nbytes
 from kvcache.runtime.shrink import AllocatorSwap, carry_tokens_in_use, complement, pool_buffers, released_address_ranges
 from kvcache.sizing.pool_config import MemoryPoolConfig
 
@@ -45,7 +49,10 @@ def resize_live_pools(*, pool: Any, allocator: Any, backing: VmmBacking, plan: M
                       ranks: RankAgreement, allocator_factory: AllocatorFactory) -> PoolsResized:
     """`pool` addressed by `plan`'s tokens, with a fresh allocator for them (the module docstring's two steps).
 
-    Every rank calls it (each step is a collective). The fresh allocator checks frees as `allocator` did."""
+    Every rank calls it (each step is a collective). The fresh allocator is `allocator_factory`'s for `plan` (the
+    resized MemoryPoolConfig: its sizes and index lists are that plan's allocator slots), given no views: its lists
+    are allocated beside the old allocator's, outside the worker's arena, and resize_slack_bytes counts them in
+    the margin each resize keeps. It checks frees as `allocator` did."""
     tokens = plan.max_total_num_tokens
     targets: list[tuple[VmmAllocation, Ranges]] = []
     before: list[tuple[VmmAllocation, Ranges]] = []
@@ -68,6 +75,16 @@ def resize_live_pools(*, pool: Any, allocator: Any, backing: VmmBacking, plan: M
     pool.size = tokens
     assert swap is not None
     return PoolsResized(allocator=swap.allocator, mapped_bytes=mapped, released_bytes=released)
+
+
+def resize_slack_bytes(*, backing: VmmBacking, pool: Any, plan: MemoryPoolConfig, allocator: Any) -> int:
+    """What a resize to at most `plan`'s tokens holds beyond the plan it resizes to, which the budget it decides
+    leaves room for: two granules per per-token buffer (a released tail keeps the granules it starts and ends in
+    mapped), and the fresh allocator's index lists, allocated beside the old ones outside the worker's arena:
+    `plan`'s allocator slots, with the is_free flags when `allocator` checks frees (the old lists stay mapped in
+    the arena, where the plan it resizes to counts its own)."""
+    fresh = slots_nbytes(plan.allocator_slots(check_frees=allocator.check_frees))
+    return 2 * backing.granularity * len(pool_buffers(pool)) + fresh
 
 
 def mapping_targets(backing: VmmBacking, buffers: list[torch.Tensor], rows: int) -> list[tuple[VmmAllocation, Ranges]]:

@@ -1,7 +1,8 @@
 """The tensors an allocator's own index buffers are, and their bytes: stated once, for the planner and the allocators.
 
-Stated in sizing so the planner need not import the allocators above it; the allocators take the views of
-exactly these tensors (kvcache.pools.planned_views). A token allocator keeps two free logs (kvcache.allocators.free_log ping-pongs between
+Stated in sizing so the planner need not import the allocators above it. The allocators are given these slots
+(MemoryPoolConfig.allocator_slots: their part of the plan) and read their sizes from them, so this is the one
+statement of their tensors; they take the views of exactly these tensors (kvcache.pools.planned_views). A token allocator keeps two free logs (kvcache.allocators.free_log ping-pongs between
 them on compaction) of two int64 entries per token each, a paged one per page (plus,
 with check_frees, one bool per id and one for the padding id); an SWA allocator keeps
 both sides' free logs and an int64 full -> SWA map with a row per full-pool row (tokens +
@@ -23,6 +24,7 @@ from kvcache.sizing.tensor_plan import PlannedSlot, tensor
 LOG_LENGTH_FACTOR = 2  # free-log entries per id: room for `capacity` frees between compactions
 FREE_LOGS = 2  # the active log and the one a compaction copies into
 ALLOCATOR_BUFFER = "allocator_index"  # the name of the allocator's slots in the plan's buffers
+SWA_SIDES = ("full.", "swa.")  # an SWA pair's free lists are named {prefix}full.* and {prefix}swa.*
 
 
 def free_log_slots(ids: int, check_frees: bool = False, *, prefix: str = "allocator.") -> tuple[PlannedSlot, ...]:
@@ -54,8 +56,9 @@ def allocator_slots(
     for an SWA pair both sides' lists and the int64 full -> SWA map (full rows plus the trailing -1 row)."""
     if swa_tokens is None:
         return free_list_slots(full_tokens, page_size, check_frees)
-    return (free_list_slots(full_tokens, page_size, check_frees, prefix="allocator.full.")
-            + free_list_slots(swa_tokens, page_size, check_frees, prefix="allocator.swa.")
+    full, swa = (f"allocator.{side}" for side in SWA_SIDES)
+    return (free_list_slots(full_tokens, page_size, check_frees, prefix=full)
+            + free_list_slots(swa_tokens, page_size, check_frees, prefix=swa)
             + (full_to_swa_slot(full_tokens + page_size),))
 
 

@@ -142,13 +142,22 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
         the target's request table, allocator buffers and state, then its pools; a draft worker's own pools."""
         out: list[PlannedSlot] = []
         if not draft:
-            window = self.paired_window_pool
             out.append(self.req_to_token_slot())
-            out.extend(allocator_slots(self.max_total_num_tokens, self.page_size, window.num_tokens if window else None))
+            out.extend(self.allocator_slots())
             if self.state_pool is not None:
                 out.append(self.state_pool.arena_slot())
         out.extend(p.slot() for p in self.kv_pools if p.of_draft_worker == draft)
         return tuple(out)
+
+    def allocator_slots(self, *, check_frees: bool = False) -> tuple[PlannedSlot, ...]:
+        """The allocator's part of the plan: its free lists over max_total_num_tokens in pages (and, with a paired
+        window pool, the window's list and the full -> SWA map); the allocator reads its sizes from these.
+        `check_frees` adds the is_free flags of an allocator that checks every free: never in the worker's arena
+        (worker_slots has none), so only an allocator that carves its own (a test's, or a resize's fresh one
+        replacing one that checked) has them."""
+        window = self.paired_window_pool
+        return allocator_slots(self.max_total_num_tokens, self.page_size, window.num_tokens if window else None,
+                               check_frees=check_frees)
 
     def tensors(self, *, draft: bool = False) -> tuple[PlannedTensor, ...]:
         """The plan's tensor list for one worker, in arena order."""

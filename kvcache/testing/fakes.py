@@ -109,6 +109,10 @@ class RecordingAllocator:
     def nbytes(self) -> int:
         return self._inner.nbytes
 
+    @property
+    def check_frees(self) -> bool:
+        return self._inner.check_frees
+
     def named_tensors(self) -> dict[str, torch.Tensor]:
         return self._inner.named_tensors()
 
