@@ -61,7 +61,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     state_request_cap: int | None
     timings_s: dict[str, float]
     capacity_notes: list[CapacityNote]  # caps that leave part of the pool unusable by running requests
-    engine_notes: list[str]  # what the engine says of the config file itself (a form it refuses to load)
+    engine_notes: list[str]  # what the engine does otherwise for this model (a form it refuses to load; no prefill graphs)
     draft: WorkerReport | None = None
     measured_headroom: dict[str, Any] | None = None  # kvcache.runtime.measured_headroom.MeasuredSizing.to_dict()
     measured_prediction: dict[str, Any] | None = None  # a dry run: what a measured bootstrap on the card will hold
@@ -107,7 +107,8 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         plan=plan.to_dict(),
         state_request_cap=plan.state_pool.request_cap if plan.state_pool else None,
         timings_s=dict(target.timings), capacity_notes=list(capacity_notes(target.sizing, plan)),
-        engine_notes=list(rules.config_notes(target.model_config)),
+        engine_notes=[*rules.config_notes(target.model_config),
+                      *filter(None, [rules.no_prefill_graphs_reason(target.model_config)])],
         draft=_worker(engine.draft) if engine.draft is not None else None,
         measured_headroom=target.measured_sizing.to_dict() if target.measured_sizing is not None else None,
         measured_prediction=_prediction(target, card),
@@ -179,9 +180,10 @@ def _measured_off(target: ModelRunner, card: str | None) -> str | None:
     import dataclasses
 
     cuda = dataclasses.replace(target.configurator_sizing(), device_type="cuda")
-    if not cuda.settings.measures_headroom or cuda.post_capture_resize().measured:
+    eligibility = cuda.post_capture_resize()
+    if not cuda.settings.measures_headroom or eligibility.measured:
         return None
-    return cuda.post_capture_resize().reason
+    return eligibility.not_measured or eligibility.reason
 
 
 def _below_context_note(r: BootstrapReport) -> str:

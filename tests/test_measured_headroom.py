@@ -125,9 +125,20 @@ def test_the_steps_sample_with_logprobs_over_the_last_2048_prompt_tokens_and_the
     assert extend.call_args.args[0].logit_rows.tolist() == list(range(100))  # a chunk under 2,048: every token
     assert [tuple(c.args[0].shape) for c in sampled.call_args_list] == [(100, 256), (6, 256)]  # the tiny vocabulary
     assert decode.call_count == 1
-    step.prefill_tokens, step.logprob_tokens = 100, 30  # as a chunk of 8,192 keeps 2,048
+
+
+def test_a_chunk_above_2048_tokens_takes_prompt_logprobs_over_its_last_2048(mocker):
+    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cpu", "mem_fraction_static": 0.5,
+                                                                  "context_length": 2200}),
+                             model_config=tiny_model_config(max_position_embeddings=2200))
+    engine.memory_probe.override(FixedMemoryProbe(total_bytes=GiB))
+    runner = engine.engine().target
+    runner.initialize()
+    extend = mocker.spy(runner, "forward_extend")
+    step = ReferenceWorstCaseStep(runner=runner, chunked_prefill_size=2100, decode_batch=1, largest_graph_batch=4)
+    assert (step.prefill_tokens, step.logprob_tokens) == (2100, 2048)
     step.run("prefill_chunk")
-    assert extend.call_args.args[0].logit_rows.tolist() == list(range(70, 100))
+    assert extend.call_args.args[0].logit_rows.tolist() == list(range(2100 - 2048, 2100))
 
 
 def test_sampling_with_logprobs_writes_probabilities_over_the_logits_and_takes_the_likeliest():

@@ -60,3 +60,27 @@ def _cuda_sizing(**settings: bool) -> WorkerSizing:
     return WorkerSizing(settings=SizingSettings(context_length=8192, **settings), model_config=load_model_config(MODEL),
                         parallel_state=ParallelState(), model_dtype=torch.bfloat16,
                         kv_cache_dtype=KV_CACHE_DTYPES["bfloat16"], device_type="cuda", engine=engine_rules("sglang"))
+
+
+def test_measured_headroom_asked_for_explicitly_refuses_mixed_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*PLAN, "--kv-headroom", "measured", "--enable-mixed-chunk"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "use --kv-headroom fraction, or drop --enable-mixed-chunk" in err
+
+
+def test_with_the_fractions_resize_on_the_report_says_only_why_nothing_is_measured(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    off = _plan(capsys, "--enable-mixed-chunk", "--enable-post-capture-kv-resize")["measured_off"]
+    assert off.startswith("not measured: --enable-mixed-chunk") and "pools shrink" not in off
+
+
+def test_without_graph_padding_an_eager_decode_batch_is_predicted_below_the_largest_graph(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """200 running requests fit the 256-request graph; with padding off they decode eagerly: the prediction keeps
+    their sampler's 4 B x 128,256 entries each more free (their activations stay under 2/5 of the prefill's, which
+    the steps in turn already hold)."""
+    padded = _plan(capsys, "--max-running-requests", "200")["measured_prediction"]
+    eager = _plan(capsys, "--max-running-requests", "200", "--disable-cuda-graph-padding")["measured_prediction"]
+    assert eager["kept_free_bytes"] - padded["kept_free_bytes"] == 200 * 4 * 128_256
+    settings = SizingSettings(disable_cuda_graph_padding=True)
+    assert settings.graph_served_batch(256) == 0 and SizingSettings().graph_served_batch(256) == 256

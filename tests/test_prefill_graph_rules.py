@@ -25,9 +25,23 @@ def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
 def test_kda_models_reserve_no_prefill_graphs(capsys: pytest.CaptureFixture[str]) -> None:
     """Kimi-Linear's KDA layers: SGLang turns its breakable prefill graphs off, so the 1,536 MiB an MLA model's
     prefill graphs would keep is not kept (0.895 before this rule)."""
-    fraction = _plan(capsys, "--model", KIMI_LINEAR)["mem_fraction_static"]
-    assert fraction == round((H200_MIB - WITHOUT_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.906
-    assert round((H200_MIB - WITHOUT_PREFILL_GRAPHS_MIB - MLA_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.895
+    report = _plan(capsys, "--model", KIMI_LINEAR)
+    assert report["mem_fraction_static"] == round((H200_MIB - WITHOUT_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.906
+    assert any("no prefill CUDA graphs for KDA" in n for n in report["engine_notes"])
+    # an MLA model without KDA layers keeps the 1,536 MiB
+    deepseek = _plan(capsys, "--model", "DeepSeek-V2-Lite", "--kv-headroom", "fraction")["mem_fraction_static"]
+    assert deepseek == round((H200_MIB - WITHOUT_PREFILL_GRAPHS_MIB - MLA_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.895
+
+
+def test_a_kda_model_sglang_validated_keeps_its_prefill_graphs(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """SGLang's exception is by architecture, anywhere in the list: named there, the model keeps its graphs."""
+    config = json.loads(Path(KIMI_LINEAR).read_text())
+    config["architectures"] = [*config["architectures"], "Glm5NextForConditionalGeneration"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    report = _plan(capsys, "--model", str(path))
+    assert report["mem_fraction_static"] == 0.895 and not any("KDA" in n for n in report["engine_notes"])
 
 
 def test_the_flag_drops_the_prefill_graph_reserve(capsys: pytest.CaptureFixture[str]) -> None:

@@ -109,7 +109,8 @@ def size_from_worst_case(runner: Any, configurator: Any, make_step: Callable[...
     try:
         step = make_step(runner=runner,
                          chunked_prefill_size=settings.chunked_prefill_size or default_chunked_prefill_size(total),
-                         decode_batch=built.max_running_requests, largest_graph_batch=capture.max_bs)
+                         decode_batch=built.max_running_requests,
+                         largest_graph_batch=settings.graph_served_batch(capture.max_bs))
     except UnsupportedModelError as exc:
         if settings.kv_headroom != "auto":
             raise UnsupportedModelError(f"--kv-headroom measured needs the engine's worst-case step: {exc}; "

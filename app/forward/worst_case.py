@@ -6,8 +6,9 @@
   time), as a chunked prefill of a request with `logprob_start_len` runs. The prefix is empty: the
   reference reads a prefix by gathering its K/V per layer, which a paged prefill kernel does not, so a
   prefix would measure the reference rather than the engine.
-- `eager_decode`: a decode batch of max_running_requests, when that is above the largest captured
-  graph (a graph's memory is taken at capture and counted there), sampled with logprobs.
+- `eager_decode`: a decode batch of max_running_requests, when that is above the largest batch a captured
+  graph serves (a graph's memory is taken at capture and counted there; with --disable-cuda-graph-padding
+  none is served, as batches between captured sizes run eagerly), sampled with logprobs.
 Both run the sampler as an engine does for requests asking for logprobs (`sample_with_logprobs`),
 as vLLM 0.34's profile run does too: a request may ask for them, and the headroom must hold it.
 Mixed chunk + decode steps are not run: with --enable-mixed-chunk the headroom stays the fraction's

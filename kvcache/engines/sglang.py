@@ -52,9 +52,10 @@ class SGLangRules(EngineRules):
     def no_prefill_graphs_reason(self, model: ModelConfig) -> str:
         """KDA layers: SGLang 0.5.23's `disable_breakable_cudagraph_if_incompatible` turns prefill graphs off for
         them (`uses_kda_attention`), but for the architectures it has validated."""
-        arch = architectures(model)[0]
-        if "kda" in model.layer_kinds and arch not in KDA_PREFILL_GRAPH_ARCHITECTURES:
-            return f"{self.label} captures no prefill CUDA graphs for KDA linear attention ({arch})"
+        archs = architectures(model)
+        if "kda" in model.layer_kinds and not KDA_PREFILL_GRAPH_ARCHITECTURES.intersection(archs):
+            return (f"{self.label} captures no prefill CUDA graphs for KDA linear attention ({archs[0]}), so its "
+                    "mem_fraction_static keeps no reserve for them")
         return ""
 
     def served_model(self, model: ModelConfig, *, enable_multimodal: bool | None,

@@ -31,7 +31,7 @@ NOT_SIZED_HERE: dict[str, str] = {
                      "reasoning_parser", "chat_template", "enable_metrics", "stream_interval",
                      "max_queued_requests", "watchdog_timeout", "tokenizer_mode", "skip_tokenizer_init",
                      "grammar_backend", "sampling_backend", "disable_custom_all_reduce", "log_requests",
-                     "enable_cache_report", "disable_cuda_graph_padding"),
+                     "enable_cache_report"),
                     "changes nothing this engine sizes: drop it"),
     **dict.fromkeys(("nnodes", "node_rank", "dist_init_addr"),
                     "changes nothing this engine sizes: the plan is per GPU, and --tp-size counts the GPUs of "

@@ -93,6 +93,9 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         "largest decode CUDA-graph batch (sets the graph reserve); default by card size and TP")] | None = None
     disable_cuda_graph: Annotated[bool, _doc(
         "no decode or prefill CUDA graphs (their reserve is then left out)")] = False
+    disable_cuda_graph_padding: Annotated[bool, _doc(
+        "run decode batches between captured sizes eagerly (SGLang's flag): the measured headroom then runs an "
+        "eager decode batch even below the largest graph")] = False
     disable_prefill_cuda_graph: Annotated[bool, _doc(
         "no prefill CUDA graphs (SGLang's flag): their reserve is left out")] = False
     enable_mixed_chunk: Annotated[bool, _doc(
@@ -301,7 +304,8 @@ SGLANG_ONLY_FIELDS = ("mem_fraction_static", "kv_cache_memory", "page_size", "ma
                       "cuda_graph_max_bs", "disable_overlap_schedule", "enable_post_capture_kv_resize",
                       "enable_dp_attention", "disable_radix_cache", "max_mamba_cache_size", "speculative_algorithm",
                       "swa_full_tokens_ratio", "mamba_full_memory_ratio", "enable_multimodal", "language_model_only",
-                      "enable_mixed_chunk", "disable_prefill_cuda_graph")
+                      "enable_mixed_chunk", "disable_prefill_cuda_graph",
+                      "disable_cuda_graph_padding")
 VLLM_ONLY_FIELDS = {"gpu_memory_utilization": "--mem-fraction-static", "block_size": "--page-size"}
 FLASH_ATTN_KERNEL_BLOCK = 16
 
@@ -338,6 +342,10 @@ def _cross_field_problems(a: ServerArgs) -> list[str]:
     problems: list[str] = _engine_problems(a)
     if a.enable_hybrid_swa_memory and a.disable_hybrid_swa_memory:
         problems.append("--enable-hybrid-swa-memory and --disable-hybrid-swa-memory contradict each other: give one")
+    if a.kv_headroom == "measured" and a.enable_mixed_chunk:
+        problems.append("--kv-headroom measured cannot hold --enable-mixed-chunk's steps (a prefill chunk and the "
+                        "decode batch at once, which the measured steps run apart): use --kv-headroom fraction, or "
+                        "drop --enable-mixed-chunk")
     if a.enable_multimodal and a.language_model_only:
         problems.append("--enable-multimodal and --language-model-only contradict each other: give one "
                         "(--language-model-only serves text only)")

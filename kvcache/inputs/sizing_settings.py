@@ -49,6 +49,7 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
     cuda_graph_max_bs: int | None = None
     disable_cuda_graph: bool = False
     disable_prefill_cuda_graph: bool = False
+    disable_cuda_graph_padding: bool = False  # decode batches between captured sizes run eagerly
     disable_overlap_schedule: bool = False
     enable_mixed_chunk: bool = False  # decode requests ride in prefill chunks: a step the measurement does not run
     disable_radix_cache: bool = False
@@ -78,6 +79,7 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
             mem_fraction_static=a.mem_fraction_static, kv_cache_memory=a.kv_cache_memory,
             chunked_prefill_size=a.chunked_prefill_size, cuda_graph_max_bs=a.cuda_graph_max_bs,
             disable_cuda_graph=a.disable_cuda_graph, disable_prefill_cuda_graph=a.disable_prefill_cuda_graph,
+            disable_cuda_graph_padding=a.disable_cuda_graph_padding,
             disable_overlap_schedule=a.disable_overlap_schedule,
             enable_mixed_chunk=a.enable_mixed_chunk, disable_radix_cache=a.disable_radix_cache,
             hybrid_swa_memory=a.hybrid_swa_memory, swa_full_tokens_ratio=exact_fraction(a.swa_full_tokens_ratio),
@@ -90,6 +92,11 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
             enable_post_capture_kv_resize=a.enable_post_capture_kv_resize, kv_headroom=a.kv_headroom,
             enable_multimodal=a.enable_multimodal, language_model_only=a.language_model_only,
         )
+
+    def graph_served_batch(self, largest_graph_batch: int) -> int:
+        """The largest decode batch a captured graph serves: the largest captured, or none where batches between
+        captured sizes run eagerly (--disable-cuda-graph-padding), so any batch may run eagerly."""
+        return 0 if self.disable_cuda_graph_padding else largest_graph_batch
 
     @property
     def speculative(self) -> bool:

@@ -5,7 +5,7 @@ peak (prefill chunk and eager decode, run in turn), the margin, and what the res
 costs (the request table and allocator of the larger plan, whole VMM granules, workspaces).
 That sum, `kept_free`, was recorded on an H200 for three models at the defaults (CALIBRATION:
 date, machine, torch); a dry run for one of them on that card predicts the same kept_free
-less PREDICTION_SAFETY, so it states the tokens within 0.5% and never above. Anything else
+plus PREDICTION_SAFETY, so it states the tokens within 0.5% and never above. Anything else
 (another card, model, or a setting that changes the steps) is EXTRAPOLATED from the model's
 shapes with coefficients fitted to those runs, rounded up (module constants below); the
 prediction says which.
@@ -69,8 +69,9 @@ PREFILL_PER_TOKEN_PER_HIDDEN = {False: 54, True: 145}
 DECODE_PER_REQUEST_PER_HIDDEN = {False: 52, True: 146}
 GRAPH_PER_BS_LAYER_PER_HIDDEN = {False: 23, True: 102}
 LOGIT_BYTES_PER_VOCAB_ENTRY = 6
-# The sampler with logprobs (app.forward.worst_case): per decode request, a float32 temporary over the float32
-# logits (softmax, then log); per prompt-logprob token, bf16 and float32 logits and their float32 log-softmax.
+# The sampler with logprobs (app.forward.worst_case.sample_with_logprobs): per decode request, a float32 temporary
+# over the float32 logits (the softmax's output, then the log's); per prompt-logprob token, the bf16 and float32
+# logits and that temporary (counted as if the bf16 block stayed cached beside them: an upper bound).
 SAMPLER_BYTES_PER_VOCAB_ENTRY = 4
 PROMPT_LOGPROB_BYTES_PER_VOCAB_ENTRY = 10
 PROMPT_LOGPROB_TOKENS = 2048  # SGLang 0.5.23 computes input logprobs this many tokens at a time (its default)
@@ -96,7 +97,7 @@ class MeasuredPrediction(msgspec.Struct, frozen=True, kw_only=True):
                 "source": self.source}
 
 
-def sampler_bytes(*, vocab: int, chunk: int, decode_batch: int, graph_bs: int) -> int:
+def sampler_bytes(*, vocab: int, chunk: int, decode_batch: int, graph_bs: int) -> int:  # graph_bs: graph-served
     """What sampling with logprobs adds to the steps without it (bytes): the prefill chunk's prompt logprobs, and
     the eager decode batch's softmax and log when there is one; counted in full, as if both stayed cached."""
     prompt = min(chunk, PROMPT_LOGPROB_TOKENS) * PROMPT_LOGPROB_BYTES_PER_VOCAB_ENTRY * vocab
@@ -105,13 +106,16 @@ def sampler_bytes(*, vocab: int, chunk: int, decode_batch: int, graph_bs: int) -
 
 
 def extrapolated_kept_free_bytes(*, hidden: int, vocab: int, layers: int, moe: bool, chunk: int, decode_batch: int,
-                                 graph_bs: int, total_bytes: int) -> int:
-    """kept_free from the model's shapes (the fitted coefficients above, plus the sampler's bytes)."""
+                                 graph_bs: int, total_bytes: int, graph_served_bs: int | None = None) -> int:
+    """kept_free from the model's shapes (the fitted coefficients above, plus the sampler's bytes); decode batches
+    above `graph_served_bs` (the largest graph, `graph_bs`, unless padding is off) run eagerly."""
+    served = graph_bs if graph_served_bs is None else graph_served_bs
     prefill = chunk * PREFILL_PER_TOKEN_PER_HIDDEN[moe] * hidden
     decode = decode_batch * (LOGIT_BYTES_PER_VOCAB_ENTRY * vocab + DECODE_PER_REQUEST_PER_HIDDEN[moe] * hidden)
-    eager = decode_batch > graph_bs
-    peak = decode + int(prefill * ALTERNATING_PREFILL_SHARE) if eager else prefill
-    peak += sampler_bytes(vocab=vocab, chunk=chunk, decode_batch=decode_batch, graph_bs=graph_bs)
+    eager = decode_batch > served
+    # the steps in turn hold the decode peak and a share of the prefill's, and never less than the prefill alone
+    peak = max(prefill, decode + int(prefill * ALTERNATING_PREFILL_SHARE)) if eager else prefill
+    peak += sampler_bytes(vocab=vocab, chunk=chunk, decode_batch=decode_batch, graph_bs=served)
     graphs = graph_bs * layers * GRAPH_PER_BS_LAYER_PER_HIDDEN[moe] * hidden
     return graphs + peak + measured_margin_bytes(total_bytes) + RESIZE_OVERHEAD_BYTES
 
@@ -127,7 +131,7 @@ def predict_measured_tokens(*, sizing: object, memory: object, card_name: str | 
     built, static = cuda.plan(memory), static_sizing.plan(memory)
     s, m = cuda.settings, cuda.model_config
     defaults = all(v is None for v in (s.chunked_prefill_size, s.cuda_graph_max_bs, s.max_running_requests,
-                                       s.max_total_tokens, s.context_length))
+                                       s.max_total_tokens, s.context_length)) and not s.disable_cuda_graph_padding
     calibration = CALIBRATION.get(m.name)
     single = cuda.parallel_state.tp_size * cuda.parallel_state.pp_size == 1
     total = memory.total_bytes  # type: ignore[attr-defined]
@@ -146,7 +150,8 @@ def predict_measured_tokens(*, sizing: object, memory: object, card_name: str | 
         kept = extrapolated_kept_free_bytes(
             hidden=m.hidden_size, vocab=m.vocab_size, layers=m.num_hidden_layers, moe=any(k in m.hf_config for k in ("n_routed_experts", "num_experts", "num_local_experts")),
             chunk=s.chunked_prefill_size or default_chunked_prefill_size(total), decode_batch=built.max_running_requests,
-            graph_bs=decode_cuda_graph_max_bs(total, shape), total_bytes=total)
+            graph_bs=decode_cuda_graph_max_bs(total, shape), total_bytes=total,
+            graph_served_bs=s.graph_served_batch(decode_cuda_graph_max_bs(total, shape)))
         calibrated, source = False, "extrapolated from the model's shapes (coefficients fitted on " + CALIBRATION_SOURCE + ")"
     return MeasuredPrediction(tokens=_plan_leaving(built, static, memory, kept).max_total_num_tokens,
                               kept_free_bytes=kept, calibrated=calibrated, source=source)

@@ -32,6 +32,7 @@ class PostCaptureEligibility(msgspec.Struct, frozen=True, kw_only=True):
     active: bool
     reason: str
     measured: bool = False  # the headroom comes from the measured worst-case step, not the fraction
+    not_measured: str = ""  # where the headroom would be measured but the engine runs a step it does not: why
 
 
 def post_capture_eligibility(
@@ -61,8 +62,9 @@ def post_capture_eligibility(
     why = _why_not_measured(a, multimodal_on)
     if measures_headroom(a) and why:
         if a.enable_post_capture_kv_resize:
-            return PostCaptureEligibility(active=True, reason=f"on: pools shrink after CUDA-graph capture; {why}")
-        return PostCaptureEligibility(active=False, reason=why)
+            return PostCaptureEligibility(active=True, reason=f"on: pools shrink after CUDA-graph capture; {why}",
+                                          not_measured=why)
+        return PostCaptureEligibility(active=False, reason=why, not_measured=why)
     if measures_headroom(a):
         return PostCaptureEligibility(active=True, measured=True, reason=(
             "measured: after CUDA-graph capture the pools keep what the worst-case step left free, less a margin"))
