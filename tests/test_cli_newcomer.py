@@ -47,10 +47,10 @@ def test_plan_flags_without_plan_say_they_belong_to_plan(capsys: pytest.CaptureF
         (["--gpu-memory-utilization", "0.9"], "with SGLang's rules use --mem-fraction-static"),
         (["--modle", "Qwen3-8B"], "--modle: did you mean --model?"),
         (["--jsn"], "--jsn: did you mean --json?"),
-        # pasted from an SGLang launch: not "did you mean --cuda-graph-max-bs?" / "--disable-cuda-graph?"
+        # pasted from an SGLang launch: not "did you mean --cuda-graph-max-bs?"
         (["--cuda-graph-bs", "1", "2", "4"], "--cuda-graph-bs is a list of batch sizes there; here the largest one "
                                               "sizes the graphs: --cuda-graph-max-bs N"),
-        (["--disable-cuda-graph-padding"], "--disable-cuda-graph-padding changes nothing this engine sizes: drop it"),
+        (["--enable-metrics"], "--enable-metrics changes nothing this engine sizes: drop it"),
         (["--nnodes", "2", "--node-rank", "0"], "--nnodes changes nothing this engine sizes: the plan is per GPU"),
         (["--json-model-override-args", "{}"], "edit a copy of config.json and pass that file with --model"),
         (["--chunked-prefill-size", "-1"], "-1 is SGLang's 'no chunked prefill', not modelled here"),
