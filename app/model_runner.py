@@ -12,7 +12,6 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-import msgspec
 import torch
 
 from app.weights import DummyWeightLoader, LoadedWeights, WeightsDoNotFitError as LoaderOutOfMemory
@@ -245,9 +244,8 @@ class ModelRunner:
             captured_max_bs=self.graph_capture.max_bs if self.graph_capture else 0,
             allocator_factory=configurator.allocator_factory,
         )
-        self._kv_cache = msgspec.structs.replace(
-            self.kv_cache, memory_pool_config=resize.after, token_to_kv_pool_allocator=allocator,
-        )
+        if resize.changed:
+            self._kv_cache = self.kv_cache.resized(resize.after, allocator)
         self.post_capture_kv_resize, self.post_capture_released_bytes = resize, released
         self.timings["post_capture_resize_s"] = time.perf_counter() - start
         return resize
@@ -272,9 +270,9 @@ class ModelRunner:
         return self._configurator_factory().sizing
 
     def replace_kv_plan(self, plan: Any, allocator: Any) -> None:
-        """After the pools were resized in place: the plan and allocator the engine uses from now on."""
-        self._kv_cache = msgspec.structs.replace(self.kv_cache, memory_pool_config=plan,
-                                                 token_to_kv_pool_allocator=allocator)
+        """After the pools were resized in place: the plan and allocator the engine uses from now on
+        (KVCacheConfigResult.resized)."""
+        self._kv_cache = self.kv_cache.resized(plan, allocator)
         self._decoder = None
 
     def _configure_kv_cache(self, configurator: KVCacheConfigurator, pre_model_load_memory: int) -> KVCacheConfigResult:

@@ -24,11 +24,11 @@ class RankPlan(msgspec.Struct, frozen=True, kw_only=True):
     layers: tuple[int, int]  # [first, last + 1) of this pipeline stage
     bytes_per_token: int
     max_total_num_tokens: int  # what the ranks agreed on: the smallest rank's
-    own_max_total_num_tokens: int  # what this rank's memory alone would hold
+    own_max_total_num_tokens: int  # what this rank's memory alone would hold, as built (a resize keeps it)
     max_running_requests: int
     budget_bytes: int
     planned_bytes: int
-    allocated_bytes: int
+    allocated_bytes: int  # held now (KVCacheConfigResult.allocated_bytes): after a resize, its mapped bytes
     weights_bytes: int
     free_before_load_bytes: int  # this rank's own reading (the plan uses the ranks' smallest)
     free_now_bytes: int  # after bootstrap: what the runtime has left on this rank

@@ -25,7 +25,7 @@ class WorkerReport(msgspec.Struct, frozen=True, kw_only=True):
     kv_cache_dtype: str
     weights_bytes: int
     parameter_count: int
-    allocated_bytes: int
+    allocated_bytes: int  # held now (KVCacheConfigResult.allocated_bytes), after any live resize
     pools: list[str]
     timings_s: dict[str, float]
 
@@ -55,8 +55,8 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     weights_bytes: int
     vision_weights: str  # "none", "counted", "not_counted" (the config lacks its shapes) or "not_loaded" (not built)
     buffers: dict[str, int]
-    planned_bytes: int
-    allocated_bytes: int
+    planned_bytes: int  # the plan the pools hold now: after a live resize, the resized one's
+    allocated_bytes: int  # held now: after a live resize, the arena's mapped bytes and the fresh allocator's lists
     plan: dict[str, Any]
     state_request_cap: int | None
     timings_s: dict[str, float]

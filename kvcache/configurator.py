@@ -32,9 +32,10 @@ from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
 
 
 class KVCacheConfigResult(msgspec.Struct, frozen=True, kw_only=True, eq=False):
-    """What the model runner keeps: the plan, the formats, the pools and the allocator."""
+    """What the model runner keeps: the plan, the formats, the pools and the allocator. After a live resize of the
+    pools (kvcache.runtime.live_resize) the runner keeps `resized()`'s: the resized plan and the fresh allocator."""
 
-    memory_pool_config: MemoryPoolConfig
+    memory_pool_config: MemoryPoolConfig  # the plan the pools hold now: as built, or a live resize's
     model_dtype: torch.dtype
     kv_cache_dtype: KVCacheDtype
     req_to_token_pool: ReqToTokenPool
@@ -42,12 +43,24 @@ class KVCacheConfigResult(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     token_to_kv_pool_allocator: TokenAllocator
     state_pool: RecurrentStatePool | None
     arena: Arena  # the one allocation every buffer this worker built is a view of
-    own_max_total_num_tokens: int  # what this rank's memory held before the ranks agreed on the smallest
+    # What this rank's memory held when it was built, before the ranks agreed on the smallest; a resize keeps it
+    # (the resized plan is every rank's agreed one, and a rank's own count before that agreement is not kept).
+    own_max_total_num_tokens: int
+    allocator_outside_arena_bytes: int = 0  # a live resize's fresh allocator's index lists, beside the arena
 
     @property
     def allocated_bytes(self) -> int:
-        """Bytes this worker allocated: its arena (shared objects excluded)."""
-        return self.arena.nbytes
+        """Bytes this worker holds on the device now: its arena's mapped bytes (all of it as built; after a live
+        resize less the KV tails it released, or more the tails it mapped again) and a resize's fresh allocator's
+        index lists, carved from an arena of their own beside it. Shared objects are excluded."""
+        return self.arena.mapped_bytes + self.allocator_outside_arena_bytes
+
+    def resized(self, plan: MemoryPoolConfig, allocator: TokenAllocator) -> "KVCacheConfigResult":
+        """This result once its pools were resized live to `plan` (kvcache.runtime.live_resize, which resized the
+        pools in place): `plan`, and `allocator`, the fresh one built for it, whose index lists lie outside the
+        arena (the old allocator's stay in it, mapped)."""
+        return msgspec.structs.replace(self, memory_pool_config=plan, token_to_kv_pool_allocator=allocator,
+                                       allocator_outside_arena_bytes=allocator.nbytes)
 
     @property
     def max_total_num_tokens(self) -> int:

@@ -14,6 +14,7 @@ import threading
 import weakref
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 from dependency_injector import providers
@@ -25,11 +26,11 @@ from app.forward.measured_sizing import resize_pools
 from containers import EngineContainer
 from kvcache.allocators.factory import allocator_for_plan
 from kvcache.byte_units import GiB, MiB
-from kvcache.errors import PoolOutOfMemoryError, VmmError
+from kvcache.errors import PlanMismatchError, PoolOutOfMemoryError, VmmError
 from kvcache.inputs.in_process_group import InProcessGroup
 from kvcache.inputs.rank_agreement import RankAgreement
 from kvcache.inputs.server_args import ServerArgs
-from kvcache.memory.device_buffers import Arena
+from kvcache.memory.device_buffers import Arena, slot_size
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.memory.vmm_storage import VmmAllocation, VmmBacking
 from kvcache.runtime.live_resize import mapping_targets, resize_live_pools
@@ -293,6 +294,78 @@ def test_resize_pools_shrinks_then_grows_back_in_the_same_addresses(make_engine:
     assert up.size == built.max_total_num_tokens == kv.token_to_kv_pool.size
     assert [t.data_ptr() for t in pool_buffers(kv.token_to_kv_pool)] == addresses
     assert _marked(buffers, kept_bytes)
+
+
+def _numbers_describe(kv: Any, plan: Any, memory: FakeVirtualMemory, *, fresh_allocator: bool) -> None:
+    """Every number the worker's result, pool and allocator report is `plan`'s (the tiny model: 2 layers of 2 KV heads
+    of 16 bf16 values, 64 B a row per layer for K and as much for V), and what it holds is what the driver maps
+    and, after a resize, the fresh allocator's lists beside the arena."""
+    pool, allocator, part = kv.token_to_kv_pool, kv.token_to_kv_pool_allocator, plan.pool("full")
+    rows = plan.max_total_num_tokens + 16
+    assert kv.memory_pool_config is plan and kv.max_total_num_tokens == pool.size == allocator.size == rows - 16
+    assert pool.get_kv_size_bytes() == (2 * rows * 64, 2 * rows * 64)
+    assert pool.nbytes == part.total_bytes == slot_size(4 * rows * 64)  # 2 layers x K and V, one slot
+    planned = {t.name: t.shape for t in part.slot().tensors}
+    assert {n: tuple(t.shape) for n, t in pool.named_tensors().items()} == planned
+    assert [t.shape for t in allocator.named_tensors().values()] == [t.shape for t in plan.tensors()
+                                                                      if t.name.startswith("allocator.")]
+    assert allocator.nbytes == plan.allocator_index_bytes == 2 * slot_size(2 * (rows - 16) // 16 * 8)  # two logs
+    assert kv.allocated_bytes == memory.physical_bytes + (allocator.nbytes if fresh_allocator else 0)
+
+
+def test_after_a_shrink_and_a_grow_every_number_describes_the_resized_pools(make_engine: Any) -> None:
+    """A resize changes what the pool, the allocator and the result report, not only pool.size: the pool's nbytes,
+    named tensors and K/V bytes are the resized plan's rows (the same addresses), the fresh allocator's lists the
+    resized plan's, and allocated_bytes what the driver maps now plus the fresh lists beside the arena."""
+    worker = _pools_on_a_fake_driver(make_engine)
+    kv, memory, built = worker.kv, worker.memory, worker.kv.memory_pool_config
+    _numbers_describe(kv, built, memory, fresh_allocator=False)
+    assert kv.allocated_bytes == built.arena_bytes() == memory.physical_bytes  # as built: the arena, all mapped
+    addresses = {n: t.data_ptr() for n, t in kv.token_to_kv_pool.named_tensors().items()}
+    smaller = plan_pool_sizes(resized_plan_request(built, 12 * MiB))
+
+    for plan in (smaller, built):  # a shrink, then a grow back
+        worker.resize(plan, RankAgreement.alone())
+        kv = kv.resized(plan, worker.allocator)
+        _numbers_describe(kv, plan, memory, fresh_allocator=True)
+        assert {n: t.data_ptr() for n, t in kv.token_to_kv_pool.named_tensors().items()} == addresses
+    assert kv.allocated_bytes == built.arena_bytes() + kv.token_to_kv_pool_allocator.nbytes
+    with pytest.raises(PlanMismatchError, match=r"'kv_full' was built with \d+ rows; a resize to \d+ tokens needs"):
+        kv.token_to_kv_pool.check_resize(plan_pool_sizes(msgspec.structs.replace(
+            resized_plan_request(built, 48 * MiB), max_total_tokens=None)))
+
+
+def test_the_report_after_a_post_capture_shrink_and_a_grow_back_reads_the_plan_the_pools_hold(vmm: FakeVmm) -> None:
+    """What --json and the rank table print after each resize: the resized plan's tokens, buffers and bytes, and as
+    allocated the bytes the driver maps now plus the fresh allocator's lists (not the arena as built)."""
+    from app.rank_report import rank_plan
+    from app.report import build_report
+    from kvcache.engines.sglang import SGLANG
+
+    probe = FixedMemoryProbe(total_bytes=CARD)
+    engine = _engine(probe, enable_post_capture_kv_resize=True, kv_headroom="fraction", mem_fraction_static=0.5)
+    runtime = engine.engine()
+    runner = runtime.target
+    runner.initialize()
+    built = runner.memory_pool_config
+    probe.note_allocation(probe.free_bytes() - 24 * MiB)
+    _capture_without_graphs(runner, probe)
+    shrunk = runner.start_decode_runtime().after
+    assert shrunk.max_total_num_tokens < built.max_total_num_tokens
+
+    for plan in (shrunk, built):
+        if plan is built:  # mapped again, as the measured sizing's second resize may
+            grown = resize_pools(kv_cache=runner.kv_cache, backing=runner._vmm_backing, plan=built,
+                                 allocator_factory=allocator_for_plan, ranks=RankAgreement.alone())
+            runner.replace_kv_plan(built, grown)
+        report, rank = build_report(runtime, rules=SGLANG), rank_plan(runtime)
+        held = vmm.memory.physical_bytes + runner.token_to_kv_pool_allocator.nbytes
+        assert report.max_total_num_tokens == rank.max_total_num_tokens == plan.max_total_num_tokens
+        assert report.planned_bytes == rank.planned_bytes == plan.total_bytes and report.buffers == plan.buffers
+        assert report.plan["kv_pools"][0]["num_rows"] == plan.max_total_num_tokens + 16
+        assert report.allocated_bytes == rank.allocated_bytes == held
+        assert rank.own_max_total_num_tokens == built.max_total_num_tokens  # as built, and so documented
+    assert vmm.memory.physical_bytes == built.arena_bytes()
 
 
 def test_a_buffer_with_no_rows_to_release_releases_nothing_even_at_the_allocations_very_end() -> None:

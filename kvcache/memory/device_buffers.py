@@ -17,7 +17,7 @@ from __future__ import annotations
 import mmap
 from math import prod
 from itertools import accumulate
-from typing import Callable, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
@@ -53,9 +53,17 @@ def slot_size(nbytes: int) -> int:
     return align_up(nbytes, SLOT_ALIGN)
 
 
-ArenaBacking = Callable[[int, torch.device], torch.Tensor]
-"""Where an arena's bytes come from instead of the device's allocator: `allocate(nbytes, device)`, a uint8 tensor
-(kvcache.memory.vmm_storage.VmmBacking backs the CUDA pools that a post-capture resize trims)."""
+class ArenaBacking(Protocol):
+    """Where an arena's bytes come from instead of the device's allocator (kvcache.memory.vmm_storage.VmmBacking
+    backs the CUDA pools that a live resize trims and grows)."""
+
+    def __call__(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        """`nbytes` as one flat uint8 tensor on `device`."""
+        ...
+
+    def mapped_bytes(self, flat: torch.Tensor) -> int:
+        """Bytes backed by device memory now of the allocation holding `flat` (one this backing made)."""
+        ...
 
 
 def _flat(size: int, device: torch.device, *, zeroed: bool) -> torch.Tensor:
@@ -79,12 +87,19 @@ class Arena:
                  zeroed: bool = True, backing: ArenaBacking | None = None) -> None:
         self.nbytes = nbytes
         self.device = device
+        self._backing = backing
         if backing is not None:
             flat = backing(nbytes, device)
             self._flat = flat.zero_() if zeroed else flat
         else:
             self._flat = _flat(nbytes, device, zeroed=zeroed)
         self.used = 0  # bytes of the slots handed out so far
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes of it backed by device memory now: `nbytes` (its size as made), unless its backing has unmapped or
+        mapped again some since (VMM storage whose KV tails a live resize released: kvcache.runtime.live_resize)."""
+        return self.nbytes if self._backing is None else self._backing.mapped_bytes(self._flat)
 
     def _slot(self, nbytes: int, device: torch.device) -> int:
         """Start of the next slot of slot_size(nbytes) bytes, taken; PlanMismatchError when it does not fit."""

@@ -236,6 +236,10 @@ class VmmBacking:
         live = [a for a in (r() for r in self._allocations) if a is not None]
         return tuple(live)
 
+    def mapped_bytes(self, flat: torch.Tensor) -> int:
+        """Bytes mapped now of the allocation holding `flat` (an arena's storage: ArenaBacking)."""
+        return self.allocation_at(flat.data_ptr()).mapped_bytes
+
     def allocation_at(self, address: int) -> VmmAllocation:
         """The allocation holding `address` (a tensor's data_ptr)."""
         for a in self.allocations:

@@ -18,15 +18,16 @@ from typing import Any
 import torch
 
 from kvcache.pools.codec import CacheTensor, LayerIndex
-from kvcache.pools.planned_views import Views, kv_pool_slot, slots_nbytes, take_views
+from kvcache.pools.planned_views import PlannedRows, Views, kv_pool_slot, take_views
 from kvcache.sizing.layer_specs import AttentionSpec
 from kvcache.sizing.pool_config import KVPoolPlan
 
 
-class MHATokenToKVPool:
+class MHATokenToKVPool(PlannedRows):
     """Per-token K/V of the plan's layers, each [rows, kv_heads, head_dim]: the views named `{buffer}.{layer}.k`,
     `.v` (and FP4's `_scales`) in `views`, or, without views, an arena of its own. `spec` is the layer spec the
-    plan's row came from (kvcache.sizing.layer_specs.AttentionSpec)."""
+    plan's row came from (kvcache.sizing.layer_specs.AttentionSpec). size, nbytes, named_tensors and
+    get_kv_size_bytes describe the rows it holds now (PlannedRows: as built or as a live resize left them)."""
 
     def __init__(self, *, plan: KVPoolPlan, spec: AttentionSpec, device: torch.device, views: Views | None = None) -> None:
         self.size = plan.num_tokens
@@ -75,14 +76,8 @@ class MHATokenToKVPool:
         self._v[i].write(loc, cache_v if v_scale is None else cache_v / v_scale)
 
     def get_kv_size_bytes(self) -> tuple[int, int]:
-        """Bytes of all K buffers and of all V buffers, FP4 scales included (SGLang 0.5.23)."""
-        return sum(c.nbytes for c in self._k), sum(c.nbytes for c in self._v)
-
-    @property
-    def nbytes(self) -> int:
-        """Its slot of the arena: every layer's K and V back to back, 512-byte aligned (the plan's bytes)."""
-        return slots_nbytes([self._slot])
-
-    def named_tensors(self) -> dict[str, torch.Tensor]:
-        """Every tensor by the plan's name (`{buffer}.{layer}.k`, `.k_scales`, `.v`, ...), layer by layer."""
-        return dict(zip((t.name for t in self._slot.tensors), self._views))
+        """Bytes of all K buffers and of all V buffers over the rows it holds now, FP4 scales included (SGLang
+        0.5.23's numbers; each buffer's bytes are its built rows' share, so the rows it holds scale them exactly)."""
+        rows, built = self.rows_now(), self._views[0].shape[0] if self._views else 1
+        k, v = (sum(c.nbytes for c in side) // built * rows for side in (self._k, self._v))
+        return k, v

@@ -18,15 +18,16 @@ import torch
 
 from kvcache.sizing.dsa_latent import PackedLatentTensor
 from kvcache.pools.codec import CacheTensor, LayerIndex
-from kvcache.pools.planned_views import Views, kv_pool_slot, slots_nbytes, take_views
+from kvcache.pools.planned_views import PlannedRows, Views, kv_pool_slot, take_views
 from kvcache.sizing.layer_specs import MLASpec
 from kvcache.sizing.pool_config import KVPoolPlan
 
 
-class MLATokenToKVPool:
+class MLATokenToKVPool(PlannedRows):
     """Per-token MLA latents of the plan's layers; row (page) 0 is padding. A spec with `index_head_dim` > 0
     (DeepSeek-V3.2) adds the sparse-attention indexer's keys. The views named `{buffer}.{layer}.latent`
-    (`_scales`, `.index_k`) in `views`, or, without views, an arena of its own."""
+    (`_scales`, `.index_k`) in `views`, or, without views, an arena of its own. size, nbytes, named_tensors and
+    get_kv_size_bytes describe the rows it holds now (PlannedRows: as built or as a live resize left them)."""
 
     def __init__(self, *, plan: KVPoolPlan, spec: MLASpec, device: torch.device, views: Views | None = None) -> None:
         self.size = plan.num_tokens
@@ -97,12 +98,3 @@ class MLATokenToKVPool:
         if not self._index:
             raise ValueError("this MLA pool has no indexer buffer (the model is not a DeepSeek-V3.2 sparse-attention model)")
         return self._index[self._local(layer_id)]
-
-    @property
-    def nbytes(self) -> int:
-        """Its slot of the arena: every layer's latent (and indexer keys) back to back, 512-byte aligned."""
-        return slots_nbytes([self._slot])
-
-    def named_tensors(self) -> dict[str, torch.Tensor]:
-        """Every tensor by the plan's name (`{buffer}.{layer}.latent`, `.index_k`), layer by layer."""
-        return dict(zip((t.name for t in self._slot.tensors), self._views))

@@ -34,7 +34,9 @@ def holds_row(req: Any) -> bool:
 class ReqToTokenPool:
     """The request table `slot` plans (MemoryPoolConfig.req_to_token_slot): `size` request rows plus the padding
     row of `max_context_len` token indices, the views named `req_to_token.table` (and `.state_slot`) in `views`,
-    or, without views, an arena of its own."""
+    or, without views, an arena of its own. `size` is the rows it was built with: a live resize keeps the table
+    (kvcache.runtime.live_resize resizes the KV pools only), and the measured sizing's resized plans may run fewer
+    requests (their max_running_requests) than it has rows."""
 
     pre_alloc_size = 0  # SGLang 0.5.23: extra rows only its disaggregated-decode pool has
     enable_mamba_extra_buffer_lazy = False

@@ -15,8 +15,8 @@ the first:
    addresses, or its buffers' tails released.
 A failure on any rank undoes both on every rank (the old allocator's free tokens back first, then
 each allocation mapped exactly as it was) and every rank raises the same error (a rank whose
-mapping back fails too raises the driver's error instead); the pool's size changes only once every
-rank succeeded.
+mapping back fails too raises the driver's error instead); the pool takes the plan's part (its size,
+nbytes and named tensors: kvcache.pools.planned_views.PlannedRows) only once every rank succeeded.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def resize_live_pools(*, pool: Any, allocator: Any, backing: VmmBacking, plan: M
 
     def swap_allocator() -> None:
         nonlocal swap
+        pool.check_resize(plan)  # its part of the plan, within the rows it was built with (nothing changes)
         targets.extend(mapping_targets(backing, pool_buffers(pool), tokens + plan.page_size))
         fresh = allocator_factory(plan=plan, device=allocator.device, kvcache=pool, check_frees=allocator.check_frees)
         swap = carry_tokens_in_use(allocator, fresh)
@@ -72,7 +73,7 @@ def resize_live_pools(*, pool: Any, allocator: Any, backing: VmmBacking, plan: M
             swap.undo()  # the old allocator as it was, first: mapping back below can fail too
         restore_mapping(before)
         raise
-    pool.size = tokens
+    pool.resize(plan)  # its size, nbytes and named tensors are the plan's rows from now on
     assert swap is not None
     return PoolsResized(allocator=swap.allocator, mapped_bytes=mapped, released_bytes=released)
 

@@ -52,7 +52,9 @@ class PostCaptureKVResize(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def released_bytes(self) -> int:
-        """Planned bytes the resize gives back (KV tails and the allocator's shorter free list)."""
+        """Planned bytes the resize gives back: the plans' difference (KV tails, and the shorter free lists the
+        resized plan charges). On the device only the tails go (the runner's post_capture_released_bytes, in whole
+        granules): the old lists stay in the arena and the fresh allocator's are allocated beside it."""
         return self.before.total_bytes - self.after.total_bytes
 
 
