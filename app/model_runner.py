@@ -200,7 +200,8 @@ class ModelRunner:
         s = self._configurator_factory().settings
         if max_bs is None:
             max_bs = decode_cuda_graph_max_bs(self.memory_probe.total_bytes(), RuntimeShape(
-                cuda_graphs=not s.disable_cuda_graph, cuda_graph_max_bs=s.cuda_graph_max_bs,
+                cuda_graphs=not s.disable_cuda_graph, decode_cuda_graphs=not s.disable_decode_cuda_graph,
+                cuda_graph_max_bs=s.cuda_graph_max_bs,
                 tp_size=self.parallel_state.tp_size, max_running_requests=self.max_running_requests))
         return min(max_bs, self.max_running_requests)
 

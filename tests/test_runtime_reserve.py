@@ -14,7 +14,8 @@ import pytest
 from kvcache.byte_units import GiB, MiB
 from kvcache.inputs.cards import KNOWN_CARDS
 from kvcache.memory.runtime_reserve import (
-    RuntimeShape, decode_cuda_graph_max_bs, default_chunked_prefill_size, default_cuda_graph_max_bs,
+    RuntimeShape, decode_cuda_graph_max_bs,
+    decode_graph_batch_cap, default_chunked_prefill_size, default_cuda_graph_max_bs,
     default_mem_fraction_static, prefill_cuda_graph_count, runtime_reserve_mib,
 )
 
@@ -65,6 +66,11 @@ def test_named_cards_at_tp1(card: str, reserve: int, fraction: float) -> None:
         (23034, RuntimeShape(cuda_graphs=True, max_total_tokens=1000), 7176, 0.688),
         # DP attention, TP8 x DP8 on 80 GiB: 15,312 + 3 x 512 x 8 + 1.5 x 512 x 8 (bs > 300) = 33,744; 0.58809
         (81920, RuntimeShape(cuda_graphs=True, tp_size=8, attention_dp_size=8), 33744, 0.588),
+        # the same without decode graphs: SGLang still sets decode max_bs 512, which its DP term reads (the decode
+        # term 2 x 512 goes): 33,744 - 1,024 = 32,720; with no graphs at all the prefill graphs' 8 x 58 go too
+        (81920, RuntimeShape(cuda_graphs=True, decode_cuda_graphs=False, tp_size=8, attention_dp_size=8), 32720,
+         0.601),
+        (81920, RuntimeShape(cuda_graphs=False, tp_size=8, attention_dp_size=8), 32720 - 8 * 58, 0.606),
         # bs 256 (<= 300): 512 + 12,288 + 1,024 + 512 + 464 + 3 x 256 x 4 = 17,872; 64,048 / 81,920 = 0.78184
         (81920, RuntimeShape(cuda_graphs=True, tp_size=8, attention_dp_size=4, cuda_graph_max_bs=256), 17872, 0.782),
         # the 10 GiB floor above 60 GiB: 512 + 3,072 + 128 + 16 + 336 = 4,064 -> 10,240; 71,680 / 81,920 = 0.875
@@ -104,3 +110,6 @@ def test_prefill_graph_count(max_tokens: int, count: int) -> None:
 def test_no_graphs_means_no_graph_batch() -> None:
     assert decode_cuda_graph_max_bs(80 * GiB, RuntimeShape(cuda_graphs=False, cuda_graph_max_bs=64)) == 0
     assert decode_cuda_graph_max_bs(80 * GiB, RuntimeShape(cuda_graphs=True, cuda_graph_max_bs=64)) == 64
+    no_decode = RuntimeShape(cuda_graphs=True, decode_cuda_graphs=False, cuda_graph_max_bs=64)
+    assert decode_cuda_graph_max_bs(80 * GiB, no_decode) == 0 and decode_graph_batch_cap(80 * GiB, no_decode) == 64
+    assert decode_graph_batch_cap(80 * GiB, RuntimeShape(cuda_graphs=False, decode_graph_cap_set=False)) == 0

@@ -93,6 +93,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         "largest decode CUDA-graph batch (sets the graph reserve); default by card size and TP")] | None = None
     disable_cuda_graph: Annotated[bool, _doc(
         "no decode or prefill CUDA graphs (their reserve is then left out)")] = False
+    disable_decode_cuda_graph: Annotated[bool, _doc(
+        "no decode CUDA graphs (SGLang's flag): their reserve is left out and decode runs eagerly")] = False
     disable_cuda_graph_padding: Annotated[bool, _doc(
         "run decode batches between captured sizes eagerly (SGLang's flag): the measured headroom then runs an "
         "eager decode batch even below the largest graph")] = False
@@ -305,7 +307,7 @@ SGLANG_ONLY_FIELDS = ("mem_fraction_static", "kv_cache_memory", "page_size", "ma
                       "enable_dp_attention", "disable_radix_cache", "max_mamba_cache_size", "speculative_algorithm",
                       "swa_full_tokens_ratio", "mamba_full_memory_ratio", "enable_multimodal", "language_model_only",
                       "enable_mixed_chunk", "disable_prefill_cuda_graph",
-                      "disable_cuda_graph_padding")
+                      "disable_cuda_graph_padding", "disable_decode_cuda_graph")
 VLLM_ONLY_FIELDS = {"gpu_memory_utilization": "--mem-fraction-static", "block_size": "--page-size"}
 FLASH_ATTN_KERNEL_BLOCK = 16
 

@@ -49,6 +49,7 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
     cuda_graph_max_bs: int | None = None
     disable_cuda_graph: bool = False
     disable_prefill_cuda_graph: bool = False
+    disable_decode_cuda_graph: bool = False
     disable_cuda_graph_padding: bool = False  # decode batches between captured sizes run eagerly
     disable_overlap_schedule: bool = False
     enable_mixed_chunk: bool = False  # decode requests ride in prefill chunks: a step the measurement does not run
@@ -79,6 +80,7 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
             mem_fraction_static=a.mem_fraction_static, kv_cache_memory=a.kv_cache_memory,
             chunked_prefill_size=a.chunked_prefill_size, cuda_graph_max_bs=a.cuda_graph_max_bs,
             disable_cuda_graph=a.disable_cuda_graph, disable_prefill_cuda_graph=a.disable_prefill_cuda_graph,
+            disable_decode_cuda_graph=a.disable_decode_cuda_graph,
             disable_cuda_graph_padding=a.disable_cuda_graph_padding,
             disable_overlap_schedule=a.disable_overlap_schedule,
             enable_mixed_chunk=a.enable_mixed_chunk, disable_radix_cache=a.disable_radix_cache,

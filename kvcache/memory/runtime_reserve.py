@@ -8,8 +8,9 @@ for a CUDA engine that is not disaggregated, with no DeepEP and no post-capture 
 as SGLang reads them from nvidia-smi; the arithmetic is exact (Fractions).
 
     reserve = 512 + 1.5 * max(chunked_prefill, 2048) + tp * pp / 8 * 1024 + graphs
-    graphs  = 2 * decode_max_bs                                    (decode CUDA graphs)
-            + 3 * decode_max_bs * dp (+ 1.5 * decode_max_bs * dp above bs 300)  (DP attention)
+    graphs  = 2 * decode_max_bs                                    (decode CUDA graphs, when captured)
+            + 3 * decode_max_bs * dp (+ 1.5 * decode_max_bs * dp above bs 300)  (DP attention: SGLang sets
+              decode_max_bs on a GPU whether or not decode graphs are captured, and this term reads it)
             + 8 * len(prefill graph sizes), or 1536 with MLA       (prefill graphs; none with PP > 1)
     at least 10 GiB on cards above 60 GiB;  fraction = round((card - reserve) / card, 3)
 
@@ -40,6 +41,8 @@ class RuntimeShape(msgspec.Struct, frozen=True, kw_only=True):
     """What the reserve depends on besides the card. None means SGLang's default for the card."""
 
     cuda_graphs: bool  # False on the CPU and with --disable-cuda-graph
+    decode_cuda_graphs: bool = True  # False with --disable-decode-cuda-graph
+    decode_graph_cap_set: bool = True  # SGLang sets its decode graph batch cap (False: on the CPU; no graph term at all)
     chunked_prefill_size: int | None = None
     cuda_graph_max_bs: int | None = None
     tp_size: int = 1
@@ -76,8 +79,16 @@ def default_cuda_graph_max_bs(total_bytes: int, tp_size: int) -> int:
 
 
 def decode_cuda_graph_max_bs(total_bytes: int, shape: RuntimeShape) -> int:
-    """The user's value, else the card default capped by --max-running-requests; 0 without graphs."""
-    if not shape.cuda_graphs:
+    """The largest decode batch captured: decode_graph_batch_cap, 0 without decode graphs."""
+    if not shape.cuda_graphs or not shape.decode_cuda_graphs:
+        return 0
+    return decode_graph_batch_cap(total_bytes, shape)
+
+
+def decode_graph_batch_cap(total_bytes: int, shape: RuntimeShape) -> int:
+    """SGLang's decode graph batch cap, set whether or not graphs are captured: the user's value, else the card
+    default capped by --max-running-requests; 0 where none is set."""
+    if not shape.decode_graph_cap_set:
         return 0
     if shape.cuda_graph_max_bs is not None:
         return shape.cuda_graph_max_bs
@@ -118,11 +129,12 @@ def parallel_reserve_mib(tp_size: int, pp_size: int) -> Fraction:
 def runtime_reserve_mib(total_bytes: int, shape: RuntimeShape) -> Fraction:
     """The reserve in MiB (exact), as in the module docstring."""
     chunk = shape.chunked_prefill_size or default_chunked_prefill_size(total_bytes)
-    bs, dp = decode_cuda_graph_max_bs(total_bytes, shape), shape.attention_dp_size
+    dp = shape.attention_dp_size
     reserve = 512 + Fraction(3, 2) * max(chunk, 2048) + parallel_reserve_mib(shape.tp_size, shape.pp_size)
-    reserve += 2 * bs + prefill_graph_reserve_mib(total_bytes, shape)
+    reserve += 2 * decode_cuda_graph_max_bs(total_bytes, shape) + prefill_graph_reserve_mib(total_bytes, shape)
     if dp > 1:
-        reserve += 3 * bs * dp + (Fraction(3, 2) * bs * dp if bs > 300 else 0)
+        cap = decode_graph_batch_cap(total_bytes, shape)
+        reserve += 3 * cap * dp + (Fraction(3, 2) * cap * dp if cap > 300 else 0)
     if _card_mib(total_bytes) > 60 * GiB_IN_MIB:
         reserve = max(reserve, Fraction(10 * GiB_IN_MIB))
     return reserve

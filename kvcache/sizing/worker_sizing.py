@@ -136,6 +136,7 @@ class WorkerSizing:
         s, p = self.settings, self.parallel_state
         return RuntimeShape(
             cuda_graphs=self.device_type != "cpu" and not s.disable_cuda_graph,
+            decode_cuda_graphs=not s.disable_decode_cuda_graph, decode_graph_cap_set=self.device_type != "cpu",
             chunked_prefill_size=s.chunked_prefill_size, cuda_graph_max_bs=s.cuda_graph_max_bs,
             tp_size=p.tp_size, pp_size=p.pp_size, attention_dp_size=p.attention_dp_size,
             uses_mla=any(g.spec.pool_kind == "mla" for g in self.layout().kv_groups),

@@ -1,4 +1,4 @@
-"""Which prefill CUDA graphs SGLang 0.5.23 captures, so reserves: none for KDA models, none with its flag."""
+"""Which CUDA graphs SGLang 0.5.23 captures, so reserves: prefill graphs (none for KDA models or with its flag), decode graphs."""
 
 from __future__ import annotations
 
@@ -71,3 +71,20 @@ def test_the_kda_exception_list_is_sglangs() -> None:
                 and isinstance(node.elts[0], ast.Constant) and node.elts[0].value == "KDA hybrid linear attention")
     named = {n.value for n in ast.walk(rule.elts[1]) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert named == KDA_PREFILL_GRAPH_ARCHITECTURES
+
+
+def test_without_decode_graphs_their_term_goes_and_dp_attention_still_reads_the_batch_cap(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """SGLang sets its decode graph batch cap (512 at TP 8 on an H200) whether or not it captures graphs, and the
+    DP-attention term reads it: 3 x 512 x 8 + 1.5 x 512 x 8 = 18,432 MiB stay with --disable-cuda-graph (this
+    project dropped them before: 0.903 and 687,209 tokens for DeepSeek-V3 at TP 8 x DP 8)."""
+    base = 512 + 1.5 * 8192 + 1024 * 8 / 8 + 18_432  # chunk, TP x PP / 8 GiB, the DP term
+    dp = ["--model", "DeepSeek-V3", "--tp-size", "8", "--enable-dp-attention", "--dp-size", "8",
+          "--kv-headroom", "fraction"]
+    no_graphs = _plan(capsys, *dp, "--disable-cuda-graph")["mem_fraction_static"]
+    assert no_graphs == round((H200_MIB - base) / H200_MIB, 3) == 0.775
+    no_decode = _plan(capsys, *dp, "--disable-decode-cuda-graph")["mem_fraction_static"]
+    assert no_decode == round((H200_MIB - base - MLA_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.764
+    llama = _plan(capsys, "--model", "Llama-3.1-8B-Instruct", "--kv-headroom", "fraction",
+                  "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph")["mem_fraction_static"]
+    assert llama == round((H200_MIB - (WITHOUT_PREFILL_GRAPHS_MIB - 2 * 256)) / H200_MIB, 3)
