@@ -227,3 +227,30 @@ def test_extrapolation_keeps_more_free_than_each_calibrated_run_and_says_it_is_e
     assert not report["measured_prediction"]["calibrated"]
     assert report["measured_prediction"]["source"].startswith("extrapolated from the model's shapes")
     assert report["measured_prediction"]["tokens"] >= report["max_total_num_tokens"]  # never below the static plan
+
+
+def test_the_static_floor_is_sglangs_budget_holding_the_request_table_as_built():
+    """The pools are built for the post-capture fraction (3,857 request rows for Llama-3.1-8B on an H200); the
+    table is not resized, so the static plan the bootstrap shrinks to holds those rows in SGLang's 0.903 budget:
+    372 rows of 131,076 int32 more than SGLang's own static plan (3,485 rows), 195,041,088 B, 1,488 tokens less."""
+    from types import SimpleNamespace
+
+    from app.forward.measured_sizing import static_plan
+    from kvcache.engines import engine_rules
+    from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+    from kvcache.inputs.parallel import ParallelState
+    from kvcache.inputs.sizing_settings import SizingSettings
+    from kvcache.models.presets import load_model_config
+    from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
+
+    sizing = WorkerSizing(settings=SizingSettings(), model_config=load_model_config("Llama-3.1-8B-Instruct"),
+                          parallel_state=ParallelState(), model_dtype=torch.bfloat16,
+                          kv_cache_dtype=KV_CACHE_DTYPES["bfloat16"], device_type="cuda", engine=engine_rules("sglang"))
+    memory = WorkerMemory(total_bytes=150_109_880_320, free_before_load=149_458_911_232,
+                          free_after_load=133_300_355_072)
+    built = sizing.plan(memory)
+    static = static_plan(SimpleNamespace(sizing=sizing, parallel_state=ParallelState()), built)
+    assert (built.max_running_requests, static.max_running_requests) == (3857, 3857)
+    assert static.buffers["req_to_token"] == built.buffers["req_to_token"]
+    assert static.budget.mem_fraction_static == 0.903 and static.total_bytes <= static.budget.budget_bytes
+    assert 0 < 892_220 - static.max_total_num_tokens <= -(-(3857 - 3485) * 131_076 * 4 // 131_072)

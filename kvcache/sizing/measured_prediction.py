@@ -26,7 +26,7 @@ from kvcache.errors import DoesNotFitError
 from kvcache.memory.runtime_reserve import decode_cuda_graph_max_bs, default_chunked_prefill_size
 from kvcache.sizing.planning import plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
-from kvcache.sizing.resized_plan import resized_plan_request
+from kvcache.sizing.resized_plan import built_rows_plan, resized_plan_request
 
 MEASURED_MARGIN = Fraction(1, 200)  # of the card's total bytes (why: kvcache.runtime.measured_headroom)
 MEASURED_MARGIN_FLOOR = 256 * MiB
@@ -128,7 +128,8 @@ def predict_measured_tokens(*, sizing: object, memory: object, card_name: str | 
         return None
     static_sizing = dataclasses.replace(cuda, settings=cuda.settings.replace(kv_headroom="fraction",
                                                                              enable_post_capture_kv_resize=False))
-    built, static = cuda.plan(memory), static_sizing.plan(memory)
+    built, sglang = cuda.plan(memory), static_sizing.plan(memory)
+    static = built_rows_plan(built, sglang.budget, min(sglang.max_total_num_tokens, built.max_total_num_tokens))
     s, m = cuda.settings, cuda.model_config
     defaults = all(v is None for v in (s.chunked_prefill_size, s.cuda_graph_max_bs, s.max_running_requests,
                                        s.max_total_tokens, s.context_length)) and not s.disable_cuda_graph_padding

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import msgspec
 
-from kvcache.sizing.planning import KVPoolDemand, PlanRequest
+from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
 
 
@@ -28,3 +29,10 @@ def resized_plan_request(plan: MemoryPoolConfig, budget_bytes: int) -> PlanReque
         max_total_tokens=plan.max_total_num_tokens, max_running_requests=plan.max_running_requests,
         below_one_request="refuse" if plan.request_token_cap is None else "cap",  # a capped plan stays one
     )
+
+
+def built_rows_plan(built: MemoryPoolConfig, budget: MemoryBudget, at_most_tokens: int) -> MemoryPoolConfig:
+    """`built`'s pools and request-table rows (the table is not resized) re-planned within another budget (SGLang's
+    static one, say: its fraction), at most `at_most_tokens`: the static plan as the built pools can hold it."""
+    request = resized_plan_request(built, budget.budget_bytes)
+    return plan_pool_sizes(msgspec.structs.replace(request, budget=budget, max_total_tokens=at_most_tokens))
