@@ -246,7 +246,7 @@ class ModelRunner:
             allocator_factory=configurator.allocator_factory,
         )
         if resize.changed:
-            self._kv_cache = self.kv_cache.resized(resize.after, allocator)
+            self.replace_kv_plan(resize.after, allocator)
         self.post_capture_kv_resize, self.post_capture_released_bytes = resize, released
         self.timings["post_capture_resize_s"] = time.perf_counter() - start
         return resize

@@ -156,7 +156,7 @@ def _apply(engine, runner, probe, backing):  # type: ignore[no-untyped-def]
     return apply_post_capture_resize(
         kv_cache=runner.kv_cache, backing=backing, settings=SizingSettings.from_server_args(engine.server_args()),
         parallel_state=runner.parallel_state, memory_probe=probe, pre_model_load_memory=runner.pre_model_load_memory,
-        captured_max_bs=8)
+        captured_max_bs=8, allocator_factory=runner._configurator_factory().allocator_factory)
 
 
 def test_applying_a_resize_shrinks_the_allocator_and_keeps_each_buffers_first_rows(make_engine):

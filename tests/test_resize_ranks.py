@@ -60,7 +60,7 @@ def _resize_on_rank(rank: int, port: int, out_dir: str) -> None:
             apply_post_capture_resize(
                 kv_cache=runner.kv_cache, backing=backing, settings=SizingSettings.from_server_args(args),
                 parallel_state=ranks, memory_probe=probe, pre_model_load_memory=runner.pre_model_load_memory,
-                captured_max_bs=8)
+                captured_max_bs=8, allocator_factory=runner._configurator_factory().allocator_factory)
             error: Any = None
         except KVCacheError as exc:
             error = [type(exc).__name__, str(exc)]

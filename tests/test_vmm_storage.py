@@ -67,6 +67,21 @@ def test_an_unmap_that_fails_leaves_the_block_recorded_and_every_byte_mapped(aft
     assert memory.physical_bytes == 0
 
 
+@pytest.mark.parametrize("call", ["unmap", "create"])
+def test_a_failed_release_maps_back_only_what_it_unmapped(call):
+    """Chunk 3 was released by an earlier resize; a later release that fails maps back its own blocks, not chunk 3:
+    on a device short of memory that mapping could fail too and hide the first error."""
+    memory = FakeVirtualMemory(granularity=G)
+    allocation, pattern = _filled(memory)
+    assert allocation.keep_only([(0, 12 * G)]) == 4 * G
+    memory.fail(call, after=0 if call == "create" else 1)
+    with pytest.raises(VmmError, match=f"{call} failed"):
+        allocation.keep_only(KEEP)
+    assert allocation.mapped_bytes == memory.physical_bytes == 12 * G
+    assert torch.equal(allocation.view(0, KEEP[0][1]), pattern[:KEEP[0][1]])
+    assert allocation.keep_only(KEEP) == 6 * G
+
+
 def test_on_a_full_device_the_dropped_chunks_make_room_for_the_replacement():
     memory = FakeVirtualMemory(granularity=G, capacity_bytes=16 * G)  # all of it mapped: nothing else free
     allocation, pattern = _filled(memory)

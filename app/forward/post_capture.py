@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcache.allocators.factory import allocator_for_plan
 from kvcache.runtime.agreed_resize import agree_on_resize
 from kvcache.configurator import KVCacheConfigResult
 from kvcache.memory.runtime_reserve import RuntimeShape, runtime_reserve_mib
@@ -36,7 +35,7 @@ def eager_activation_reserve_mib(settings: SizingSettings, parallel_state: Paral
 def apply_post_capture_resize(
     *, kv_cache: KVCacheConfigResult, backing: VmmBacking, settings: SizingSettings, parallel_state: ParallelState,
     memory_probe: MemoryProbe, pre_model_load_memory: int, captured_max_bs: int,
-    allocator_factory: AllocatorFactory = allocator_for_plan,
+    allocator_factory: AllocatorFactory,
 ) -> tuple[PostCaptureKVResize, Any, int]:
     """(the decision, the allocator to use from now on, device bytes released).
 

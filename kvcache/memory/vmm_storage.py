@@ -112,18 +112,20 @@ class VmmAllocation:
     def keep_only(self, ranges: Sequence[tuple[int, int]]) -> int:
         """Unmap everything outside `ranges` ([start, end) offsets), keeping their bytes; returns bytes released.
 
-        On failure every byte is mapped again (what lay outside `ranges` with no defined value)
-        and the kept bytes are unchanged, then the error is raised."""
+        On failure what this call unmapped is mapped again (with no defined value) and the kept bytes are
+        unchanged, then the error is raised: ranges released before stay released (mapping them back would
+        take memory that may no longer be free)."""
         self._vm.synchronize()
         before = self.mapped_bytes
         plan = plan_tail_release(self.blocks, ranges, self.granularity)
+        touched = [(b.offset, b.offset + b.size) for b in (*plan.dropped, *(old for old, _ in plan.remapped))]
         try:
             for block in plan.dropped:  # first: what they free makes room for the replacements below
                 self._unmap(block)
             for old, parts in plan.remapped:
                 self._remap(old, parts)
         except BaseException:
-            self.map_unmapped()
+            self.map_within(touched)
             raise
         self._vm.synchronize()
         return before - self.mapped_bytes
