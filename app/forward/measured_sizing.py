@@ -89,9 +89,9 @@ def static_plan(configurator: Any, built: MemoryPoolConfig) -> MemoryPoolConfig:
     ranks = configurator.parallel_state.agreement
     sglang = ranks.run_everywhere(lambda: static_sizing.plan(memory))
     (tokens,) = ranks.min_int64((min(sglang.max_total_num_tokens, built.max_total_num_tokens),))
-    held = ranks.run_everywhere(lambda: built_rows_plan(built, sglang.budget, tokens))
+    held = ranks.run_everywhere(lambda: built_rows_plan(built, sglang, tokens))
     (tokens,) = ranks.min_int64((held.max_total_num_tokens,))
-    return ranks.run_everywhere(lambda: built_rows_plan(built, sglang.budget, tokens))
+    return ranks.run_everywhere(lambda: built_rows_plan(built, sglang, tokens))
 
 
 def size_from_worst_case(runner: Any, configurator: Any, make_step: Callable[..., WorstCaseStep]) -> Any:

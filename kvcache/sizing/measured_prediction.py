@@ -129,7 +129,7 @@ def predict_measured_tokens(*, sizing: object, memory: object, card_name: str | 
     static_sizing = dataclasses.replace(cuda, settings=cuda.settings.replace(kv_headroom="fraction",
                                                                              enable_post_capture_kv_resize=False))
     built, sglang = cuda.plan(memory), static_sizing.plan(memory)
-    static = built_rows_plan(built, sglang.budget, min(sglang.max_total_num_tokens, built.max_total_num_tokens))
+    static = built_rows_plan(built, sglang, min(sglang.max_total_num_tokens, built.max_total_num_tokens))
     s, m = cuda.settings, cuda.model_config
     defaults = all(v is None for v in (s.chunked_prefill_size, s.cuda_graph_max_bs, s.max_running_requests,
                                        s.max_total_tokens, s.context_length)) and not s.disable_cuda_graph_padding

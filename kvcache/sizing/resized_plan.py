@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import msgspec
 
-from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
 
@@ -31,8 +30,11 @@ def resized_plan_request(plan: MemoryPoolConfig, budget_bytes: int) -> PlanReque
     )
 
 
-def built_rows_plan(built: MemoryPoolConfig, budget: MemoryBudget, at_most_tokens: int) -> MemoryPoolConfig:
-    """`built`'s pools and request-table rows (the table is not resized) re-planned within another budget (SGLang's
-    static one, say: its fraction), at most `at_most_tokens`: the static plan as the built pools can hold it."""
-    request = resized_plan_request(built, budget.budget_bytes)
-    return plan_pool_sizes(msgspec.structs.replace(request, budget=budget, max_total_tokens=at_most_tokens))
+def built_rows_plan(built: MemoryPoolConfig, static: MemoryPoolConfig, at_most_tokens: int) -> MemoryPoolConfig:
+    """`built`'s pools and request-table rows (the table is not resized) re-planned within `static`'s budget
+    (SGLang's fraction's), at most `at_most_tokens`, each request capped below the context where `static` caps
+    it: the static plan as the built pools can hold it."""
+    request = resized_plan_request(built, static.budget.budget_bytes)
+    return plan_pool_sizes(msgspec.structs.replace(
+        request, budget=static.budget, max_total_tokens=at_most_tokens,
+        below_one_request="refuse" if static.request_token_cap is None else "cap"))
