@@ -32,9 +32,8 @@ def resized_plan_request(plan: MemoryPoolConfig, budget_bytes: int) -> PlanReque
 
 def built_rows_plan(built: MemoryPoolConfig, static: MemoryPoolConfig, at_most_tokens: int) -> MemoryPoolConfig:
     """`built`'s pools and request-table rows (the table is not resized) re-planned within `static`'s budget
-    (SGLang's fraction's), at most `at_most_tokens`, each request capped below the context where `static` caps
-    it: the static plan as the built pools can hold it."""
+    (SGLang's fraction's), at most `at_most_tokens`: the static plan as the built pools can hold it. `static` was
+    planned, so the engine runs a plan of its size; one below a full-context request caps each request."""
     request = resized_plan_request(built, static.budget.budget_bytes)
-    return plan_pool_sizes(msgspec.structs.replace(
-        request, budget=static.budget, max_total_tokens=at_most_tokens,
-        below_one_request="refuse" if static.request_token_cap is None else "cap"))
+    return plan_pool_sizes(msgspec.structs.replace(request, budget=static.budget, max_total_tokens=at_most_tokens,
+                                                   below_one_request="cap"))
