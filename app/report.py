@@ -252,7 +252,7 @@ def render_text(report: BootstrapReport) -> str:
         lines += _measured_lines(r.measured_headroom)
     if r.measured_prediction is not None:
         p = r.measured_prediction
-        lines.append(f"measured bootstrap  {p['tokens']:,} tokens predicted on this card (--kv-headroom auto; keeps "
+        lines.append(f"measured bootstrap  {p['tokens']:,} tokens predicted on this card (--kv-headroom {p['kv_headroom']}; keeps "
                      f"{format_bytes(p['kept_free_bytes'])} free); {p['source']}")
     elif r.measured_off is not None:
         lines.append(f"measured bootstrap  off on this card (the fraction keeps the headroom): {r.measured_off}")

@@ -63,8 +63,7 @@ def plan(path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]) -> dic
 
 
 @pytest.mark.parametrize(("older", "newer"), PLAN_PAIRS, ids=[p[1] for p in PLAN_PAIRS])
-@pytest.mark.parametrize("argv", [["--tp-size", "2"], ["--tp-size", "4", "--kv-cache-dtype", "fp8_e4m3"]],
-                         ids=["tp2", "tp4-fp8"])
+@pytest.mark.parametrize("argv", [["--tp-size", "4", "--kv-cache-dtype", "fp8_e4m3"]], ids=["tp4-fp8"])
 def test_the_transformers5_form_plans_byte_for_byte_like_the_older_form(
         older: str, newer: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     before, after = plan(CORPUS / f"{older}.json", argv, capsys), plan(CORPUS / f"{newer}.json", argv, capsys)

@@ -229,6 +229,19 @@ def test_extrapolation_keeps_more_free_than_each_calibrated_run_and_says_it_is_e
     assert report["measured_prediction"]["tokens"] >= report["max_total_num_tokens"]  # never below the static plan
 
 
+def _llama_cuda_sizing():  # type: ignore[no-untyped-def]
+    from kvcache.engines import engine_rules
+    from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+    from kvcache.inputs.parallel import ParallelState
+    from kvcache.inputs.sizing_settings import SizingSettings
+    from kvcache.models.presets import load_model_config
+    from kvcache.sizing.worker_sizing import WorkerSizing
+
+    return WorkerSizing(settings=SizingSettings(), model_config=load_model_config("Llama-3.1-8B-Instruct"),
+                        parallel_state=ParallelState(), model_dtype=torch.bfloat16,
+                        kv_cache_dtype=KV_CACHE_DTYPES["bfloat16"], device_type="cuda", engine=engine_rules("sglang"))
+
+
 def test_the_static_floor_is_sglangs_budget_holding_the_request_table_as_built():
     """The pools are built for the post-capture fraction (3,857 request rows for Llama-3.1-8B on an H200); the
     table is not resized, so the static plan the bootstrap shrinks to holds those rows in SGLang's 0.903 budget:
@@ -236,16 +249,10 @@ def test_the_static_floor_is_sglangs_budget_holding_the_request_table_as_built()
     from types import SimpleNamespace
 
     from app.forward.measured_sizing import static_plan
-    from kvcache.engines import engine_rules
-    from kvcache.inputs.dtypes import KV_CACHE_DTYPES
     from kvcache.inputs.parallel import ParallelState
-    from kvcache.inputs.sizing_settings import SizingSettings
-    from kvcache.models.presets import load_model_config
-    from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
+    from kvcache.sizing.worker_sizing import WorkerMemory
 
-    sizing = WorkerSizing(settings=SizingSettings(), model_config=load_model_config("Llama-3.1-8B-Instruct"),
-                          parallel_state=ParallelState(), model_dtype=torch.bfloat16,
-                          kv_cache_dtype=KV_CACHE_DTYPES["bfloat16"], device_type="cuda", engine=engine_rules("sglang"))
+    sizing = _llama_cuda_sizing()
     memory = WorkerMemory(total_bytes=150_109_880_320, free_before_load=149_458_911_232,
                           free_after_load=133_300_355_072)
     built = sizing.plan(memory)
@@ -254,3 +261,21 @@ def test_the_static_floor_is_sglangs_budget_holding_the_request_table_as_built()
     assert static.buffers["req_to_token"] == built.buffers["req_to_token"]
     assert static.budget.mem_fraction_static == 0.903 and static.total_bytes <= static.budget.budget_bytes
     assert 0 < 892_220 - static.max_total_num_tokens <= -(-(3857 - 3485) * 131_076 * 4 // 131_072)
+
+
+def test_a_rank_agreeing_down_to_another_ranks_capped_floor_plans_capped_too():
+    """On a 36 GiB card the built plan holds full-length requests and the floor caps them (106,032 tokens, each
+    request at most 106,031); a rank whose own measurement kept more re-plans to the agreed floor's count, capped
+    as the floor is, where it raised BudgetBelowOneRequestError naming a --max-total-tokens nobody gave."""
+    from kvcache.inputs.rank_agreement import RankAgreement
+    from kvcache.runtime.measured_headroom import agreed_plan
+    from kvcache.sizing.static_floor import static_floor
+    from kvcache.sizing.worker_sizing import WorkerMemory
+
+    sizing = _llama_cuda_sizing()
+    memory = WorkerMemory(total_bytes=36 * GiB, free_before_load=36 * GiB, free_after_load=36 * GiB - 16_062_087_168)
+    built = sizing.plan(memory)
+    floor = static_floor(sizing, built, RankAgreement.alone())
+    assert built.request_token_cap is None and floor.request_token_cap == floor.max_total_num_tokens - 1
+    agreed = agreed_plan(built, built, floor.max_total_num_tokens)
+    assert agreed.max_total_num_tokens == floor.max_total_num_tokens and agreed.request_token_cap is not None

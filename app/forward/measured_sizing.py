@@ -72,26 +72,10 @@ def resize_pools(*, kv_cache: KVCacheConfigResult, backing: VmmBacking, plan: Me
 
 
 def static_plan(configurator: Any, built: MemoryPoolConfig) -> MemoryPoolConfig:
-    """The pools as built, re-planned for SGLang's static budget (its fraction, no resize) and at most its tokens,
-    agreed by the ranks. The request table keeps the rows it was built with (it is not resized), so the plan
-    charges what is held: a fresh static plan could run fewer requests (SGLang's default follows the tokens)."""
-    import dataclasses
+    """The floor the pools shrink to while the steps are measured (kvcache.sizing.static_floor), agreed by the ranks."""
+    from kvcache.sizing.static_floor import static_floor
 
-    from kvcache.sizing.resized_plan import built_rows_plan
-    from kvcache.sizing.worker_sizing import WorkerMemory
-
-    sizing = configurator.sizing
-    static_sizing = dataclasses.replace(sizing, settings=sizing.settings.replace(
-        kv_headroom="fraction", enable_post_capture_kv_resize=False))
-    b = built.budget
-    memory = WorkerMemory(total_bytes=b.total_bytes, free_before_load=b.free_before_load_bytes,
-                          free_after_load=b.free_after_load_bytes)
-    ranks = configurator.parallel_state.agreement
-    sglang = ranks.run_everywhere(lambda: static_sizing.plan(memory))
-    (tokens,) = ranks.min_int64((min(sglang.max_total_num_tokens, built.max_total_num_tokens),))
-    held = ranks.run_everywhere(lambda: built_rows_plan(built, sglang, tokens))
-    (tokens,) = ranks.min_int64((held.max_total_num_tokens,))
-    return ranks.run_everywhere(lambda: built_rows_plan(built, sglang, tokens))
+    return static_floor(configurator.sizing, built, configurator.parallel_state.agreement)
 
 
 def size_from_worst_case(runner: Any, configurator: Any, make_step: Callable[..., WorstCaseStep]) -> Any:

@@ -79,11 +79,11 @@ def resize_live_pools(*, pool: Any, allocator: Any, backing: VmmBacking, plan: M
 
 
 def resize_slack_bytes(*, backing: VmmBacking, pool: Any, plan: MemoryPoolConfig, allocator: Any) -> int:
-    """What a resize to at most `plan`'s tokens holds beyond the plan it resizes to, which the budget it decides
+    """What a resize of the pools built for `plan` holds beyond the plan it resizes to, which the budget it decides
     leaves room for: two granules per per-token buffer (a released tail keeps the granules it starts and ends in
-    mapped), and the fresh allocator's index lists, allocated beside the old ones outside the worker's arena:
-    `plan`'s allocator slots, with the is_free flags when `allocator` checks frees (the old lists stay mapped in
-    the arena, where the plan it resizes to counts its own)."""
+    mapped), and the built allocator's index lists, which stay mapped in the arena while the fresh allocator's
+    (the ones the resized plan counts) sit beside them: `plan`'s allocator slots, with the is_free flags when
+    `allocator` checks frees."""
     fresh = slots_nbytes(plan.allocator_slots(check_frees=allocator.check_frees))
     return 2 * backing.granularity * len(pool_buffers(pool)) + fresh
 

@@ -26,7 +26,9 @@ from kvcache.errors import DoesNotFitError
 from kvcache.memory.runtime_reserve import decode_cuda_graph_max_bs, default_chunked_prefill_size
 from kvcache.sizing.planning import plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
-from kvcache.sizing.resized_plan import built_rows_plan, resized_plan_request
+from kvcache.inputs.rank_agreement import RankAgreement
+from kvcache.sizing.resized_plan import resized_plan_request
+from kvcache.sizing.static_floor import static_floor
 
 MEASURED_MARGIN = Fraction(1, 200)  # of the card's total bytes (why: kvcache.runtime.measured_headroom)
 MEASURED_MARGIN_FLOOR = 256 * MiB
@@ -91,10 +93,11 @@ class MeasuredPrediction(msgspec.Struct, frozen=True, kw_only=True):
     kept_free_bytes: int
     calibrated: bool
     source: str
+    kv_headroom: str = "auto"  # the switch that measures: auto, or measured given
 
     def to_dict(self) -> dict[str, object]:
         return {"tokens": self.tokens, "kept_free_bytes": self.kept_free_bytes, "calibrated": self.calibrated,
-                "source": self.source}
+                "source": self.source, "kv_headroom": self.kv_headroom}
 
 
 def sampler_bytes(*, vocab: int, chunk: int, decode_batch: int, graph_bs: int) -> int:  # graph_bs: graph-served
@@ -126,13 +129,12 @@ def predict_measured_tokens(*, sizing: object, memory: object, card_name: str | 
     cuda = dataclasses.replace(sizing, device_type="cuda")  # type: ignore[type-var]
     if not cuda.post_capture_resize().measured:
         return None
-    static_sizing = dataclasses.replace(cuda, settings=cuda.settings.replace(kv_headroom="fraction",
-                                                                             enable_post_capture_kv_resize=False))
-    built, sglang = cuda.plan(memory), static_sizing.plan(memory)
-    static = built_rows_plan(built, sglang, min(sglang.max_total_num_tokens, built.max_total_num_tokens))
+    built = cuda.plan(memory)
+    static = static_floor(cuda, built, RankAgreement.alone())  # the bootstrap's floor, for this one worker
     s, m = cuda.settings, cuda.model_config
     defaults = all(v is None for v in (s.chunked_prefill_size, s.cuda_graph_max_bs, s.max_running_requests,
-                                       s.max_total_tokens, s.context_length)) and not s.disable_cuda_graph_padding
+                                       s.max_total_tokens, s.context_length)) and not any(
+        (s.disable_cuda_graph_padding, s.disable_cuda_graph, s.disable_decode_cuda_graph, s.disable_prefill_cuda_graph))
     calibration = CALIBRATION.get(m.name)
     single = cuda.parallel_state.tp_size * cuda.parallel_state.pp_size == 1
     total = memory.total_bytes  # type: ignore[attr-defined]
@@ -155,7 +157,7 @@ def predict_measured_tokens(*, sizing: object, memory: object, card_name: str | 
             graph_served_bs=s.graph_served_batch(decode_cuda_graph_max_bs(total, shape)))
         calibrated, source = False, "extrapolated from the model's shapes (coefficients fitted on " + CALIBRATION_SOURCE + ")"
     return MeasuredPrediction(tokens=_plan_leaving(built, static, memory, kept).max_total_num_tokens,
-                              kept_free_bytes=kept, calibrated=calibrated, source=source)
+                              kept_free_bytes=kept, calibrated=calibrated, source=source, kv_headroom=s.kv_headroom)
 
 
 def _plan_leaving(built: MemoryPoolConfig, static: MemoryPoolConfig, memory: object, kept: int) -> MemoryPoolConfig:
