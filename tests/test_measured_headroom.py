@@ -279,3 +279,19 @@ def test_a_rank_agreeing_down_to_another_ranks_capped_floor_plans_capped_too():
     assert built.request_token_cap is None and floor.request_token_cap == floor.max_total_num_tokens - 1
     agreed = agreed_plan(built, built, floor.max_total_num_tokens)
     assert agreed.max_total_num_tokens == floor.max_total_num_tokens and agreed.request_token_cap is not None
+
+
+def test_a_floor_running_fewer_requests_than_the_table_holds_still_charges_every_row():
+    """On a 23.5 GiB card the floor holds 3,433 tokens, so at most 1,716 requests run (two tokens each), while the
+    table was built with 2,048 rows of 131,076 int32: the floor charges those 2,049 rows, not 1,717 (58 MB more)."""
+    from kvcache.inputs.rank_agreement import RankAgreement
+    from kvcache.sizing.static_floor import static_floor
+    from kvcache.sizing.worker_sizing import WorkerMemory
+
+    total = 47 * GiB // 2
+    built = (sizing := _llama_cuda_sizing()).plan(WorkerMemory(total_bytes=total, free_before_load=total,
+                                                               free_after_load=total - 16_062_087_168))
+    floor = static_floor(sizing, built, RankAgreement.alone())
+    assert (built.max_running_requests, floor.max_running_requests, floor.table_requests) == (2048, 1716, 2048)
+    assert floor.buffers["req_to_token"] == built.buffers["req_to_token"] >= 2049 * 131_076 * 4
+    assert floor.total_bytes <= floor.budget.budget_bytes

@@ -97,6 +97,7 @@ class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
     max_running_requests: int | None = None
     attention_dp_size: int = 1
     below_one_request: BelowOneRequest = "refuse"
+    request_table_requests: int | None = None  # a table already built with this many rows (MemoryPoolConfig's)
 
 
 def _pool_tokens(req: PlanRequest, pool: KVPoolDemand, tokens: int) -> int:
@@ -141,6 +142,7 @@ def candidate_plan(req: PlanRequest, tokens: int, state_slots: int) -> MemoryPoo
         budget=req.budget, page_size=page, context_length=req.context_length,
         max_total_num_tokens=tokens, max_running_requests=running_requests(req, tokens, state_slots),
         req_to_token_row_width=req.req_to_token_row_width, kv_pools=pools, state_pool=state_plan,
+        request_table_requests=req.request_table_requests,
     )
 
 

@@ -108,6 +108,9 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
     req_to_token_row_width: int
     kv_pools: tuple[KVPoolPlan, ...]
     state_pool: StatePoolPlan | None = None
+    # the request table's rows (less padding) where they are not max_running_requests: a table built for a larger
+    # plan is not resized, so a plan re-planned within those pools charges the rows it holds (resized_plan_request)
+    request_table_requests: int | None = None
 
     @property
     def bytes_per_token(self) -> int:
@@ -129,13 +132,18 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def req_to_token_bytes(self) -> int:
-        """(max_running_requests + 1) rows of int32 token indices (row 0 is padding); hybrid
+        """(request table requests + 1) rows of int32 token indices (row 0 is padding); hybrid
         models add one int32 column mapping each row to its state slot. One allocation."""
         return self.req_to_token_slot().nbytes
 
     def req_to_token_slot(self) -> PlannedSlot:
-        """The request table (kvcache.sizing.pool_config.request_table_slot)."""
-        return request_table_slot(self.max_running_requests, self.req_to_token_row_width, self.state_pool is not None)
+        """The request table (kvcache.sizing.pool_config.request_table_slot): a row per request it holds."""
+        return request_table_slot(self.table_requests, self.req_to_token_row_width, self.state_pool is not None)
+
+    @property
+    def table_requests(self) -> int:
+        """Requests the request table holds: max_running_requests, or the rows of the table as built."""
+        return self.request_table_requests or self.max_running_requests
 
     def worker_slots(self, *, draft: bool = False) -> tuple[PlannedSlot, ...]:
         """Every tensor one worker carves from its arena, slot by slot in arena order (worker_buffers' order):

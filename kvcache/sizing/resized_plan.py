@@ -27,6 +27,7 @@ def resized_plan_request(plan: MemoryPoolConfig, budget_bytes: int) -> PlanReque
         req_to_token_row_width=plan.req_to_token_row_width, kv_pools=tuple(demands),
         max_total_tokens=plan.max_total_num_tokens, max_running_requests=plan.max_running_requests,
         below_one_request="refuse" if plan.request_token_cap is None else "cap",  # a capped plan stays one
+        request_table_requests=plan.table_requests,  # the table is not resized: its rows stay charged
     )
 
 
