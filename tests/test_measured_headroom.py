@@ -242,10 +242,11 @@ def _llama_cuda_sizing():  # type: ignore[no-untyped-def]
                         kv_cache_dtype=KV_CACHE_DTYPES["bfloat16"], device_type="cuda", engine=engine_rules("sglang"))
 
 
-def test_the_static_floor_is_sglangs_budget_holding_the_request_table_as_built():
+def test_the_static_floor_is_sglangs_tokens_holding_the_request_table_as_built():
     """The pools are built for the post-capture fraction (3,857 request rows for Llama-3.1-8B on an H200); the
-    table is not resized, so the static plan the bootstrap shrinks to holds those rows in SGLang's 0.903 budget:
-    372 rows of 131,076 int32 more than SGLang's own static plan (3,485 rows), 195,041,088 B, 1,488 tokens less."""
+    table is not resized, so the static plan the bootstrap shrinks to keeps SGLang's 892,220 tokens and charges
+    those rows: 372 rows of 131,076 int32 more than SGLang's own static plan (3,485 rows), 195,041,280 B beside
+    SGLang's 0.903 budget (the tables' slots are rounded to 512 B)."""
     from types import SimpleNamespace
 
     from app.forward.measured_sizing import static_plan
@@ -258,9 +259,9 @@ def test_the_static_floor_is_sglangs_budget_holding_the_request_table_as_built()
     built = sizing.plan(memory)
     static = static_plan(SimpleNamespace(sizing=sizing, parallel_state=ParallelState()), built)
     assert (built.max_running_requests, static.max_running_requests) == (3857, 3857)
-    assert static.buffers["req_to_token"] == built.buffers["req_to_token"]
-    assert static.budget.mem_fraction_static == 0.903 and static.total_bytes <= static.budget.budget_bytes
-    assert 0 < 892_220 - static.max_total_num_tokens <= -(-(3857 - 3485) * 131_076 * 4 // 131_072)
+    assert static.max_total_num_tokens == 892_220 and static.buffers["req_to_token"] == built.buffers["req_to_token"]
+    assert static.buffers["req_to_token"] - 1_827_723_776 == 195_041_280 >= (3857 - 3485) * 131_076 * 4
+    assert static.budget.budget_bytes == 118_802_840_682 + 195_041_280 >= static.total_bytes
 
 
 def test_a_rank_agreeing_down_to_another_ranks_capped_floor_plans_capped_too():
@@ -282,8 +283,9 @@ def test_a_rank_agreeing_down_to_another_ranks_capped_floor_plans_capped_too():
 
 
 def test_a_floor_running_fewer_requests_than_the_table_holds_still_charges_every_row():
-    """On a 23.5 GiB card the floor holds 3,433 tokens, so at most 1,716 requests run (two tokens each), while the
-    table was built with 2,048 rows of 131,076 int32: the floor charges those 2,049 rows, not 1,717 (58 MB more)."""
+    """On a 23.5 GiB card SGLang's static plan holds 3,875 tokens, so at most 1,937 requests run (two tokens each),
+    while the table was built with 2,048 rows of 131,076 int32: the floor keeps the tokens and charges those 2,049
+    rows, not 1,938 (58,198,016 B more)."""
     from kvcache.inputs.rank_agreement import RankAgreement
     from kvcache.sizing.static_floor import static_floor
     from kvcache.sizing.worker_sizing import WorkerMemory
@@ -292,6 +294,7 @@ def test_a_floor_running_fewer_requests_than_the_table_holds_still_charges_every
     built = (sizing := _llama_cuda_sizing()).plan(WorkerMemory(total_bytes=total, free_before_load=total,
                                                                free_after_load=total - 16_062_087_168))
     floor = static_floor(sizing, built, RankAgreement.alone())
-    assert (built.max_running_requests, floor.max_running_requests, floor.table_requests) == (2048, 1716, 2048)
-    assert floor.buffers["req_to_token"] == built.buffers["req_to_token"] >= 2049 * 131_076 * 4
+    assert (built.max_running_requests, floor.max_running_requests, floor.table_requests) == (2048, 1937, 2048)
+    assert floor.max_total_num_tokens == 3875 and floor.buffers["req_to_token"] == built.buffers["req_to_token"]
+    assert floor.buffers["req_to_token"] - 1_016_101_376 == 58_198_016 >= (2048 - 1937) * 131_076 * 4
     assert floor.total_bytes <= floor.budget.budget_bytes

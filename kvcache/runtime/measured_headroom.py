@@ -3,8 +3,8 @@
 After CUDA-graph capture the engine runs its largest steps (a full prefill chunk; an eager
 decode batch above the largest graph) and measures each one's peak. The pools then keep
 everything but the peak plus a margin. Two rules bound the answer:
-- never fewer tokens than the static plan (SGLang's fraction's budget, holding the request table as built:
-  kvcache.sizing.resized_plan.built_rows_plan), unless the measurement shows
+- never fewer tokens than the static plan (SGLang's fraction's tokens, in the pools and request table as
+  built: kvcache.sizing.static_floor), unless the measurement shows
   that the static plan itself runs out of memory at that step; the decision then says so,
   with the bytes;
 - never more than the plan the pools were built for (the resize releases tails, it maps

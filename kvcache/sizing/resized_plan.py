@@ -32,9 +32,12 @@ def resized_plan_request(plan: MemoryPoolConfig, budget_bytes: int) -> PlanReque
 
 
 def built_rows_plan(built: MemoryPoolConfig, static: MemoryPoolConfig, at_most_tokens: int) -> MemoryPoolConfig:
-    """`built`'s pools and request-table rows (the table is not resized) re-planned within `static`'s budget
-    (SGLang's fraction's), at most `at_most_tokens`: the static plan as the built pools can hold it. `static` was
-    planned, so the engine runs a plan of its size; one below a full-context request caps each request."""
-    request = resized_plan_request(built, static.budget.budget_bytes)
-    return plan_pool_sizes(msgspec.structs.replace(request, budget=static.budget, max_total_tokens=at_most_tokens,
+    """`static` (SGLang's static plan, say) as `built`'s pools hold it, at most `at_most_tokens`: the request table
+    is not resized, so its rows beyond `static`'s are added to `static`'s budget, and the tokens stay `static`'s.
+    `static` was planned, so the engine runs a plan of its size; one below a full-context request caps each
+    request."""
+    extra_rows = max(0, built.req_to_token_bytes - static.req_to_token_bytes)
+    budget = msgspec.structs.replace(static.budget, budget_bytes=static.budget.budget_bytes + extra_rows)
+    request = resized_plan_request(built, budget.budget_bytes)
+    return plan_pool_sizes(msgspec.structs.replace(request, budget=budget, max_total_tokens=at_most_tokens,
                                                    below_one_request="cap"))

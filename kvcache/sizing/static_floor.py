@@ -2,9 +2,9 @@
 
 The pools are built for the higher fraction, then shrunk to this plan while the worst-case steps are
 measured, and the measured plan never keeps fewer tokens unless the step would run out of memory. The
-request table is not resized, so the floor is the built pools re-planned in SGLang's static budget at most
-its tokens (resized_plan.built_rows_plan), agreed by the ranks. The bootstrap and a dry run's prediction
-both take it from here.
+request table is not resized, so the floor keeps SGLang's static tokens in the built pools, its budget grown
+by the table rows built beyond SGLang's (resized_plan.built_rows_plan), agreed by the ranks. The bootstrap
+and a dry run's prediction both take it from here.
 """
 
 from __future__ import annotations
