@@ -51,6 +51,11 @@ def test_plan_flags_without_plan_say_they_belong_to_plan(capsys: pytest.CaptureF
         (["--cuda-graph-bs", "1", "2", "4"], "--cuda-graph-bs is a list of batch sizes there; here the largest one "
                                               "sizes the graphs: --cuda-graph-max-bs N"),
         (["--enable-metrics"], "--enable-metrics changes nothing this engine sizes: drop it"),
+        # SGLang 0.5.23's per-phase spellings
+        (["--cuda-graph-backend-prefill", "disabled"], "here --disable-decode-cuda-graph / --disable-prefill-cuda-graph"),
+        (["--attn-dp-size", "2"], "here --dp-size N --enable-dp-attention"),
+        (["--cuda-graph-max-bs-prefill", "512"], "--cuda-graph-max-bs-prefill is not modelled"),
+        (["--cuda-graph-bs-decode", "1", "2"], "here the largest one sizes the graphs: --cuda-graph-max-bs N"),
         (["--nnodes", "2", "--node-rank", "0"], "--nnodes changes nothing this engine sizes: the plan is per GPU"),
         (["--json-model-override-args", "{}"], "edit a copy of config.json and pass that file with --model"),
         (["--chunked-prefill-size", "-1"], "-1 is SGLang's 'no chunked prefill', not modelled here"),

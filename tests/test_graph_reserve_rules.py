@@ -88,3 +88,10 @@ def test_without_decode_graphs_their_term_goes_and_dp_attention_still_reads_the_
     llama = _plan(capsys, "--model", "Llama-3.1-8B-Instruct", "--kv-headroom", "fraction",
                   "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph")["mem_fraction_static"]
     assert llama == round((H200_MIB - (WITHOUT_PREFILL_GRAPHS_MIB - 2 * 256)) / H200_MIB, 3)
+
+
+def test_sglang_0_5_23s_decode_cap_flag_is_this_engines(capsys: pytest.CaptureFixture[str]) -> None:
+    """--cuda-graph-max-bs-decode (SGLang 0.5.23 has no --cuda-graph-max-bs) sets the decode cap: 2 x 128 MiB."""
+    fraction = _plan(capsys, "--model", "Llama-3.1-8B-Instruct", "--kv-headroom", "fraction",
+                     "--cuda-graph-max-bs-decode", "128")["mem_fraction_static"]
+    assert fraction == round((H200_MIB - (WITHOUT_PREFILL_GRAPHS_MIB - 2 * 256 + 2 * 128 + 8 * 58)) / H200_MIB, 3) == 0.905

@@ -36,7 +36,14 @@ NOT_SIZED_HERE: dict[str, str] = {
     **dict.fromkeys(("nnodes", "node_rank", "dist_init_addr"),
                     "changes nothing this engine sizes: the plan is per GPU, and --tp-size counts the GPUs of "
                     "every node: drop it"),
-    "cuda_graph_bs": "is a list of batch sizes there; here the largest one sizes the graphs: --cuda-graph-max-bs N",
+    **dict.fromkeys(("cuda_graph_bs", "cuda_graph_bs_decode"),
+                    "is a list of batch sizes there; here the largest one sizes the graphs: --cuda-graph-max-bs N"),
+    "cuda_graph_max_bs_prefill": "is not modelled: the prefill-graph reserve counts SGLang's sizes up to "
+                                 "--chunked-prefill-size; to leave prefill graphs out, --disable-prefill-cuda-graph",
+    **dict.fromkeys(("cuda_graph_backend_decode", "cuda_graph_backend_prefill"),
+                    "is SGLang 0.5.23's per-phase switch: here --disable-decode-cuda-graph / "
+                    "--disable-prefill-cuda-graph stand for 'disabled' (full and breakable size the same)"),
+    "attn_dp_size": "is SGLang 0.5.23's name for attention DP: here --dp-size N --enable-dp-attention",
     "json_model_override_args": "is not read: edit a copy of config.json and pass that file with --model",
     "quantization": "is not modelled (online quantization): weights are sized in the format config.json's "
                     "quantization_config names",

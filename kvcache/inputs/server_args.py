@@ -90,7 +90,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     chunked_prefill_size: Annotated[PositiveInt, _doc(
         "prefill chunk in tokens (sets the activation reserve); default by card size")] | None = None
     cuda_graph_max_bs: Annotated[NonNegativeInt, _doc(
-        "largest decode CUDA-graph batch (sets the graph reserve); default by card size and TP")] | None = None
+        "largest decode CUDA-graph batch (sets the graph reserve); default by card size and TP"),
+        _also("--cuda-graph-max-bs-decode")] | None = None
     disable_cuda_graph: Annotated[bool, _doc(
         "no decode or prefill CUDA graphs (their reserve is then left out)")] = False
     disable_decode_cuda_graph: Annotated[bool, _doc(
