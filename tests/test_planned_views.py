@@ -198,3 +198,16 @@ def test_a_tensor_of_no_elements_takes_no_bytes_and_moves_no_other_view() -> Non
     assert views["state.0.conv"].numel() == 0 and arena.used == 512 + 512 + 512
     assert views["state.1.ssm"].data_ptr() - views["state.0.ssm"].data_ptr() == 48
     assert views["allocator.free_log.0"].data_ptr() - views["state.0.ssm"].data_ptr() == 512
+
+
+def test_an_mla_pool_reports_its_tensors_bytes_as_sglang_does_not_its_slots_padding() -> None:
+    """DeepSeek-V2's latent, 512 + 64 bf16 = 1,152 B a row; 5 tokens + the padding row = 6,912 B in a 7,168 B slot.
+    A DSA indexer adds 128 fp8 B and one float32 scale a row: 6 x 1,284 = 7,704 B (SGLang's DSA pool adds them too)."""
+    from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+    from kvcache.sizing.layer_specs import MLASpec
+    from kvcache.testing.pool_plans import standalone_kv_pool
+
+    latent = standalone_kv_pool(MLASpec(512, 64, KV_CACHE_DTYPES["bfloat16"]), tokens=5)
+    assert (latent.get_kv_size_bytes(), latent.nbytes) == (6_912, 7_168)
+    dsa = standalone_kv_pool(MLASpec(512, 64, KV_CACHE_DTYPES["bfloat16"], index_head_dim=128), tokens=5)
+    assert (dsa.get_kv_size_bytes(), dsa.nbytes) == (7_704, 8_192)

@@ -52,6 +52,13 @@ def as_indices(indices: torch.Tensor, device: torch.device, what: str) -> torch.
     return indices.reshape(-1).to(device=device, dtype=torch.int64)
 
 
+def checked_page_size(page_size: int) -> int:
+    """`page_size`, or ValueError unless it is at least 1 (a page holds at least one token)."""
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    return page_size
+
+
 def check_need_size(need_size: int, page_size: int) -> None:
     """Raise ValueError unless need_size is a non-negative multiple of page_size."""
     if need_size < 0:
@@ -112,10 +119,8 @@ class FreeListAllocator(SharedAllocatorAPI):
         self, *, slots: Sequence[PlannedSlot], page_size: int, device: torch.device | str, unit: str,
         kvcache: Any = None, views: Views | None = None,
     ) -> None:
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
         self._device = torch.device(device)
-        self._page_size = page_size
+        self._page_size = checked_page_size(page_size)
         self._log = FreeLog(slots=slots, device=self._device, unit=unit, stride=page_size, views=views)
         self._checking = self._log.checks
         self._group = FreeGroup()

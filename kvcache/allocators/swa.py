@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from kvcache.allocators.base import AllocatorState, SharedAllocatorAPI, as_indices, check_need_size, reject_meta
+from kvcache.allocators.base import (
+    AllocatorState, SharedAllocatorAPI, as_indices, check_need_size, checked_page_size, reject_meta)
 from kvcache.allocators.eviction import evict_shortfall
 from kvcache.allocators.free_group import FreeGroup, FreeGroupState
 from kvcache.allocators.index_map import FullToSWAMap, IndexMapState
@@ -79,11 +80,9 @@ class SWATokenToKVPoolAllocator(SWAFrees, SWACapacityHooks, SharedAllocatorAPI):
         self, *, slots: Sequence[PlannedSlot], page_size: int, device: torch.device | str, kvcache: Any = None,
         views: Views | None = None,
     ) -> None:
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
         full, swa, table = _by_side(slots)
         self._device = torch.device(device)
-        self._page_size = page_size
+        self._page_size = checked_page_size(page_size)
         self._kvcache: Any = None
         self.full_attn_allocator = _side(full, page_size, self._device, views)
         self.swa_attn_allocator = _side(swa, page_size, self._device, views)

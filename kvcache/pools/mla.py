@@ -91,7 +91,10 @@ class MLATokenToKVPool(PlannedRows):
         self.set_kv_buffer(layer, loc, torch.cat((cache_k_nope, cache_k_rope), dim=-1), layer_id_override=layer_id_override)
 
     def get_kv_size_bytes(self) -> int:
-        return self.nbytes
+        """Bytes of every latent tensor (FP4 scales and a DSA indexer's keys included) over the rows it holds now:
+        SGLang 0.5.23's number (its DSA pool adds the indexer's keys), without the slot's alignment padding."""
+        built = self._views[0].shape[0] if self._views else 1
+        return sum(v.nbytes for v in self._views) // built * self.rows_now()
 
     def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
         """The sparse-attention indexer's key rows of one layer (SGLang's name); DSA models only."""

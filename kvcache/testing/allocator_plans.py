@@ -12,6 +12,7 @@ from typing import Any, Literal
 import torch
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvcache.allocators.base import checked_page_size
 from kvcache.allocators.paged_kernels import PagedKernels
 from kvcache.pools.planned_views import Views
 from kvcache.sizing.allocator_footprint import allocator_slots, free_list_slots
@@ -19,9 +20,7 @@ from kvcache.sizing.allocator_footprint import allocator_slots, free_list_slots
 
 def whole_pages(what: str, tokens: int, page_size: int) -> int:
     """`tokens`, or ValueError unless they are a positive multiple of page_size (itself at least 1)."""
-    if page_size < 1:
-        raise ValueError(f"page_size must be >= 1, got {page_size}")
-    if tokens < page_size or tokens % page_size:
+    if tokens < checked_page_size(page_size) or tokens % page_size:
         raise ValueError(f"{what} {tokens} must be a positive multiple of page_size {page_size}")
     return tokens
 
