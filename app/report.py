@@ -66,6 +66,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     measured_headroom: dict[str, Any] | None = None  # kvcache.runtime.measured_headroom.MeasuredSizing.to_dict()
     measured_prediction: dict[str, Any] | None = None  # a dry run: what a measured bootstrap on the card will hold
     measured_off: str | None = None  # a dry run asking for measured headroom that the card's start would not measure: why
+    engine_own_tokens: int | None = None  # what the engine itself would size for this budget, where it differs
     multimodal: dict[str, Any] | None = None  # the engine's multimodal memory rule and what it kept (_multimodal)
 
 
@@ -113,6 +114,7 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         measured_headroom=target.measured_sizing.to_dict() if target.measured_sizing is not None else None,
         measured_prediction=_prediction(target, card),
         measured_off=_measured_off(target, card),
+        engine_own_tokens=rules.own_token_count(plan, target.sizing.settings),
         multimodal=_multimodal(target),
     )
 
@@ -231,6 +233,9 @@ def render_text(report: BootstrapReport) -> str:
         *(_multimodal_lines(r.multimodal) if r.multimodal is not None else []),
         f"bytes per token     {r.bytes_per_token:,}",
         f"max total tokens    {r.max_total_num_tokens:,}" + _below_context_note(r),
+        *([f"                    {r.engine} {r.engine_version} itself sizes {r.engine_own_tokens:,}: it allocates the "
+           "request table and the allocator's lists outside the KV budget, which this plan charges"]
+          if r.engine_own_tokens not in (None, r.max_total_num_tokens) else []),
         f"max running reqs    {r.max_running_requests:,}"
         + (f"  (state slots cap requests at {r.state_request_cap})"
            if r.state_request_cap is not None and r.state_request_cap <= r.max_running_requests else ""),

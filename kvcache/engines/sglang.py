@@ -10,6 +10,7 @@ from kvcache.inputs.server_args import HybridSwaMemory
 from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory, WindowPools
+from kvcache.sizing.pool_config import MemoryPoolConfig
 
 
 # KDA models SGLang 0.5.23 still captures prefill graphs for (arg_groups/cuda_graph_hook.py: "BCG-validated")
@@ -48,6 +49,22 @@ class SGLangRules(EngineRules):
         multimodal side is on (kvcache.engines.sglang_multimodal)."""
         return sglang_multimodal_memory(model, enable_multimodal=enable_multimodal,
                                         language_model_only=language_model_only, label=self.label)
+
+    def own_token_count(self, plan: MemoryPoolConfig, settings: SizingSettings) -> int | None:
+        """What SGLang 0.5.23 would size (its MHA/MLA pool configurator's `calculate_pool_sizes`): the budget over the
+        bytes a token takes, in whole pages, at most --max-total-tokens. It allocates the request table and the
+        allocator's lists outside the budget, from the headroom; this plan charges them. Only for one pool of full
+        attention or MLA latents (no DSA indexer, window, state, draft or multimodal reserve), where its rule is
+        that one line (SGLang computes the budget in float GB: it may land a token away)."""
+        simple = (len(plan.kv_pools) == 1 and plan.kv_pools[0].kind in ("full", "mla") and plan.state_pool is None
+                  and not plan.kv_pools[0].of_draft_worker and plan.budget.reserved_bytes == 0
+                  and not any("index" in t.name for t in plan.kv_pools[0].row))
+        if not simple:
+            return None
+        tokens = plan.budget.budget_bytes // plan.bytes_per_token // plan.page_size * plan.page_size
+        if settings.max_total_tokens is not None:
+            tokens = min(tokens, settings.max_total_tokens // plan.page_size * plan.page_size)
+        return tokens
 
     def no_prefill_graphs_reason(self, model: ModelConfig) -> str:
         """KDA layers: SGLang 0.5.23's `disable_breakable_cudagraph_if_incompatible` turns prefill graphs off for

@@ -99,6 +99,11 @@ class EngineRules(ABC):
         """What this engine keeps back for the model's multimodal side: nothing unless an engine says so."""
         return MultimodalMemory(on=False, why=f"{self.label} has no multimodal memory rule here")
 
+    def own_token_count(self, plan: MemoryPoolConfig, settings: SizingSettings) -> int | None:
+        """The KV tokens the engine itself would report for this budget, where its rule differs from the plan's and
+        is known here; None otherwise."""
+        return None
+
     def no_prefill_graphs_reason(self, model: ModelConfig) -> str:
         """Why the engine captures no prefill CUDA graphs for this model, so reserves none ("" where it does)."""
         return ""
