@@ -66,7 +66,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     measured_headroom: dict[str, Any] | None = None  # kvcache.runtime.measured_headroom.MeasuredSizing.to_dict()
     measured_prediction: dict[str, Any] | None = None  # a dry run: what a measured bootstrap on the card will hold
     measured_off: str | None = None  # a dry run asking for measured headroom that the card's start would not measure: why
-    engine_own_tokens: int | None = None  # what the engine itself would size for this budget, where it differs
+    engine_own_tokens: int | None = None  # what the engine itself would size for this budget, where that is known
     multimodal: dict[str, Any] | None = None  # the engine's multimodal memory rule and what it kept (_multimodal)
 
 

@@ -211,3 +211,6 @@ def test_an_mla_pool_reports_its_tensors_bytes_as_sglang_does_not_its_slots_padd
     assert (latent.get_kv_size_bytes(), latent.nbytes) == (6_912, 7_168)
     dsa = standalone_kv_pool(MLASpec(512, 64, KV_CACHE_DTYPES["bfloat16"], index_head_dim=128), tokens=5)
     assert (dsa.get_kv_size_bytes(), dsa.nbytes) == (7_704, 8_192)
+    # FP4: 576 half-byte entries = 288 B a row, 1,728 B; SGLang's FP4 pool leaves the scales out of its number
+    fp4 = standalone_kv_pool(MLASpec(512, 64, KV_CACHE_DTYPES["fp4_e2m1"]), tokens=5)
+    assert (fp4.get_kv_size_bytes(), fp4.nbytes) == (1_728, 2_048)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvcache.arithmetic import align_down
 from kvcache.engines.sglang_config_forms import sglang_config_form_refusal
 from kvcache.engines.sglang_hybrid_swa import architectures, is_hybrid_swa_model, one_full_pool_override
 from kvcache.engines.sglang_multimodal import sglang_multimodal_memory, sglang_served_model
@@ -56,14 +57,17 @@ class SGLangRules(EngineRules):
         allocator's lists outside the budget, from the headroom; this plan charges them. Only for one pool of full
         attention or MLA latents (no DSA indexer, window, state, draft or multimodal reserve), where its rule is
         that one line (SGLang computes the budget in float GB: it may land a token away)."""
-        simple = (len(plan.kv_pools) == 1 and plan.kv_pools[0].kind in ("full", "mla") and plan.state_pool is None
-                  and not plan.kv_pools[0].of_draft_worker and plan.budget.reserved_bytes == 0
-                  and not any("index" in t.name for t in plan.kv_pools[0].row))
-        if not simple:
+        pool = plan.kv_pools[0]
+        simple = (len(plan.kv_pools) == 1 and pool.kind in ("full", "mla") and plan.state_pool is None
+                  and not pool.of_draft_worker and plan.budget.reserved_bytes == 0
+                  and not any(t.name == "index_k" for t in pool.row))
+        # a budget SGLang never computes: a resized plan's (measured or post-capture), or --kv-cache-memory's
+        resized_or_given = plan.request_table_requests is not None or settings.kv_cache_memory is not None
+        if not simple or resized_or_given:
             return None
-        tokens = plan.budget.budget_bytes // plan.bytes_per_token // plan.page_size * plan.page_size
+        tokens = align_down(plan.budget.budget_bytes // plan.bytes_per_token, plan.page_size)
         if settings.max_total_tokens is not None:
-            tokens = min(tokens, settings.max_total_tokens // plan.page_size * plan.page_size)
+            tokens = min(tokens, align_down(settings.max_total_tokens, plan.page_size))
         return tokens
 
     def no_prefill_graphs_reason(self, model: ModelConfig) -> str:

@@ -78,6 +78,5 @@ class MHATokenToKVPool(PlannedRows):
     def get_kv_size_bytes(self) -> tuple[int, int]:
         """Bytes of all K buffers and of all V buffers over the rows it holds now, FP4 scales included (SGLang
         0.5.23's numbers; each buffer's bytes are its built rows' share, so the rows it holds scale them exactly)."""
-        rows, built = self.rows_now(), self._views[0].shape[0] if self._views else 1
-        k, v = (sum(c.nbytes for c in side) // built * rows for side in (self._k, self._v))
+        k, v = (self.bytes_held(sum(c.nbytes for c in side)) for side in (self._k, self._v))
         return k, v

@@ -91,10 +91,9 @@ class MLATokenToKVPool(PlannedRows):
         self.set_kv_buffer(layer, loc, torch.cat((cache_k_nope, cache_k_rope), dim=-1), layer_id_override=layer_id_override)
 
     def get_kv_size_bytes(self) -> int:
-        """Bytes of every latent tensor (FP4 scales and a DSA indexer's keys included) over the rows it holds now:
-        SGLang 0.5.23's number (its DSA pool adds the indexer's keys), without the slot's alignment padding."""
-        built = self._views[0].shape[0] if self._views else 1
-        return sum(v.nbytes for v in self._views) // built * self.rows_now()
+        """Bytes of the latents (and a DSA indexer's keys) over the rows it holds now, as SGLang 0.5.23 counts them:
+        its DSA pool adds the indexer's keys, its FP4 pool does not add the latents' scales; no slot padding."""
+        return self.bytes_held(sum(t.nbytes for t in [*(kv.data for kv in self._kv), *self._index]))
 
     def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
         """The sparse-attention indexer's key rows of one layer (SGLang's name); DSA models only."""

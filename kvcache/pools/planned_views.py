@@ -111,6 +111,12 @@ class PlannedRows:
         """Rows it holds now: its tokens and the padding page."""
         return self.size + self.page_size
 
+    def bytes_held(self, nbytes_as_built: int) -> int:
+        """`nbytes_as_built` (bytes of some of its tensors over the rows they were built with) scaled to the rows it
+        holds now: every tensor has a row per token, so the share is exact."""
+        built = self._views[0].shape[0] if self._views else 1
+        return nbytes_as_built // built * self.rows_now()
+
     def check_resize(self, plan: MemoryPoolConfig) -> KVPoolPlan:
         """Its part of `plan`, the same tensors over at most the rows it was built with (its buffers' addresses),
         or PlanMismatchError naming what differs; nothing changes."""

@@ -108,8 +108,8 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
     req_to_token_row_width: int
     kv_pools: tuple[KVPoolPlan, ...]
     state_pool: StatePoolPlan | None = None
-    # the request table's rows (less padding) where they are not max_running_requests: a table built for a larger
-    # plan is not resized, so a plan re-planned within those pools charges the rows it holds (resized_plan_request)
+    # the request table's rows (less padding) in a plan re-planned within pools already built (resized_plan_request):
+    # the table is not resized, so such a plan charges the rows it holds; None: max_running_requests + 1 rows
     request_table_requests: int | None = None
 
     @property

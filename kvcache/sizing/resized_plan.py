@@ -36,7 +36,8 @@ def built_rows_plan(built: MemoryPoolConfig, static: MemoryPoolConfig, at_most_t
     is not resized, so its rows beyond `static`'s are added to `static`'s budget, and the tokens stay `static`'s.
     `static` was planned, so the engine runs a plan of its size; one below a full-context request caps each
     request."""
-    extra_rows = max(0, built.req_to_token_bytes - static.req_to_token_bytes)
+    as_held = msgspec.structs.replace(static, request_table_requests=built.table_requests)
+    extra_rows = max(0, as_held.total_bytes - static.total_bytes)  # the rows and what the arena's rounding adds
     budget = msgspec.structs.replace(static.budget, budget_bytes=static.budget.budget_bytes + extra_rows)
     request = resized_plan_request(built, budget.budget_bytes)
     return plan_pool_sizes(msgspec.structs.replace(request, budget=budget, max_total_tokens=at_most_tokens,
