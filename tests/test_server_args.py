@@ -294,3 +294,16 @@ def test_the_hybrid_ratio_defaults_are_the_one_sglang_constant_each() -> None:
     assert read.mamba_full_memory_ratio == SizingSettings().mamba_full_memory_ratio == SGLANG_MAMBA_FULL_MEMORY_RATIO
     swa_ratio = next(f for f in msgspec.structs.fields(PlanRequest) if f.name == "swa_ratio")
     assert swa_ratio.default == SGLANG_SWA_FULL_TOKENS_RATIO
+
+
+def test_a_settings_file_takes_sglangs_other_spellings_as_its_flags_do(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """tensor_parallel_size and cuda_graph_max_bs_decode (SGLang 0.5.23's fields) were refused as unknown settings."""
+    from kvcache.errors import ConfigError
+    from kvcache.inputs.server_args import read_settings_file
+
+    path = tmp_path / "sglang.json"
+    path.write_text('{"tensor_parallel_size": 2, "cuda_graph_max_bs_decode": 128, "page_size": 16}')
+    assert read_settings_file(path) == {"tp_size": 2, "cuda_graph_max_bs": 128, "page_size": 16}
+    path.write_text('{"tensor_parallel_size": 2, "tp_size": 4}')
+    with pytest.raises(ConfigError, match="sets tp_size twice with different values"):
+        read_settings_file(path)

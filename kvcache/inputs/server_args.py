@@ -243,9 +243,22 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
         data = parse_toml_table(text, p, what="config file")
     else:
         data = parse_json_object(text, p, what="config file", pairs=once)
-    settings = once(data.items())
+    aliases = field_aliases()
+    settings = once((aliases.get(k, k), v) for k, v in once(data.items()).items())
     _refuse_unknown_settings(p, settings)
     return settings
+
+
+def field_aliases() -> dict[str, str]:
+    """Each field's other spellings (`_also`: SGLang 0.5.23's, such as tensor_parallel_size or
+    cuda_graph_max_bs_decode) as a settings file writes them -> the field, so a file takes what a flag takes."""
+    out: dict[str, str] = {}
+    for name, hint in typing.get_type_hints(ServerArgs, include_extras=True).items():
+        for part in (hint, *typing.get_args(hint)):
+            for meta in getattr(part, "__metadata__", ()):
+                for flag in (getattr(meta, "extra", None) or {}).get("aliases", ()):
+                    out[flag.lstrip("-").replace("-", "_")] = name
+    return out
 
 
 COMMAND_LINE_ONLY = frozenset({"model", "model_path", "gpu", "gpu_memory", "json", "config"})
