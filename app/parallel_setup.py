@@ -80,19 +80,21 @@ def _init_default_group(server_args: ServerArgs, environ: Mapping[str, str]) -> 
         check_local_rank(local_rank, torch.cuda.device_count())
         torch.cuda.set_device(local_rank)
         backend = "nccl"
-    if environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        # torchrun's agent serves the store on MASTER_PORT and ends every worker when one exits: its rendezvous
-        dist.init_process_group(backend=backend, init_method="env://", timeout=COLLECTIVE_TIMEOUT)
-        return local_rank
     rank, world_size = _launcher_int(environ, "RANK", 0), launched_world_size(environ)
-    store = _rendezvous(environ, world_size=world_size, rank=rank)
+    # torchrun's agent serves the store on MASTER_PORT and ends every worker when one exits: its rendezvous
+    agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = None if agent_store else _rendezvous(environ, world_size=world_size, rank=rank)
     try:
-        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
-                                timeout=COLLECTIVE_TIMEOUT)
+        if store is None:
+            dist.init_process_group(backend=backend, init_method="env://", timeout=COLLECTIVE_TIMEOUT)
+        else:
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
+                                    timeout=COLLECTIVE_TIMEOUT)
     except dist.DistError as exc:  # a rank that joined the store went away before the group formed
         raise RankLostError(f"rank {rank}: another rank went away while the process group formed (its own output "
                             f"says why); nothing is allocated here [{_first_line(exc)}]") from None
-    store.set_timeout(COLLECTIVE_TIMEOUT)  # joined: from here on a rank that is slow is not missing
+    if store is not None:
+        store.set_timeout(COLLECTIVE_TIMEOUT)  # joined: from here on a rank that is slow is not missing
     return local_rank
 
 

@@ -137,17 +137,24 @@ def test_under_torchruns_agent_its_store_is_the_rendezvous(monkeypatch: pytest.M
     assert [c["init_method"] for c in calls] == ["env://"]
 
 
-def test_a_rank_lost_while_the_group_forms_is_rank_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("agent_store", [False, True])
+def test_a_rank_lost_while_the_group_forms_is_rank_lost(agent_store: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With its own store or torchrun's agent store (where it escaped as a traceback)."""
     import app.parallel_setup as setup
 
     def lost(**_: object) -> None:
         raise setup.dist.DistNetworkError("Failed to recv, got 0 bytes\n<C++ trace>")
 
-    monkeypatch.setattr(setup, "_rendezvous", lambda *a, **k: object())
+    class Store:
+        def set_timeout(self, _: object) -> None:
+            pytest.fail("the group never formed")
+
+    monkeypatch.setattr(setup, "_rendezvous", lambda *a, **k: Store())
     monkeypatch.setattr(setup.dist, "init_process_group", lost)
+    environ = {**_alone(1, monkeypatch), **({"TORCHELASTIC_USE_AGENT_STORE": "True"} if agent_store else {})}
     with pytest.raises(RankLostError, match=r"^rank 1: another rank went away while the process group formed .*"
                        r"\[Failed to recv, got 0 bytes\]$"):
-        setup._init_default_group(ServerArgs(tp_size=2, device="cpu"), _alone(1, monkeypatch))
+        setup._init_default_group(ServerArgs(tp_size=2, device="cpu"), environ)
 
 
 def test_rank_0_says_rank_lost_in_one_line_when_another_rank_never_joins(monkeypatch: pytest.MonkeyPatch,
