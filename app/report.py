@@ -167,9 +167,7 @@ def _prediction(target: ModelRunner, card: str | None) -> dict[str, Any] | None:
     from kvcache.sizing.measured_prediction import predict_measured_tokens
     from kvcache.sizing.worker_sizing import WorkerMemory
 
-    b = target.memory_pool_config.budget
-    memory = WorkerMemory(total_bytes=b.total_bytes, free_before_load=b.free_before_load_bytes,
-                          free_after_load=b.free_after_load_bytes)
+    memory = WorkerMemory.of_budget(target.memory_pool_config.budget)
     prediction = predict_measured_tokens(sizing=target.configurator_sizing(), memory=memory, card_name=card)
     return prediction.to_dict() if prediction is not None else None
 

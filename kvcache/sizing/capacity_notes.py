@@ -41,9 +41,7 @@ def _request_capped(sizing: WorkerSizing, plan: MemoryPoolConfig) -> CapacityNot
     cap, context = plan.request_token_cap, plan.context_length
     if cap is None:
         return None
-    b = plan.budget
-    memory = WorkerMemory(total_bytes=b.total_bytes, free_before_load=b.free_before_load_bytes,
-                          free_after_load=b.free_after_load_bytes)
+    memory = WorkerMemory.of_budget(plan.budget)
     fixes = sizing.full_request_fixes(memory)
     left = context - cap
     return CapacityNote(cap="request_length", tokens=left, bytes=left * plan.bytes_per_token, fixes=fixes, message=(

@@ -22,9 +22,7 @@ def static_floor(sizing: WorkerSizing, built: MemoryPoolConfig, ranks: RankAgree
     pools and request table, at most `built`'s tokens; the same token count on every rank of `ranks`."""
     static_sizing = dataclasses.replace(sizing, settings=sizing.settings.replace(
         kv_headroom="fraction", enable_post_capture_kv_resize=False))
-    b = built.budget
-    memory = WorkerMemory(total_bytes=b.total_bytes, free_before_load=b.free_before_load_bytes,
-                          free_after_load=b.free_after_load_bytes)
+    memory = WorkerMemory.of_budget(built.budget)
     sglang = ranks.run_everywhere(lambda: static_sizing.plan(memory))
     (tokens,) = ranks.min_int64((min(sglang.max_total_num_tokens, built.max_total_num_tokens),))
     held = ranks.run_everywhere(lambda: built_rows_plan(built, sglang, tokens))

@@ -42,6 +42,12 @@ class WorkerMemory(msgspec.Struct, frozen=True, kw_only=True):
     free_after_load: int
 
     @classmethod
+    def of_budget(cls, budget: MemoryBudget) -> "WorkerMemory":
+        """The readings a plan's budget was computed from (to plan again for the same memory)."""
+        return cls(total_bytes=budget.total_bytes, free_before_load=budget.free_before_load_bytes,
+                   free_after_load=budget.free_after_load_bytes)
+
+    @classmethod
     def smallest(cls, memories: "list[WorkerMemory] | tuple[WorkerMemory, ...]") -> "WorkerMemory":
         """What ranks plan with: the smallest of each reading (SGLang's MIN over the ranks)."""
         return cls(total_bytes=min(m.total_bytes for m in memories),
