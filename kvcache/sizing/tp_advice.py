@@ -13,7 +13,6 @@ from typing import Callable
 import msgspec
 
 from kvcache.inputs.parallel import ParallelState
-from kvcache.memory.memory_budget import headroom_bytes
 from kvcache.sizing.layer_specs import tensor_parallel_sizes
 from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
 
@@ -45,12 +44,11 @@ def tp_size_that_fits(sizing: WorkerSizing, *, free_before_load: int, total_byte
             continue
         at_tp = replace(sizing, parallel_state=state)
         after = max(0, free_before_load - weights - context_growth)
-        plan = at_tp.plan_or_none(WorkerMemory(total_bytes=total_bytes, free_before_load=free_before_load,
-                                               free_after_load=after)) if check_kv_cache else None
+        memory = WorkerMemory(total_bytes=total_bytes, free_before_load=free_before_load, free_after_load=after)
+        plan = at_tp.plan_or_none(memory) if check_kv_cache else None
         if plan is not None:
             return TensorParallelFit(tp_size=tp, weights_bytes=weights, kv_cache_plans=True,
                                      request_token_cap=plan.request_token_cap)
-        reserve = headroom_bytes(free_before_load, at_tp.mem_fraction_static(total_bytes)) + at_tp.multimodal().reserve_bytes
-        if weights_alone is None and after > reserve:
+        if weights_alone is None and at_tp.budget_for(memory)(at_tp.mem_fraction_static(total_bytes)) > 0:
             weights_alone = TensorParallelFit(tp_size=tp, weights_bytes=weights, kv_cache_plans=not check_kv_cache)
     return weights_alone

@@ -84,7 +84,7 @@ class WorkerSizing:
         except DoesNotFitError as exc:
             fraction = request.budget.mem_fraction_static
             raise exc.with_suggestions(exc.suggestions + self._suggestions(
-                layout, request, self._budget_for(memory) if fraction else None)) from None
+                layout, request, self.budget_for(memory) if fraction else None)) from None
 
     def full_request_fixes(self, memory: WorkerMemory) -> tuple[str, ...]:
         """Where the engine runs a pool shorter than one full-context request (capping each request): values that
@@ -97,7 +97,7 @@ class WorkerSizing:
                 and fits(msgspec.structs.replace(request, max_total_tokens=whole)):
             fixes = (max_total_tokens_fix(whole),)
         fraction = request.budget.mem_fraction_static
-        return fixes + self._suggestions(layout, request, self._budget_for(memory) if fraction else None)
+        return fixes + self._suggestions(layout, request, self.budget_for(memory) if fraction else None)
 
     def plan_or_none(self, memory: WorkerMemory) -> MemoryPoolConfig | None:
         """This worker's plan with this memory, or None where it does not plan (no advice searched)."""
@@ -211,9 +211,9 @@ class WorkerSizing:
                                  free_after_load_bytes=memory.free_after_load,
                                  mem_fraction_static=self.mem_fraction_static(memory.total_bytes), kv_cache_memory_bytes=None)
             raise exc.with_suggestions(self._suggestions(
-                layout, self.plan_request(layout, empty), self._budget_for(memory))) from None
+                layout, self.plan_request(layout, empty), self.budget_for(memory))) from None
 
-    def _budget_for(self, memory: WorkerMemory) -> Callable[[float], int]:
+    def budget_for(self, memory: WorkerMemory) -> Callable[[float], int]:
         """The budget a given mem_fraction_static would leave with this memory (0 where the weights leave none)."""
         reserved = self.multimodal().reserve_bytes
 
