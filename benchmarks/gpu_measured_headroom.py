@@ -34,6 +34,20 @@ def free_now(torch: Any) -> int:
     return int(torch.cuda.mem_get_info()[0])
 
 
+OUTSIDE_READING = (
+    "import json, torch, pynvml\n"
+    "pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); nvml = pynvml.nvmlDeviceGetMemoryInfo(h)\n"
+    "free, total = torch.cuda.mem_get_info()\n"
+    "print(json.dumps(dict(nvml_free=int(nvml.free), nvml_total=int(nvml.total), cuda_free=int(free), cuda_total=int(total))))\n")
+
+
+def outside_reading() -> dict[str, Any]:
+    """Free memory as another process sees it while this one holds its pools: NVML first (no CUDA context), then
+    cudaMemGetInfo in that fresh process (after its own context is made, as an engine's second process would)."""
+    done = subprocess.run([sys.executable, "-c", OUTSIDE_READING], capture_output=True, text=True, timeout=120)
+    return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"error": done.stderr[-2000:]}
+
+
 def measured(model: str, steps: int) -> dict[str, Any]:
     import torch
 
@@ -49,7 +63,7 @@ def measured(model: str, steps: int) -> dict[str, Any]:
     runtime.bootstrap()
     out: dict[str, Any] = {"bootstrap_s": time.perf_counter() - t0}
     runner = runtime.target
-    report = build_report(runtime)
+    report = build_report(runtime, rules=engine.engine_rules())
     gc.collect()
     torch.cuda.empty_cache()
     out.update(free_after_load=report.free_after_load_bytes, free_before_load=report.free_before_load_bytes,
@@ -59,27 +73,30 @@ def measured(model: str, steps: int) -> dict[str, Any]:
                free_after_bootstrap=free_now(torch), total=total, measured_headroom=report.measured_headroom,
                timings=dict(runner.timings), graphs=len(runner.graph_capture.batch_sizes) if runner.graph_capture else 0,
                graph_max_bs=runner.graph_capture.max_bs if runner.graph_capture else 0)
+    out["outside_after_bootstrap"] = outside_reading()
     m = runner.measured_sizing
     if m is None:
         return out
+    from app.forward.worst_case import sample_with_logprobs
     from kvcache.memory.runtime_reserve import default_chunked_prefill_size
 
     chunk = default_chunked_prefill_size(total)
+    bs = runner.max_running_requests
+    step = runner._worst_case_step_factory(runner=runner, chunked_prefill_size=chunk, decode_batch=bs,
+                                           largest_graph_batch=runner.graph_capture.max_bs if runner.graph_capture else 0)
     requests = runner.decode_requests()
     vocab = runner.model_config.vocab_size
-    bs = runner.max_running_requests
     free_start = free_now(torch)
     reserved_start = torch.cuda.memory_reserved()
     torch.cuda.reset_peak_memory_stats()
     lowest_after, series, t1 = free_start, [], time.perf_counter()
     for i in range(steps):
-        if i % 2 == 0:
-            rows = requests.add(1)
-            runner.forward_extend(requests.extend(rows, [torch.randint(0, vocab, (chunk,), device="cuda")]))
-        else:
+        if i % 2 == 0:  # the worst-case prefill chunk, prompt logprobs over its tail (app.forward.worst_case)
+            step.run("prefill_chunk")
+        else:  # the largest decode batch, a graph replayed where one holds it, sampled with logprobs
             rows = requests.add(bs)
-            runner.decode(requests.step(rows, torch.randint(0, vocab, (bs,), device="cuda")))
-        requests.release(rows)
+            sample_with_logprobs(runner.decode(requests.step(rows, torch.randint(0, vocab, (bs,), device="cuda"))))
+            requests.release(rows)
         f = free_now(torch)
         lowest_after = min(lowest_after, f)
         if i in (0, 1, 9, 99, steps - 1):
@@ -90,6 +107,7 @@ def measured(model: str, steps: int) -> dict[str, Any]:
                series=series, margin=m.margin_bytes,
                margin_kept=free_start - peak_growth >= m.margin_bytes,
                idle_fraction_of_card=(free_start - peak_growth) / total)
+    out["outside_after_steps"] = outside_reading()
     return out
 
 

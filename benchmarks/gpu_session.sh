@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One device call of the GPU checks (issue 29), in parts that each fit the device tool's 10-minute command limit.
+# Run from the repository root on the GPU host, with the wheels of dependency-injector and msgspec in .whl/:
+#   bash benchmarks/gpu_session.sh card      # the card's totals (nvidia-smi, cudaMemGetInfo), torch, driver
+#   bash benchmarks/gpu_session.sh suite     # the CUDA tests, then the whole suite
+#   bash benchmarks/gpu_session.sh faults    # benchmarks/gpu_fault_matrix.py (every row PASS)
+#   bash benchmarks/gpu_session.sh headroom  # benchmarks/gpu_measured_headroom.py --steps 200 (about 6 minutes)
+# Several parts in one call: bash benchmarks/gpu_session.sh card suite faults. Logs and JSON go to $OUT (or ./gpu-out).
+set -uo pipefail
+out="${OUT:-gpu-out}"; mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+plugin=(-o addopts=)  # the summary line (pyproject's -q plus ours would hide it)
+python3 -c "import importlib.metadata as m, sys; sys.exit(any(e.name == 'kvcache' for e in m.entry_points(group='pytest11')))" \
+  && plugin+=(-p kvcache.testing.pytest_plugin)  # the entry point pip registers, where the tree is not installed
+rc=0
+for part in "$@"; do
+  echo "== $part $(date -u +%H:%M:%S)"
+  case "$part" in
+    card)
+      nvidia-smi --query-gpu=name,memory.total,memory.used,memory.free,driver_version --format=csv | tee "$out/card.txt"
+      python3 - <<'PY' | tee -a "$out/card.txt"
+import json, torch, pynvml
+free, total = torch.cuda.mem_get_info()
+pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); m = pynvml.nvmlDeviceGetMemoryInfo(h)
+print(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
+                      cuda_mem_get_info_total=int(total), cuda_mem_get_info_free_after_context=int(free),
+                      nvml_total=int(m.total), nvml_free=int(m.free), nvml_used=int(m.used),
+                      driver=pynvml.nvmlSystemGetDriverVersion())))
+PY
+      ;;
+    suite)
+      timeout 200 python3 -m pytest "${plugin[@]}" -q -rs tests/test_cuda*.py tests/test_forward_extend.py \
+        tests/test_allocator*.py tests/test_resize*.py tests/test_vmm*.py tests/test_post_capture_resize.py \
+        2>&1 | tee "$out/cuda_tests.log" | tail -25 || rc=1
+      timeout 330 python3 -m pytest "${plugin[@]}" -q -rs -p no:cacheprovider 2>&1 | tee "$out/suite.log" | tail -40 || rc=1
+      ;;
+    faults)
+      timeout 400 python3 benchmarks/gpu_fault_matrix.py --json "$out/fault_matrix.json" 2>&1 | tee "$out/fault_matrix.log" | tail -60 || rc=1
+      ;;
+    headroom)
+      timeout 560 python3 benchmarks/gpu_measured_headroom.py --out "$out" --steps "${STEPS:-200}" --card "${CARD:-H200}" ${MODELS:+--models $MODELS} \
+        2>&1 | tee "$out/measured_headroom.log" | cut -c1-600 || rc=1
+      ;;
+    *) echo "unknown part $part"; rc=2 ;;
+  esac
+done
+exit $rc
