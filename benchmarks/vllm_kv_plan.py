@@ -25,7 +25,7 @@ import json
 import logging
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -117,7 +117,7 @@ def vllm_config(vllm: SimpleNamespace, settings: VllmSettings, *, hybrid_manager
                                          max_num_batched_tokens=settings.max_num_batched_tokens),
         cache_config=SimpleNamespace(num_gpu_blocks_override=None, prefix_cache_retention_interval=None,
                                      get_resolved_kv_cache_layout=lambda: vllm.layout.LBNHC,
-                                     mamba_cache_mode="none", enable_extensible_kv_cache=True,
+                                     mamba_cache_mode=settings.mamba_cache_mode, enable_extensible_kv_cache=True,
                                      resolved_gpu_memory_utilization=1.0),
         attention_config=SimpleNamespace(hisparse_config=None),
         model_config=SimpleNamespace(max_model_len=settings.max_model_len,
@@ -132,8 +132,10 @@ def vllm_config(vllm: SimpleNamespace, settings: VllmSettings, *, hybrid_manager
 
 
 def vllm_specs(vllm: SimpleNamespace, placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, ...],
-               block_size: int, mamba_page: int, max_model_len: int) -> dict[str, Any]:
-    """One vLLM KVCacheSpec per cached layer, named as vLLM names them."""
+               block_size: int, mamba_page: int, settings: VllmSettings) -> dict[str, Any]:
+    """One vLLM KVCacheSpec per cached layer, named as vLLM names them. A Mamba layer's block is max_model_len
+    in mamba_cache_mode "none" and the attention block in "align" (MambaModelConfig.verify_and_update_config),
+    with the prefill checkpoint blocks its mixer declares (vllm_rules.mamba_checkpoint)."""
     i = vllm.interface
     specs: dict[str, Any] = {}
     for n, p in enumerate(placements):
@@ -155,9 +157,13 @@ def vllm_specs(vllm: SimpleNamespace, placements: tuple[LayerPlacement, ...], la
                                              dtype=s.dtype.storage_dtype, cache_dtype_str="auto")
         elif isinstance(s, RecurrentStateSpec):
             state = s.bytes_per_request
-            specs[name] = i.MambaSpec(block_size=max_model_len, shapes=(s.conv_shape, s.ssm_shape),
-                                      dtypes=(s.conv_dtype, s.ssm_dtype),
-                                      page_size_padded=mamba_page if mamba_page > state else None)
+            align = settings.mamba_cache_mode == "align"
+            specs[name] = i.MambaSpec(block_size=block_size if align else settings.max_model_len,
+                                      shapes=(s.conv_shape, s.ssm_shape), dtypes=(s.conv_dtype, s.ssm_dtype),
+                                      page_size_padded=mamba_page if mamba_page > state else None,
+                                      mamba_cache_mode=settings.mamba_cache_mode,
+                                      num_prefill_checkpoint_blocks=settings.mamba_checkpoint.blocks if align else 0,
+                                      prefill_checkpoint_alignment=settings.mamba_checkpoint.alignment)
     return specs
 
 
@@ -195,9 +201,9 @@ class VllmCodeAnswer:
 def vllm_code_plan(vllm: SimpleNamespace, placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, ...],
                    available_bytes: int, settings: VllmSettings) -> VllmCodeAnswer:
     """vLLM 0.34.0's get_kv_cache_groups + get_kv_cache_configs + max concurrency for these layers and bytes."""
-    block_size, mamba_page = resolve_block_size(vllm_layers(placements, layer_kinds), settings.block_size)
+    block_size, mamba_page = resolve_block_size(vllm_layers(placements, layer_kinds), settings)
     config = vllm_config(vllm, settings, hybrid_manager_off=vllm_rules.hybrid_manager_disabled(layer_kinds))
-    specs = vllm_specs(vllm, placements, layer_kinds, block_size, mamba_page, settings.max_model_len)
+    specs = vllm_specs(vllm, placements, layer_kinds, block_size, mamba_page, settings)
     groups = vllm.planning.get_kv_cache_groups(config, dict(specs))
     (kv_config,) = vllm.planning.get_kv_cache_configs(config, [specs], [available_bytes], groups)
     concurrency = vllm.utils.get_max_concurrency_for_kv_cache_config(config, kv_config)
@@ -213,9 +219,15 @@ def corpus_layers(name: str, tp_size: int = 1) -> tuple[ModelConfig, tuple[Layer
     return model, placements
 
 
+def for_model(model: ModelConfig, settings: VllmSettings) -> VllmSettings:
+    """`settings` with the prefill checkpoint this model's recurrent layers declare (used in align mode only)."""
+    return replace(settings, mamba_checkpoint=vllm_rules.mamba_checkpoint(model.architecture, model.hf_config))
+
+
 def ours(name: str, available_bytes: int, settings: VllmSettings) -> VllmPlan:
     model, placements = corpus_layers(name)
-    return plan_vllm(placements, model.layer_kinds, available_bytes=available_bytes, settings=settings)
+    return plan_vllm(placements, model.layer_kinds, available_bytes=available_bytes,
+                     settings=for_model(model, settings))
 
 
 TP_SIZES = (1, 2, 4, 8)
@@ -268,7 +280,8 @@ def print_side_by_side(vllm: SimpleNamespace, gpu: str, max_model_len: int) -> N
         except (UnsupportedModelError, BudgetBelowOneRequestError) as e:
             print(f"{name} | {sgl} | vLLM refuses: {str(e).splitlines()[0][:70]}")
             continue
-        settings = VllmSettings(max_model_len=length, max_num_batched_tokens=answer.max_num_batched_tokens)
+        settings = for_model(model, VllmSettings(max_model_len=length, max_num_batched_tokens=answer.max_num_batched_tokens,
+                                                 mamba_cache_mode=answer.mamba_cache_mode))
         theirs = vllm_code_plan(vllm, layers, model.layer_kinds, answer.available_bytes, settings)
         print(f"{name} | {sgl} | {answer.available_bytes / GiB:.1f} | {answer.block_size} | {len(answer.groups)} | "
               f"{answer.bytes_per_block:,} | {answer.num_gpu_blocks:,} | {theirs.num_blocks:,} | "

@@ -172,3 +172,39 @@ def test_answer_on_an_h200_names_the_estimated_runtime() -> None:
     assert (answer.requested_bytes, answer.estimated_runtime_bytes) == (150_109_880_320, 14_579_400_704)
     assert answer.available_bytes == 134_337_200_128 and answer.max_num_batched_tokens == 8192
     assert (answer.num_gpu_blocks, answer.blocks_per_request, answer.kv_cache_tokens) == (18_301, 512, 1_171_264)
+
+
+def align_plan(name: str, **settings: int) -> VllmPlan:
+    """The plan with prefix caching on (vLLM's default): Mamba layers in mamba_cache_mode "align", with the prefill
+    checkpoint their mixer declares."""
+    model = model_config_from_hf(CORPUS / f"{name}.json", name=name)
+    return plan(name, mamba_cache_mode="align",  # type: ignore[arg-type]
+                mamba_checkpoint=vllm_rules.mamba_checkpoint(model.architecture, model.hf_config), **settings)
+
+
+def test_prefix_caching_gives_each_mamba_group_three_blocks_a_request() -> None:
+    # Bamba-9B (Mamba-2 mixer: one prefill checkpoint block): the running state, the last block-aligned state and
+    # the checkpoint: 10 Mamba groups x 3 + the full group's 57 = 87 blocks (67 without prefix caching);
+    # the block (576) and the pool (15,170 blocks) do not change
+    p = align_plan("Bamba-9B")
+    assert p.block_size == 576 and shape(p) == [("mamba", n, 3) for n in [3] * 9 + [2]] + [("full", 3, 57)]
+    assert (p.num_blocks, p.blocks_per_request) == (15_170, 87) and p.max_concurrency == 15_170 / 87
+
+
+def test_a_mixer_without_prefill_checkpoints_keeps_two_states() -> None:
+    # Jamba's Mamba-1 mixer and Kimi-Linear's KDA without a bounded gate (Triton prefill) declare no checkpoint:
+    # Jamba 7 Mamba groups x 2 + 256 full blocks = 270 (263 in "none"); Kimi-Linear 3 x 2 + 18 = 24 (21)
+    assert align_plan("Jamba-v0.1").blocks_per_request == 270
+    assert align_plan("Kimi-Linear-48B-A3B-Instruct").blocks_per_request == 24
+    kda = {"linear_attn_config": {"head_dim": 128, "gate_lower_bound": -5.0}}
+    assert vllm_rules.mamba_checkpoint("KimiLinearForCausalLM", kda) == vllm_rules.MambaCheckpoint(1, 16)
+
+
+def test_gated_delta_net_checkpoints_align_the_block_to_64() -> None:
+    # Qwen3.5-27B at --block-size 16: GDN state 3,207,168 B, attention token 4 KV heads x 256 x 2 x 2 B = 4,096 B.
+    # "none": 16 x cdiv(3,207,168, 16 x 4,096) = 16 x 49 = 784; "align": FlashInfer's checkpoints take blocks of
+    # lcm(16, 64) = 64 tokens: 64 x cdiv(3,207,168, 64 x 4,096) = 64 x 13 = 832; a request takes 3 Mamba groups
+    # x 3 + cdiv(32,768, 832) = 40 full blocks = 49
+    assert plan("Qwen3.5-27B", block_size=16).block_size == 784
+    p = align_plan("Qwen3.5-27B", block_size=16)
+    assert (p.block_size, p.blocks_per_request) == (832, 49)

@@ -30,6 +30,10 @@ CASES = {
     "9GiB-4k-block16": (9 * GiB + 12_345, VllmSettings(max_model_len=4096, block_size=16, max_num_batched_tokens=2048)),
     "9GiB-4k-block128": (9 * GiB + 12_345, VllmSettings(max_model_len=4096, block_size=128,
                                                          max_num_batched_tokens=2048)),
+    # prefix caching on, vLLM's default: hybrids' Mamba layers in mamba_cache_mode "align"
+    "100GiB-32k-align": (100 * GiB, VllmSettings(max_model_len=32768, mamba_cache_mode="align")),
+    "9GiB-4k-block16-align": (9 * GiB + 12_345, VllmSettings(max_model_len=4096, block_size=16,
+                                                              max_num_batched_tokens=2048, mamba_cache_mode="align")),
 }
 
 
@@ -64,7 +68,8 @@ def test_block_counts_equal_vllms_own_code(bench: SimpleNamespace, case: str) ->
             block_refused.add(name)
             continue
         model, layers = bench.module.corpus_layers(name)
-        theirs = bench.module.vllm_code_plan(bench.vllm, layers, model.layer_kinds, available, settings)
+        theirs = bench.module.vllm_code_plan(bench.vllm, layers, model.layer_kinds, available,
+                                             bench.module.for_model(model, settings))
         got = (len(ours.groups), ours.num_blocks, ours.max_concurrency)
         if got != (theirs.groups, theirs.num_blocks, theirs.max_concurrency):
             differ.append(f"{name}: ours {got}, vLLM {theirs}")

@@ -60,6 +60,8 @@ class VllmAnswer(msgspec.Struct, frozen=True, kw_only=True):
     available_bytes: int  # requested - weights - runtime: vLLM's "Available KV cache memory"
     max_model_len: int
     max_num_batched_tokens: int
+    enable_prefix_caching: bool
+    mamba_cache_mode: str  # "align" (prefix caching on) or "none"; matters for Mamba / linear-attention layers only
     block_size: int
     groups: tuple[VllmGroupReport, ...]
     bytes_per_block: int
@@ -72,22 +74,26 @@ class VllmAnswer(msgspec.Struct, frozen=True, kw_only=True):
 def vllm_answer(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDtype, *, model_dtype: torch.dtype,
                 total_bytes: int, weights_bytes: int, runtime: RuntimeShape, max_model_len: int,
                 gpu_memory_utilization: float | None = None, block_size: int | None = None,
-                max_num_batched_tokens: int | None = None) -> VllmAnswer:
+                max_num_batched_tokens: int | None = None, enable_prefix_caching: bool | None = None) -> VllmAnswer:
     """vLLM's answer for this rank (None: vLLM's default); BudgetBelowOneRequestError where vLLM refuses to start."""
     utilization = vllm_rules.DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
     batched = max_num_batched_tokens or vllm_rules.default_max_num_batched_tokens(total_bytes)
     runtime_bytes = estimated_runtime_bytes(total_bytes, runtime)
     available = vllm_available_bytes(total_bytes=total_bytes, gpu_memory_utilization=utilization,
                                      weights_bytes=weights_bytes, runtime_bytes=runtime_bytes)
+    prefix_caching = vllm_rules.DEFAULT_ENABLE_PREFIX_CACHING if enable_prefix_caching is None else enable_prefix_caching
     settings = VllmSettings(max_model_len=max_model_len, block_size=block_size, max_num_batched_tokens=batched,
-                            max_concurrent_batches=parallel.pp_size + vllm_rules.ASYNC_SCHEDULING_EXTRA_BATCHES)
+                            max_concurrent_batches=parallel.pp_size + vllm_rules.ASYNC_SCHEDULING_EXTRA_BATCHES,
+                            mamba_cache_mode="align" if prefix_caching else "none",
+                            mamba_checkpoint=vllm_rules.mamba_checkpoint(model.architecture, model.hf_config))
     layers = vllm_layer_specs(model, parallel, kv_dtype, model_dtype=model_dtype)
     plan = plan_vllm(layers, model.layer_kinds, available_bytes=available, settings=settings)
     return VllmAnswer(
         version=plan.version, total_bytes=total_bytes, gpu_memory_utilization=utilization,
         requested_bytes=ceil(total_bytes * utilization), weights_bytes=weights_bytes,
         estimated_runtime_bytes=runtime_bytes, available_bytes=available, max_model_len=max_model_len,
-        max_num_batched_tokens=batched, block_size=plan.block_size,
+        max_num_batched_tokens=batched, enable_prefix_caching=prefix_caching,
+        mamba_cache_mode=settings.mamba_cache_mode, block_size=plan.block_size,
         groups=tuple(VllmGroupReport(kind=g.kind, layers=len(g.layer_pages), window=g.window, block_size=g.block_size,
                                      blocks_per_request=g.blocks_per_request) for g in plan.groups),
         bytes_per_block=plan.bytes_per_block, num_gpu_blocks=plan.num_blocks, blocks_per_request=plan.blocks_per_request,

@@ -19,13 +19,15 @@ for the CUDA defaults `kvcache.engines.vllm_rules` states:
 - num_blocks = available bytes // bytes of one block across the largest group (the null
   block included, as vLLM counts it); a request of max_model_len takes, in each group,
   the blocks its spec needs (all its tokens for full attention; the window plus the tokens
-  in flight, plus one, for a sliding window; one state for Mamba); max concurrency is
+  in flight, plus one, for a sliding window; for Mamba one state, or with prefix caching (mamba_cache_mode
+  "align", vLLM's default) two states and the layer's prefill checkpoint blocks); max concurrency is
   num_blocks / those blocks, as vLLM prints it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from math import lcm
 
 from kvcache.engines import vllm_rules
 import torch
@@ -50,6 +52,16 @@ class VllmSettings:
     block_size: int | None = None  # --block-size; None: vLLM's default (vllm_rules.DEFAULT_BLOCK_SIZE)
     max_num_batched_tokens: int = 8192  # vllm_rules.default_max_num_batched_tokens for the card
     max_concurrent_batches: int = 1 + vllm_rules.ASYNC_SCHEDULING_EXTRA_BATCHES
+    mamba_cache_mode: str = "none"  # "align" where prefix caching is on (vLLM's default), else "none"
+    mamba_checkpoint: vllm_rules.MambaCheckpoint = vllm_rules.MambaCheckpoint()  # what align mode adds (vllm_rules)
+
+    @property
+    def mamba_blocks_per_request(self) -> int:
+        """Blocks a request holds in each Mamba group (vLLM's MambaSpec.max_memory_usage_bytes / page): one state
+        in "none"; in "align" the running state, the last block-aligned one and the prefill checkpoint blocks."""
+        if self.mamba_cache_mode == "align":
+            return 2 + self.mamba_checkpoint.blocks
+        return 1
 
     @property
     def max_in_flight_tokens(self) -> int:
@@ -78,7 +90,7 @@ class VllmLayer:
     def blocks_per_request(self, settings: VllmSettings) -> int:
         """Blocks a request of max_model_len holds at most (vLLM's max_memory_usage_bytes / page)."""
         if self.kind == "mamba":
-            return 1
+            return settings.mamba_blocks_per_request
         tokens = settings.max_model_len
         if self.kind == "sliding":
             live = min(self.window - 1 + settings.max_in_flight_tokens, tokens)
@@ -198,11 +210,12 @@ def check_sparse_mla_block_size(placements: tuple[LayerPlacement, ...], block_si
                           "(or a multiple of it)")
 
 
-def resolve_block_size(layers: tuple[VllmLayer, ...], block_size: int | None) -> tuple[int, int]:
-    """(attention block size, padded Mamba page or 0), as vLLM's platform aligns a hybrid model:
-    the block rounds up to a multiple of the kernel block (128 for MLA) until one attention page
-    holds the largest recurrent state; that state's page is padded to the attention page."""
-    size = block_size or vllm_rules.DEFAULT_BLOCK_SIZE
+def resolve_block_size(layers: tuple[VllmLayer, ...], settings: VllmSettings) -> tuple[int, int]:
+    """(attention block size, padded Mamba page or 0), as vLLM's platform aligns a hybrid model
+    (platforms/interface.py update_block_size_for_backend): the block rounds up to a multiple of the
+    kernel block (128 for MLA; in align mode also of the layers' prefill checkpoint alignment) until one
+    attention page holds the largest recurrent state; that state's page is padded to the attention page."""
+    size = settings.block_size or vllm_rules.DEFAULT_BLOCK_SIZE
     attention = [x for x in layers if x.kind in ATTENTION_KINDS]
     states = [x.state_bytes for x in layers if x.kind == "mamba"]
     if not attention or not states:
@@ -210,6 +223,8 @@ def resolve_block_size(layers: tuple[VllmLayer, ...], block_size: int | None) ->
     uses_mla = any(x.kind == "mla" for x in attention)
     kernel = vllm_rules.FLASH_MLA_KERNEL_BLOCK if uses_mla else vllm_rules.FLASH_ATTN_KERNEL_BLOCK
     align = max(kernel, size, vllm_rules.MLA_MAMBA_BLOCK_ALIGNMENT if uses_mla else 0)
+    if settings.mamba_cache_mode == "align":
+        align = lcm(align, settings.mamba_checkpoint.alignment or 1)
     token_bytes = attention[0].token_bytes
     needed = align_up(align * ceil_div(max(states), align * token_bytes), kernel)
     size = max(size, needed)
@@ -304,7 +319,7 @@ def plan_vllm(placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, ..
     """vLLM's block plan for `available_bytes` of KV memory; BudgetBelowOneRequestError where vLLM refuses
     to start (fewer blocks, the null block aside, than one request of max_model_len needs)."""
     layers = vllm_layers(placements, layer_kinds)
-    block_size, mamba_page = resolve_block_size(layers, settings.block_size)
+    block_size, mamba_page = resolve_block_size(layers, settings)
     check_sparse_mla_block_size(placements, block_size)
     specs = _with_block_size(layers, block_size, mamba_page, not vllm_rules.hybrid_manager_disabled(layer_kinds))
     groups = kv_cache_groups(specs, settings)

@@ -2,11 +2,13 @@
 
 Each value cites the vLLM 0.34.0 source it follows (paths under the `vllm/` package). They hold
 for a CUDA card with FlashAttention (FlashMLA for MLA), the layer-outer KV layout those backends
-leave by default (LBNHC), no speculative decoding, no prefix-cache Mamba mode ("align") and no
-KV connector. The planner that uses them is `kvcache.engines.vllm_plan`.
+leave by default (LBNHC), no speculative decoding and no KV connector; prefix caching on, as vLLM turns
+it on for every generative model, which puts hybrid models' Mamba layers in mamba_cache_mode "align". The planner that uses them is `kvcache.engines.vllm_plan`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -57,6 +59,52 @@ SSM_DTYPE_FIELD = {
     "Qwen3_5MoeForCausalLM": ("mamba_ssm_dtype", None),
 }
 FLOAT32_STATE_KINDS = frozenset({"kda"})
+
+# engine/arg_utils.py: enable_prefix_caching unset takes model_config.is_prefix_caching_supported, True for every
+# generative model, hybrids included (config/model.py); model_executor/models/config.py MambaModelConfig then sets
+# mamba_cache_mode "align" (else "none"), and the Mamba block size becomes the attention block size
+DEFAULT_ENABLE_PREFIX_CACHING = True
+
+
+@dataclass(frozen=True, slots=True)
+class MambaCheckpoint:
+    """What a model's recurrent layers declare for mamba_cache_mode "align" (vLLM's MambaSpec fields): the
+    prefill checkpoint blocks each request holds per Mamba group, and the token alignment the layers' prefill
+    checkpoints need of a block (None: a layer declares none, get_mamba_prefill_checkpoint_alignment)."""
+
+    blocks: int = 0
+    alignment: int | None = None
+
+
+# layers/mamba/mamba_mixer2.py MambaMixer2.get_kv_cache_spec: num_prefill_checkpoint_blocks=1, and no
+# get_prefill_checkpoint_alignment (the base's None); Bamba's layers are the same mixer (vLLM 0.34.0's registry
+# lists BambaForCausalLM among the models removed in 0.23.0)
+_MAMBA2_MIXER = MambaCheckpoint(blocks=1)
+# layers/mamba/gdn/qwen_gdn_linear_attn.py: on Hopper the GDN prefill runs FlashInfer
+# (_resolve_gdn_prefill_backend), whose checkpoints are aligned to 64 tokens
+# (v1/attention/backends/gdn_attn.py FLASHINFER_GDN_CHECKPOINT_ALIGNMENT) and take one block
+_GATED_DELTA_NET = MambaCheckpoint(blocks=1, alignment=64)
+MAMBA_CHECKPOINTS = {
+    **dict.fromkeys(("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "FalconH1ForCausalLM",
+                     "GraniteMoeHybridForCausalLM", "Zamba2ForCausalLM", "BambaForCausalLM"), _MAMBA2_MIXER),
+    **dict.fromkeys(("Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+                     "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"), _GATED_DELTA_NET),
+}
+# models/kimi_k3/nvidia/kda.py: KDA prefills with FlashKDA on Hopper only for a bounded gate (linear_attn_config's
+# gate_lower_bound) and head_dim 128 (is_flashkda_supported); its checkpoints align to 16 tokens
+# (layers/mamba/kda_checkpoint.py). Otherwise Triton, which exports none; so does Jamba's Mamba-1 mixer.
+FLASH_KDA = MambaCheckpoint(blocks=1, alignment=16)
+FLASH_KDA_HEAD_DIM = 128
+
+
+def mamba_checkpoint(architecture: str, hf_config: dict[str, object]) -> MambaCheckpoint:
+    """The prefill checkpoint a hybrid's recurrent layers declare in vLLM's align mode, on a Hopper card."""
+    if architecture == "KimiLinearForCausalLM":
+        kda = hf_config.get("linear_attn_config")
+        bounded = isinstance(kda, dict) and kda.get("gate_lower_bound") is not None
+        return FLASH_KDA if bounded and kda.get("head_dim") == FLASH_KDA_HEAD_DIM else MambaCheckpoint()
+    return MAMBA_CHECKPOINTS.get(architecture, MambaCheckpoint())
+
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
