@@ -13,6 +13,8 @@ from app.fit_sweep import FitRow, FitTarget
 from kvcache.byte_units import GiB
 
 FIT_SCHEMA = "kvcache-fit/1"  # bump when a key changes meaning or goes away
+TOKENS_BY = {"static_plan": "static plan", "prediction_calibrated": "measured", "prediction_uncalibrated": "uncalibrated",
+             "prediction_extrapolated": "extrapolated"}  # the `tokens by` column: where `max tokens` comes from
 CLOSEST_SHOWN = 5  # rows that miss the target, shown beside those that meet it (all of them with --all)
 
 
@@ -62,13 +64,14 @@ def render_table(result: FitResult, *, show_all: bool) -> str:
     shown = [r for r in result.rows if show_all or r.fits or r in nearest]
     hidden = [r for r in result.rows if r not in shown]
     c = result.context_length
-    head = ["", "card", "GPUs", "TP", "PP", "KV dtype", "weights/GPU", "KV budget", "max tokens", "max running",
-            f"reqs @ {c:,}", "headroom", "fits"]
+    head = ["", "card", "GPUs", "TP", "PP", "KV dtype", "weights/GPU", "KV budget", "max tokens", "tokens by",
+            "max running", f"reqs @ {c:,}", "headroom", "fits"]
     lines = [[("*" if r.cheapest else ""), r.card, str(r.gpus), str(r.tp_size), str(r.pp_size),
               r.kv_cache_dtype_resolved or r.kv_cache_dtype, _gib(r.weights_bytes), _gib(r.budget_bytes),
-              _count(r.max_total_tokens), _count(r.max_running_requests), _count(r.requests_at_context),
-              "-" if r.headroom is None else f"{r.headroom:.2f}x", _status(r)] for r in shown]
-    right = {2, 3, 4, 6, 7, 8, 9, 10, 11}
+              _count(r.max_total_tokens), TOKENS_BY.get(r.tokens_source or "", "-"), _count(r.max_running_requests),
+              _count(r.requests_at_context), "-" if r.headroom is None else f"{r.headroom:.2f}x", _status(r)]
+             for r in shown]
+    right = {2, 3, 4, 6, 7, 8, 10, 11, 12}
     widths = [max(len(row[i]) for row in [head, *lines]) for i in range(len(head) - 1)]
 
     def fmt(cells: list[str]) -> str:
@@ -85,8 +88,12 @@ def render_table(result: FitResult, *, show_all: bool) -> str:
                  "weights": "do not hold the weights", "invalid": "cannot be laid out"}
         out.append(f"({len(hidden)} more rows: " + ", ".join(f"{n} {words[o]}" for o, n in why.items() if n)
                    + "; --all lists them)")
+    if any(r.tokens_source not in (None, "static_plan") for r in shown):
+        out.append("max tokens: what a bootstrap with these flags holds: SGLang's static plan, or where the card's start "
+                   "measures its headroom (--kv-headroom auto) the measured bootstrap's prediction, and how it was made")
     if result.cheapest is not None:
         r = result.cheapest
-        out.append(f"* cheapest: {r.gpus} x {r.card} (TP {r.tp_size}, PP {r.pp_size}, KV {r.kv_cache_dtype}): "
+        out.append(f"* cheapest (fewest GPUs, then the least headroom over the target): "
+                   f"{r.gpus} x {r.card} (TP {r.tp_size}, PP {r.pp_size}, KV {r.kv_cache_dtype}): "
                    f"{_count(r.requests_at_context)} requests of {c:,} tokens, {r.max_total_tokens:,} tokens in all")
     return "\n".join(out)

@@ -28,6 +28,7 @@ from kvcache.inputs.cards import SimulatedCard
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.memory.memory_probe import probe_for_device
 from kvcache.models.model_config import ModelConfig
+from kvcache.sizing.measured_prediction import predict_measured_plan
 from kvcache.sizing.planning import PlanRequest, plan_pool_sizes, requests_at_context
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.pool_layout import CacheLayout
@@ -70,7 +71,9 @@ class FitRow(msgspec.Struct, frozen=True, kw_only=True):
     available_bytes: int | None  # ... and what it had
     weights_bytes: int | None  # per GPU
     budget_bytes: int | None  # the KV budget per GPU
-    max_total_tokens: int | None
+    max_total_tokens: int | None  # what a bootstrap with these flags holds (`plan`'s headline: tokens_source says how)
+    static_plan_tokens: int | None  # SGLang's static plan (its fraction's budget)
+    tokens_source: str | None  # static_plan, or prediction_<calibrated|uncalibrated|extrapolated> (a measured bootstrap)
     max_running_requests: int | None  # the plan's running-request cap
     context_length: int  # the context every request of the target may reach
     requests_at_context: int | None  # requests of context_length tokens the plan holds at once
@@ -186,13 +189,20 @@ class FitSweep:
                             needed_bytes=exc.needed_bytes, available_bytes=exc.available_bytes)
         except ConfigError as exc:
             return _refused(row, "invalid", str(exc).splitlines()[0])
+        static_tokens, source = tokens, "static_plan"
+        static = min((p for p, _ in planned), key=lambda p: p.budget.budget_bytes)  # the tightest stage's
+        running = min(p.max_running_requests for p, _ in planned)
+        predicted = predict_measured_plan(sizing=stages[0].sizing, memory=memory, card_name=card.name) \
+            if len(stages) == 1 else None  # what a measured bootstrap holds: `plan`'s headline
+        if predicted is not None:
+            planned = [(predicted[1], planned[0][1])]  # the same pools and context, re-planned
+            tokens, source = predicted[0].tokens, f"prediction_{predicted[0].basis}"
         held = min(requests_at_context(request, plan) for plan, request in planned)
-        plan = min((p for p, _ in planned), key=lambda p: p.budget.budget_bytes)  # the tightest stage's
-        headroom, why = self._against_target(plan, held)
+        headroom, why = self._against_target(planned[0][0] if predicted is not None else static, held)
         return FitRow(**row, fits=not why, outcome="target" if why else "fits", why_not=why,
-                      needed_bytes=None, available_bytes=None,
-                      budget_bytes=plan.budget.budget_bytes, max_total_tokens=tokens,
-                      max_running_requests=min(p.max_running_requests for p, _ in planned),
+                      needed_bytes=None, available_bytes=None, static_plan_tokens=static_tokens, tokens_source=source,
+                      budget_bytes=static.budget.budget_bytes, max_total_tokens=tokens,  # the budget is `plan`'s
+                      max_running_requests=running,
                       requests_at_context=held, headroom=headroom)
 
     def _against_target(self, plan: MemoryPoolConfig, held: int) -> tuple[float, str]:
@@ -239,6 +249,7 @@ def _weight_bytes(runner: Any) -> int:
 def _refused(row: dict[str, Any], outcome: Outcome, why: str, **known: Any) -> FitRow:
     """A row that does not fit: the numbers it got as far as (`known`), the rest None."""
     unknown = dict.fromkeys(("kv_cache_dtype_resolved", "weights_bytes", "budget_bytes", "max_total_tokens",
+                             "static_plan_tokens", "tokens_source",
                              "max_running_requests", "requests_at_context", "headroom", "needed_bytes",
                              "available_bytes"))
     return FitRow(**{**unknown, **row, **known}, fits=False, outcome=outcome, why_not=why)

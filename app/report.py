@@ -9,7 +9,7 @@ import msgspec
 from app.engine import Engine
 from app.model_runner import ModelRunner
 from app.report_header import report_header
-from kvcache.byte_units import format_bytes
+from kvcache.byte_units import GiB, format_bytes
 from kvcache.engines import EngineRules
 from kvcache.inputs.dtypes import model_dtype_name
 from kvcache.memory.memory_budget import headroom_bytes
@@ -44,7 +44,9 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     page_size_note: str | None  # why the page size is not --page-size's (a DSA model pages at 64)
     context_length: int
     bytes_per_token: int
-    max_total_num_tokens: int
+    max_total_num_tokens: int  # the headline: what a bootstrap with these flags on that card will hold
+    max_total_num_tokens_source: str  # static_plan, measured (this bootstrap measured), prediction_<basis> (a dry run)
+    static_plan_tokens: int  # SGLang's static plan (its fraction's budget): what --kv-headroom fraction holds
     request_token_cap: int | None  # tokens one request may hold where the pool is shorter than the context, else None
     max_running_requests: int
     budget_bytes: int
@@ -94,12 +96,16 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
     budget = plan.budget
     assert target.weights is not None
     weights = sum(w.weights.total_bytes for w in engine.workers if w.weights is not None)
+    measured = target.measured_sizing.to_dict() if target.measured_sizing is not None else None
+    prediction = _prediction(target, card)
+    headline, source, static = _headline(plan.max_total_num_tokens, measured, prediction)
     return BootstrapReport(
         model=target.model_config.name, engine=rules.name, engine_version=rules.version,
         device=str(target.device), card=card,
         model_dtype=model_dtype_name(kv.model_dtype), kv_cache_dtype=kv.kv_cache_dtype.name,
         page_size=plan.page_size, page_size_note=page_size_note, context_length=plan.context_length, bytes_per_token=plan.bytes_per_token,
-        max_total_num_tokens=plan.max_total_num_tokens, request_token_cap=plan.request_token_cap,
+        max_total_num_tokens=headline, max_total_num_tokens_source=source, static_plan_tokens=static,
+        request_token_cap=plan.request_token_cap,
         max_running_requests=plan.max_running_requests, budget_bytes=budget.budget_bytes, mem_fraction_static=budget.mem_fraction_static,
         free_before_load_bytes=budget.free_before_load_bytes, free_after_load_bytes=budget.free_after_load_bytes,
         total_memory_bytes=budget.total_bytes, weights_bytes=weights,
@@ -111,12 +117,22 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         engine_notes=[*rules.config_notes(target.model_config),
                       *filter(None, [rules.no_prefill_graphs_reason(target.model_config)])],
         draft=_worker(engine.draft) if engine.draft is not None else None,
-        measured_headroom=target.measured_sizing.to_dict() if target.measured_sizing is not None else None,
-        measured_prediction=_prediction(target, card),
+        measured_headroom=measured, measured_prediction=prediction,
         measured_off=_measured_off(target, card),
         engine_own_tokens=rules.own_token_count(plan, target.sizing.settings),
         multimodal=_multimodal(target),
     )
+
+
+def _headline(planned: int, measured: dict[str, Any] | None,
+              prediction: dict[str, Any] | None) -> tuple[int, str, int]:
+    """(the tokens a bootstrap with these flags holds, where that number comes from, SGLang's static plan's tokens):
+    a bootstrap that measured holds its plan; a dry run whose card would measure, the prediction; else the plan."""
+    if measured is not None:
+        return planned, "measured", measured["static_tokens"]
+    if prediction is not None:
+        return prediction["tokens"], f"prediction_{prediction['basis']}", planned
+    return planned, "static_plan", planned
 
 
 def _multimodal(target: ModelRunner) -> dict[str, Any]:
@@ -211,6 +227,23 @@ def _measured_lines(m: dict[str, Any]) -> list[str]:
     return lines + ([f"                    {m['note']}"] if m["note"] else [])
 
 
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def _headline_label(r: BootstrapReport) -> str:
+    """Where the headline comes from, on its line: a dry run's prediction says whether it is calibrated."""
+    if r.max_total_num_tokens_source == "measured":
+        return "  (this bootstrap's measured headroom: below)"
+    p = r.measured_prediction
+    if p is None:
+        return ""
+    what = "the static plan, which a measured bootstrap keeps" if p["at_static_floor"] else "a measured bootstrap"
+    basis = {"calibrated": "from a recorded run on this card", "uncalibrated": "uncalibrated",
+             "extrapolated": "extrapolated"}[p["basis"]]
+    return f"  ({what}, --kv-headroom {p['kv_headroom']}: predicted, {basis}; leaves {_gib(p['kept_free_bytes'])} free)"
+
+
 def render_text(report: BootstrapReport) -> str:
     """The report for a terminal: one fact per line, GiB beside exact bytes."""
     r = report
@@ -230,10 +263,12 @@ def render_text(report: BootstrapReport) -> str:
         + (f"  (mem_fraction_static {r.mem_fraction_static})" if r.mem_fraction_static is not None else "  (--kv-cache-memory)"),
         *(_multimodal_lines(r.multimodal) if r.multimodal is not None else []),
         f"bytes per token     {r.bytes_per_token:,}",
-        f"max total tokens    {r.max_total_num_tokens:,}" + _below_context_note(r),
-        *([f"                    {r.engine} {r.engine_version} itself sizes {r.engine_own_tokens:,}: it allocates the "
-           "request table and the allocator's lists outside the KV budget, which this plan charges"]
-          if r.engine_own_tokens not in (None, r.max_total_num_tokens) else []),
+        f"max total tokens    {r.max_total_num_tokens:,}" + _headline_label(r) + _below_context_note(r),
+        *([f"                    static plan {r.static_plan_tokens:,}: SGLang's mem_fraction_static budget, what "
+           "--kv-headroom fraction holds"] if r.static_plan_tokens != r.max_total_num_tokens else []),
+        *([f"                    {r.engine} {r.engine_version} itself sizes {r.engine_own_tokens:,} for the static "
+           "plan's budget: it allocates the request table and the allocator's lists outside it, which this plan charges"]
+          if r.engine_own_tokens not in (None, r.static_plan_tokens) else []),
         f"max running reqs    {r.max_running_requests:,}"
         + (f"  (state slots cap requests at {r.state_request_cap})"
            if r.state_request_cap is not None and r.state_request_cap <= r.max_running_requests else ""),
@@ -255,8 +290,9 @@ def render_text(report: BootstrapReport) -> str:
         lines += _measured_lines(r.measured_headroom)
     if r.measured_prediction is not None:
         p = r.measured_prediction
-        lines.append(f"measured bootstrap  {p['tokens']:,} tokens predicted on this card (--kv-headroom {p['kv_headroom']}; keeps "
-                     f"{format_bytes(p['kept_free_bytes'])} free); {p['source']}")
+        why = p["at_static_floor"] or (f"predicted to need {_gib(p['needed_free_bytes'])} free (graphs, worst-case "
+                                       f"steps, margin, resize); {p['tokens']:,} tokens leave {_gib(p['kept_free_bytes'])}")
+        lines.append(f"measured bootstrap  {why}; {p['basis']}: {p['source']}")
     elif r.measured_off is not None:
         lines.append(f"measured bootstrap  off on this card (the fraction keeps the headroom): {r.measured_off}")
     if r.draft is not None:

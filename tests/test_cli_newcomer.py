@@ -199,7 +199,8 @@ def test_a_plan_below_one_full_context_says_why_it_fits(capsys: pytest.CaptureFi
     # Mistral-7B-v0.1 slides a 4,096-token window on every layer: sized as a window pool (SGLang 0.5.23 keeps it in
     # one full pool; --enable-hybrid-swa-memory asks for the window pool), 9,339 tokens on an L4 plan (exit 0), which
     # one 32,768-token request fits only if its tokens outside the window are freed
-    assert main(["plan", "--model", "Mistral-7B-v0.1", "--gpu", "L4", "--enable-hybrid-swa-memory"]) == 0
+    assert main(["plan", "--model", "Mistral-7B-v0.1", "--gpu", "L4", "--enable-hybrid-swa-memory",
+                 "--kv-headroom", "fraction"]) == 0
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("max total tokens")]
     assert line == ("max total tokens    9,339  (below the 32,768-token context: every layer attends a window, so a "
                     "request keeps only its last window of tokens; an engine that keeps every token serves requests "

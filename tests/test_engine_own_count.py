@@ -51,8 +51,8 @@ def test_where_the_engines_rule_is_not_one_line_nothing_is_said(args: list[str],
 def test_the_text_report_says_why_the_counts_differ(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--gpu", "H200", "--model", "Llama-3.1-8B-Instruct", "--kv-headroom", "fraction"]) == 0
     out = capsys.readouterr().out
-    assert ("sglang 0.5.23 itself sizes 906,393: it allocates the request table and the allocator's lists outside the "
-            "KV budget, which this plan charges") in out
+    assert ("sglang 0.5.23 itself sizes 906,393 for the static plan's budget: it allocates the request table and the "
+            "allocator's lists outside it, which this plan charges") in out
 
 
 def test_a_resized_plans_budget_is_not_one_sglang_computes() -> None:

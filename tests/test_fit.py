@@ -120,6 +120,7 @@ def _row(card: str, gpus: int, headroom: float | None, outcome: str = "fits", ca
                   kv_cache_dtype_resolved="bfloat16", fits=outcome == "fits", outcome=outcome,  # type: ignore[arg-type]
                   needed_bytes=None, available_bytes=None,
                   why_not="" if outcome == "fits" else "short", weights_bytes=1, budget_bytes=1, max_total_tokens=1,
+                  static_plan_tokens=1, tokens_source="static_plan",
                   max_running_requests=1, context_length=1, requests_at_context=1, headroom=headroom)
 
 
@@ -161,7 +162,7 @@ def test_a_real_sweep_marks_the_cheapest_row(capsys: pytest.CaptureFixture[str])
 
 ROW_KEYS = {"card", "card_bytes", "tp_size", "pp_size", "gpus", "kv_cache_dtype", "kv_cache_dtype_resolved", "fits",
             "outcome", "why_not", "needed_bytes", "available_bytes", "weights_bytes", "budget_bytes",
-            "max_total_tokens", "max_running_requests", "context_length", "requests_at_context", "headroom", "cheapest"}
+            "max_total_tokens", "static_plan_tokens", "tokens_source", "max_running_requests", "context_length", "requests_at_context", "headroom", "cheapest"}
 
 
 def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:

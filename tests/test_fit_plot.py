@@ -40,7 +40,7 @@ def test_without_matplotlib_the_table_prints_and_the_line_says_how_to_get_it(
     chart = tmp_path / "fit.png"
     assert main([*SWEEP, "--plot", str(chart)]) == 2
     out, err = capsys.readouterr()
-    assert "* cheapest: 1 x L4" in out and not chart.exists()
+    assert "* cheapest (fewest GPUs, then the least headroom over the target): 1 x L4" in out and not chart.exists()
     assert err == ("kvcache: error: --plot needs matplotlib, an optional extra: pip install "
                    "'kvcache-configurator[plot]' (or pip install matplotlib)\n")
 

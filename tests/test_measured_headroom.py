@@ -195,16 +195,21 @@ def test_plan_on_the_h200_adds_the_samplers_logprob_bytes_to_the_calibrated_run(
 
     from app.cli import main
     from kvcache.byte_units import MiB
-    from kvcache.sizing.measured_prediction import CALIBRATION
+    from kvcache.sizing.measured_prediction import calibration_for
 
     assert main(["plan", "--model", model, "--gpu", "H200", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    prediction = report["measured_prediction"]
+    prediction, run = report["measured_prediction"], calibration_for("H200", model)
     requests, vocab = SAMPLED[model]
     sampler = 2048 * vocab * 10 + requests * vocab * 4
-    assert prediction["kept_free_bytes"] == CALIBRATION[model].kept_free_bytes + 64 * MiB + sampler
-    assert not prediction["calibrated"] and f"plus {sampler:,} B for them by formula" in prediction["source"]
-    assert report["max_total_num_tokens"] <= prediction["tokens"] < CALIBRATION[model].tokens
+    assert prediction["needed_free_bytes"] == run.kept_free_bytes + 64 * MiB + sampler
+    # the headroom printed is the predicted plan's: free after load less its bytes, at least what it needs
+    assert prediction["needed_free_bytes"] <= prediction["kept_free_bytes"] < prediction["needed_free_bytes"] + 64 * MiB
+    assert prediction["basis"] == "uncalibrated" and f"plus {sampler:,} B for them by formula" in prediction["source"]
+    assert report["static_plan_tokens"] <= prediction["tokens"] < run.tokens
+    # the headline is the prediction, and says on its line that it is not calibrated
+    assert report["max_total_num_tokens"] == prediction["tokens"]
+    assert report["max_total_num_tokens_source"] == "prediction_uncalibrated"
 
 
 def test_extrapolation_keeps_more_free_than_each_calibrated_run_and_says_it_is_extrapolated(capsys):
@@ -212,21 +217,22 @@ def test_extrapolation_keeps_more_free_than_each_calibrated_run_and_says_it_is_e
 
     from app.cli import main
     from kvcache.models.presets import load_model_config
-    from kvcache.sizing.measured_prediction import (
-        CALIBRATION, H200_TOTAL_BYTES, extrapolated_kept_free_bytes, sampler_bytes)
+    from kvcache.sizing.measured_prediction import CALIBRATION, extrapolated_kept_free_bytes, sampler_bytes
 
-    for name, batch in (("Llama-3.1-8B-Instruct", 3858), ("Qwen3-8B", 4096), ("DeepSeek-V2-Lite", 4096)):
-        m = load_model_config(name)
+    batches = {"Llama-3.1-8B-Instruct": 3858, "Qwen3-8B": 4096, "DeepSeek-V2-Lite": 4096}
+    for run in CALIBRATION:
+        m, batch = load_model_config(run.model), batches[run.model]
         kept = extrapolated_kept_free_bytes(hidden=m.hidden_size, vocab=m.vocab_size, layers=m.num_hidden_layers,
                                             moe="n_routed_experts" in m.hf_config, chunk=8192, decode_batch=batch,
-                                            graph_bs=256, total_bytes=H200_TOTAL_BYTES)
+                                            graph_bs=256, total_bytes=run.card_total_bytes)
         fitted = kept - sampler_bytes(vocab=m.vocab_size, chunk=8192, decode_batch=batch, graph_bs=256)
-        assert CALIBRATION[name].kept_free_bytes < fitted < CALIBRATION[name].kept_free_bytes * 6 // 5
+        assert run.kept_free_bytes < fitted < run.kept_free_bytes * 6 // 5
     assert main(["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "H100-80GB", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert not report["measured_prediction"]["calibrated"]
-    assert report["measured_prediction"]["source"].startswith("extrapolated from the model's shapes")
-    assert report["measured_prediction"]["tokens"] >= report["max_total_num_tokens"]  # never below the static plan
+    assert not report["measured_prediction"]["calibrated"] and report["measured_prediction"]["basis"] == "extrapolated"
+    assert report["measured_prediction"]["source"].startswith("from the model's shapes")
+    assert report["measured_prediction"]["tokens"] >= report["static_plan_tokens"]  # never below the static plan
+    assert report["max_total_num_tokens_source"] == "prediction_extrapolated"
 
 
 def _llama_cuda_sizing():  # type: ignore[no-untyped-def]

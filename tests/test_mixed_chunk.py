@@ -30,9 +30,9 @@ def test_mixed_chunk_keeps_sglangs_static_plan_and_says_why_nothing_is_measured(
     plain, mixed = _plan(capsys), _plan(capsys, "--enable-mixed-chunk")
     # SGLang 0.5.23's reserve does not read the flag: the same fraction and tokens
     assert mixed["mem_fraction_static"] == plain["mem_fraction_static"] == 0.903
-    assert mixed["max_total_num_tokens"] == plain["max_total_num_tokens"]
+    assert mixed["max_total_num_tokens"] == plain["static_plan_tokens"]  # the headline: the static plan, not measured
     # by default a measured bootstrap is predicted; with the flag it would not measure, and the report says so
-    assert plain["measured_prediction"]["tokens"] > plain["max_total_num_tokens"] and plain["measured_off"] is None
+    assert plain["measured_prediction"]["tokens"] > plain["static_plan_tokens"] and plain["measured_off"] is None
     assert mixed["measured_prediction"] is None and "--enable-mixed-chunk" in mixed["measured_off"]
 
 
@@ -81,6 +81,6 @@ def test_without_graph_padding_an_eager_decode_batch_is_predicted_below_the_larg
     the steps in turn already hold)."""
     padded = _plan(capsys, "--max-running-requests", "200")["measured_prediction"]
     eager = _plan(capsys, "--max-running-requests", "200", "--disable-cuda-graph-padding")["measured_prediction"]
-    assert eager["kept_free_bytes"] - padded["kept_free_bytes"] == 200 * 4 * 128_256
+    assert eager["needed_free_bytes"] - padded["needed_free_bytes"] == 200 * 4 * 128_256
     settings = SizingSettings(disable_cuda_graph_padding=True)
     assert settings.graph_served_batch(256) == 0 and SizingSettings().graph_served_batch(256) == 256

@@ -50,6 +50,6 @@ def test_the_planned_numbers_are_the_ones_main_planned(argv: tuple[str, ...], nu
                                                        buffers: dict[str, int], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--model", *argv, "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert (got["budget_bytes"], got["max_total_num_tokens"], got["max_running_requests"], got["planned_bytes"]) == numbers
+    assert (got["budget_bytes"], got["static_plan_tokens"], got["max_running_requests"], got["planned_bytes"]) == numbers
     assert got["buffers"] == buffers
     assert got["planned_bytes"] == got["allocated_bytes"] == sum(buffers.values())

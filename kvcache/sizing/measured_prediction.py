@@ -3,12 +3,12 @@
 The measured bootstrap keeps free, after its pools: the decode graphs, the worst-case steps'
 peak (prefill chunk and eager decode, run in turn), the margin, and what the resize itself
 costs (the request table and allocator of the larger plan, whole VMM granules, workspaces).
-That sum, `kept_free`, was recorded on an H200 for three models at the defaults (CALIBRATION:
-date, machine, torch); a dry run for one of them on that card predicts the same kept_free
-plus PREDICTION_SAFETY, so it states the tokens within 0.5% and never above. Anything else
-(another card, model, or a setting that changes the steps) is EXTRAPOLATED from the model's
-shapes with coefficients fitted to those runs, rounded up (module constants below); the
-prediction says which.
+That sum, `kept_free`, is recorded per card and model at the defaults (CALIBRATION, one table of
+rows: card, model, torch, date, data file; re-fitting from new runs is a change of that data); a dry
+run for one of them on that card predicts the same kept_free plus PREDICTION_SAFETY, so it states the
+tokens within 0.5% and never above. Anything else (another card, model, or a setting that changes the
+steps) is EXTRAPOLATED from the model's shapes with coefficients fitted to those runs, rounded up
+(module constants below); the prediction's `basis` says which.
 
 The steps now sample with logprobs (app.forward.worst_case); the recorded runs did not. Until the
 H200 is measured again, their kept_free is used with the sampler's bytes added by formula
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from fractions import Fraction
+from typing import Literal
 
 import msgspec
 
@@ -34,14 +35,14 @@ MEASURED_MARGIN = Fraction(1, 200)  # of the card's total bytes (why: kvcache.ru
 MEASURED_MARGIN_FLOOR = 256 * MiB
 PREDICTION_SAFETY = 64 * MiB  # run-to-run spread of the recorded kept_free, kept so a prediction is never above
 
-CALIBRATION_SOURCE = ("H200 (150,109,880,320 B), torch 2.11.0+cu130, 2026-12-04, "
-                      "benchmarks/gpu_measured_headroom.py (benchmarks/data/h200_measured_headroom_2026-12-04.json)")
-H200_TOTAL_BYTES = 150_109_880_320
-
-
 class Calibration(msgspec.Struct, frozen=True, kw_only=True):
-    """One measured bootstrap at the defaults (bytes): what it kept free beside its pools, and the parts."""
+    """One measured bootstrap at the defaults on one card (bytes): what it kept free beside its pools, and the
+    parts; where it was run. A row of CALIBRATION: re-fitting from new runs changes that table, not code."""
 
+    card: str  # a name of kvcache.inputs.cards (the card `plan --gpu` names)
+    card_total_bytes: int  # cudaMemGetInfo's total on that card
+    model: str  # the preset's name
+    source: str  # torch, date, the benchmark and its data file
     graph_bytes: int
     prefill_chunk_bytes: int
     eager_decode_bytes: int
@@ -51,17 +52,34 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     sampled: bool = False  # whether the steps ran the sampler with logprobs (sample_with_logprobs)
 
 
-CALIBRATION: dict[str, Calibration] = {
-    "Llama-3.1-8B-Instruct": Calibration(graph_bytes=725_614_592, prefill_chunk_bytes=1_577_058_304,
-                                         eager_decode_bytes=3_630_170_112, alternating_bytes=4_548_722_688,
-                                         kept_free_bytes=6_875_643_904, tokens=949_067),
-    "Qwen3-8B": Calibration(graph_bytes=805_306_368, prefill_chunk_bytes=1_746_927_616,
-                            eager_decode_bytes=4_575_985_664, alternating_bytes=5_481_955_328,
-                            kept_free_bytes=7_624_327_168, tokens=845_553),
-    "DeepSeek-V2-Lite": Calibration(graph_bytes=1_426_063_360, prefill_chunk_bytes=2_373_976_064,
-                                    eager_decode_bytes=3_726_639_104, alternating_bytes=4_894_752_768,
-                                    kept_free_bytes=7_586_578_432, tokens=3_459_106),
-}
+_H200_2026_12_04 = ("torch 2.11.0+cu130, 2026-12-04, benchmarks/gpu_measured_headroom.py "
+                    "(benchmarks/data/h200_measured_headroom_2026-12-04.json)")
+# Every recorded run the prediction is calibrated on, one row each (card, model); the extrapolation's
+# coefficients below were fitted to these rows.
+CALIBRATION: tuple[Calibration, ...] = (
+    Calibration(card="H200", card_total_bytes=150_109_880_320, model="Llama-3.1-8B-Instruct", source=_H200_2026_12_04,
+                graph_bytes=725_614_592, prefill_chunk_bytes=1_577_058_304, eager_decode_bytes=3_630_170_112,
+                alternating_bytes=4_548_722_688, kept_free_bytes=6_875_643_904, tokens=949_067),
+    Calibration(card="H200", card_total_bytes=150_109_880_320, model="Qwen3-8B", source=_H200_2026_12_04,
+                graph_bytes=805_306_368, prefill_chunk_bytes=1_746_927_616, eager_decode_bytes=4_575_985_664,
+                alternating_bytes=5_481_955_328, kept_free_bytes=7_624_327_168, tokens=845_553),
+    Calibration(card="H200", card_total_bytes=150_109_880_320, model="DeepSeek-V2-Lite", source=_H200_2026_12_04,
+                graph_bytes=1_426_063_360, prefill_chunk_bytes=2_373_976_064, eager_decode_bytes=3_726_639_104,
+                alternating_bytes=4_894_752_768, kept_free_bytes=7_586_578_432, tokens=3_459_106),
+)
+
+
+def calibration_for(card: str | None, model: str) -> Calibration | None:
+    """The recorded run for this card and model (the newest where several are), or None."""
+    rows = [c for c in CALIBRATION if c.card == card and c.model == model]
+    return rows[-1] if rows else None
+
+
+def fitted_on() -> str:
+    """Which runs the extrapolation's coefficients come from: each card once, with its runs' source."""
+    cards = dict.fromkeys(f"{c.card} ({c.source})" for c in CALIBRATION)
+    return "; ".join(cards)
+
 
 # Extrapolation, fitted to CALIBRATION and rounded up (per unit of hidden size; MoE layers run experts
 # densely in graphs and routed eagerly): bytes per prefill token, per eager decode request beyond its
@@ -86,17 +104,42 @@ def measured_margin_bytes(total_bytes: int) -> int:
     return max(int(total_bytes * MEASURED_MARGIN), MEASURED_MARGIN_FLOOR)
 
 
+Basis = Literal["calibrated", "uncalibrated", "extrapolated"]
+
+
 class MeasuredPrediction(msgspec.Struct, frozen=True, kw_only=True):
-    """The tokens a measured bootstrap will hold, the bytes it keeps free, and whether that was calibrated."""
+    """The tokens a measured bootstrap will hold and the bytes those tokens leave free, what its steps are
+    predicted to need free, and how the prediction was made: `calibrated` (a recorded run of this model on this
+    card at these settings), `uncalibrated` (such a run, with bytes it did not measure added by formula) or
+    `extrapolated` (from the model's shapes)."""
 
     tokens: int
-    kept_free_bytes: int
-    calibrated: bool
+    kept_free_bytes: int  # free after load - the predicted plan's bytes: the headroom of `tokens`
+    needed_free_bytes: int  # what the graphs, the worst-case steps, the margin and the resize are predicted to need
+    static_tokens: int  # the floor: SGLang's static plan as the built pools hold it
+    basis: Basis
     source: str
     kv_headroom: str = "auto"  # the switch that measures: auto, or measured given
 
+    @property
+    def calibrated(self) -> bool:
+        return self.basis == "calibrated"
+
+    @property
+    def at_static_floor(self) -> str:
+        """Why the measured path would not move the static plan, in one clause ("" when it moves it)."""
+        if self.tokens > self.static_tokens:
+            return ""
+        if self.needed_free_bytes <= self.kept_free_bytes:
+            return "the measured path keeps the static plan: the pools are built for no more tokens"
+        return (f"the measured path keeps the static plan: its steps are predicted to need "
+                f"{self.needed_free_bytes / GiB:.2f} GiB free, more than the {self.kept_free_bytes / GiB:.2f} GiB "
+                "the static plan leaves, and it plans below that plan only where it measures an out-of-memory")
+
     def to_dict(self) -> dict[str, object]:
-        return {"tokens": self.tokens, "kept_free_bytes": self.kept_free_bytes, "calibrated": self.calibrated,
+        return {"tokens": self.tokens, "kept_free_bytes": self.kept_free_bytes,
+                "needed_free_bytes": self.needed_free_bytes, "static_tokens": self.static_tokens,
+                "calibrated": self.calibrated, "basis": self.basis, "at_static_floor": self.at_static_floor,
                 "source": self.source, "kv_headroom": self.kv_headroom}
 
 
@@ -124,6 +167,14 @@ def extrapolated_kept_free_bytes(*, hidden: int, vocab: int, layers: int, moe: b
 
 
 def predict_measured_tokens(*, sizing: object, memory: object, card_name: str | None) -> MeasuredPrediction | None:
+    """What a measured bootstrap of this worker on a CUDA card of `memory` will hold (None where it would not
+    measure)."""
+    predicted = predict_measured_plan(sizing=sizing, memory=memory, card_name=card_name)
+    return predicted[0] if predicted is not None else None
+
+
+def predict_measured_plan(*, sizing: object, memory: object,
+                          card_name: str | None) -> tuple[MeasuredPrediction, MemoryPoolConfig] | None:
     """The measured bootstrap's plan for this worker on a CUDA card of `memory` (None where it would not measure):
     the built plan re-planned to leave kept_free free, at least the static plan, at most the built one."""
     cuda = dataclasses.replace(sizing, device_type="cuda")  # type: ignore[type-var]
@@ -135,33 +186,37 @@ def predict_measured_tokens(*, sizing: object, memory: object, card_name: str | 
     defaults = all(v is None for v in (s.chunked_prefill_size, s.cuda_graph_max_bs, s.max_running_requests,
                                        s.max_total_tokens, s.context_length)) and not any(
         (s.disable_cuda_graph_padding, s.disable_cuda_graph, s.disable_decode_cuda_graph, s.disable_prefill_cuda_graph))
-    calibration = CALIBRATION.get(m.name)
+    calibration = calibration_for(card_name, m.name)
     single = cuda.parallel_state.tp_size * cuda.parallel_state.pp_size == 1
     total = memory.total_bytes  # type: ignore[attr-defined]
     shape = cuda.runtime_shape()
-    if calibration is not None and defaults and card_name == "H200" and single and s.page_size == 1 \
-            and cuda.kv_cache_dtype.bits == 16:
-        kept, calibrated, source = calibration.kept_free_bytes + PREDICTION_SAFETY, True, "calibrated: " + CALIBRATION_SOURCE
+    basis: Basis
+    if calibration is not None and defaults and single and s.page_size == 1 and cuda.kv_cache_dtype.bits == 16:
+        where = f"{calibration.card} ({calibration.source})"
+        kept, basis, source = calibration.kept_free_bytes + PREDICTION_SAFETY, "calibrated", "a recorded run on " + where
         if not calibration.sampled:
             extra = sampler_bytes(vocab=m.vocab_size, chunk=default_chunked_prefill_size(total),
                                   decode_batch=built.max_running_requests,
                                   graph_bs=decode_cuda_graph_max_bs(total, shape))
-            kept, calibrated = kept + extra, False
-            source = (f"calibrated without the sampler's logprobs, plus {extra:,} B for them by formula (an upper "
-                      f"bound until re-measured): {CALIBRATION_SOURCE}")
+            kept, basis = kept + extra, "uncalibrated"
+            source = (f"a recorded run without the sampler's logprobs, plus {extra:,} B for them by formula (an upper "
+                      f"bound until re-measured): {where}")
     else:
         kept = extrapolated_kept_free_bytes(
             hidden=m.hidden_size, vocab=m.vocab_size, layers=m.num_hidden_layers, moe=any(k in m.hf_config for k in ("n_routed_experts", "num_experts", "num_local_experts")),
             chunk=s.chunked_prefill_size or default_chunked_prefill_size(total), decode_batch=built.max_running_requests,
             graph_bs=decode_cuda_graph_max_bs(total, shape), total_bytes=total,
             graph_served_bs=s.graph_served_batch(decode_cuda_graph_max_bs(total, shape)))
-        calibrated, source = False, "extrapolated from the model's shapes (coefficients fitted on " + CALIBRATION_SOURCE + ")"
-    return MeasuredPrediction(tokens=_plan_leaving(built, static, memory, kept).max_total_num_tokens,
-                              kept_free_bytes=kept, calibrated=calibrated, source=source, kv_headroom=s.kv_headroom)
+        basis, source = "extrapolated", "from the model's shapes, coefficients fitted on " + fitted_on()
+    free = memory.free_after_load  # type: ignore[attr-defined]
+    plan = _plan_leaving(built, static, free - kept)
+    return MeasuredPrediction(tokens=plan.max_total_num_tokens, kept_free_bytes=free - plan.total_bytes,
+                              needed_free_bytes=kept, static_tokens=static.max_total_num_tokens, basis=basis,
+                              source=source, kv_headroom=s.kv_headroom), plan
 
 
-def _plan_leaving(built: MemoryPoolConfig, static: MemoryPoolConfig, memory: object, kept: int) -> MemoryPoolConfig:
-    budget = memory.free_after_load - kept  # type: ignore[attr-defined]
+def _plan_leaving(built: MemoryPoolConfig, static: MemoryPoolConfig, budget: int) -> MemoryPoolConfig:
+    """`built` re-planned for `budget`, never below the static floor (the measured bootstrap's own bounds)."""
     try:
         after = plan_pool_sizes(resized_plan_request(built, max(budget, 0)))
     except DoesNotFitError:
