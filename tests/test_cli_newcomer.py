@@ -175,6 +175,7 @@ def test_weights_larger_than_the_host_ask_for_a_bigger_host_not_a_refused_limit(
     monkeypatch.setattr("app.model_runner.host_memory_bytes", lambda: 16 << 30)
     # the CPU probe counts this process's RSS growth, which other tests in the run (and the host's load) move
     monkeypatch.setattr("kvcache.memory.memory_probe._resident_bytes", lambda: 0)
+    monkeypatch.setattr("kvcache.memory.memory_probe._host_available_bytes", lambda: None)  # and what it has free
     assert main(["--model", "Qwen3-Next-80B-A3B-Thinking", "--device", "cpu", "--json"]) == 3
     (suggestion,) = json.loads(capsys.readouterr().out)["error"]["suggestions"]
     # was "--memory-limit 151968MiB or more", which this host refuses ("more than this host has")
