@@ -4,12 +4,15 @@ Per model, three child processes (a fresh CUDA context each, as a real engine ha
 - `measured`: Engine.bootstrap() at the defaults (the switch's auto is on), then free memory by
   cudaMemGetInfo from outside the project's accounting, then N alternating worst-case prefill
   chunks and max-batch decode steps through the pools (decode replays a graph when one holds the
-  batch), recording the lowest free memory during any step (cudaMemGetInfo before the steps less
+  batch), in turn with the model's other worst-case steps (MLA's chunked context; the mixed chunk with
+  --mixed-chunk), recording the lowest free memory during any step (cudaMemGetInfo before the steps less
   the caching allocator's peak reserved growth) and after each one;
 - `static`: the same bootstrap with --kv-headroom fraction (SGLang 0.5.23's plan);
 - `dry`: `plan --gpu CARD` on the meta device.
 
-    python benchmarks/gpu_measured_headroom.py --out DIR [--models ...] [--steps 200]
+    python benchmarks/gpu_measured_headroom.py --out DIR [--models ...] [--steps 200] [--mixed-chunk]
+
+--mixed-chunk runs every engine (measured, static, dry) with SGLang's --enable-mixed-chunk.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def outside_reading() -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"error": done.stderr[-2000:]}
 
 
-def measured(model: str, steps: int) -> dict[str, Any]:
+def measured(model: str, steps: int, mixed_chunk: bool = False) -> dict[str, Any]:
     import torch
 
     from app.report import build_report
@@ -57,7 +60,8 @@ def measured(model: str, steps: int) -> dict[str, Any]:
     from kvcache.models.presets import load_model_config
 
     total = int(torch.cuda.mem_get_info()[1])
-    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cuda"}), model_config=load_model_config(model))
+    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cuda", "enable_mixed_chunk": mixed_chunk}),
+                             model_config=load_model_config(model))
     runtime = engine.engine()
     t0 = time.perf_counter()
     runtime.bootstrap()
@@ -83,7 +87,9 @@ def measured(model: str, steps: int) -> dict[str, Any]:
     chunk = default_chunked_prefill_size(total)
     bs = runner.max_running_requests
     step = runner._worst_case_step_factory(runner=runner, chunked_prefill_size=chunk, decode_batch=bs,
-                                           largest_graph_batch=runner.graph_capture.max_bs if runner.graph_capture else 0)
+                                           largest_graph_batch=runner.graph_capture.max_bs if runner.graph_capture else 0,
+                                           mixed_chunk=mixed_chunk)
+    cycle = ["prefill_chunk", "decode", *(n for n in step.names() if n in ("mixed_chunk", "mla_context"))]
     requests = runner.decode_requests()
     vocab = runner.model_config.vocab_size
     free_start = free_now(torch)
@@ -91,8 +97,9 @@ def measured(model: str, steps: int) -> dict[str, Any]:
     torch.cuda.reset_peak_memory_stats()
     lowest_after, series, t1 = free_start, [], time.perf_counter()
     for i in range(steps):
-        if i % 2 == 0:  # the worst-case prefill chunk, prompt logprobs over its tail (app.forward.worst_case)
-            step.run("prefill_chunk")
+        name = cycle[i % len(cycle)]
+        if name != "decode":  # a worst-case step (app.forward.worst_case): the chunk with prompt logprobs, ...
+            step.run(name)
         else:  # the largest decode batch, a graph replayed where one holds it, sampled with logprobs
             rows = requests.add(bs)
             sample_with_logprobs(runner.decode(requests.step(rows, torch.randint(0, vocab, (bs,), device="cuda"))))
@@ -102,7 +109,7 @@ def measured(model: str, steps: int) -> dict[str, Any]:
         if i in (0, 1, 9, 99, steps - 1):
             series.append((i + 1, f, torch.cuda.memory_reserved(), torch.cuda.max_memory_reserved()))
     peak_growth = torch.cuda.max_memory_reserved() - reserved_start
-    out.update(steps=steps, chunk=chunk, decode_bs=bs, steps_s=time.perf_counter() - t1, free_start=free_start,
+    out.update(steps=steps, cycle=cycle, chunk=chunk, decode_bs=bs, steps_s=time.perf_counter() - t1, free_start=free_start,
                lowest_free_during=free_start - peak_growth, lowest_free_after_step=lowest_after,
                series=series, margin=m.margin_bytes,
                margin_kept=free_start - peak_growth >= m.margin_bytes,
@@ -111,14 +118,15 @@ def measured(model: str, steps: int) -> dict[str, Any]:
     return out
 
 
-def static(model: str) -> dict[str, Any]:
+def static(model: str, mixed_chunk: bool = False) -> dict[str, Any]:
     import torch
 
     from containers import EngineContainer
     from kvcache.inputs.server_args import ServerArgs
     from kvcache.models.presets import load_model_config
 
-    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cuda", "kv_headroom": "fraction"}),
+    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cuda", "kv_headroom": "fraction",
+                                                                  "enable_mixed_chunk": mixed_chunk}),
                              model_config=load_model_config(model))
     runtime = engine.engine()
     runtime.bootstrap()
@@ -133,7 +141,7 @@ def static(model: str) -> dict[str, Any]:
                 device=torch.cuda.get_device_name())
 
 
-def dry(model: str, card: str) -> dict[str, Any]:
+def dry(model: str, card: str, mixed_chunk: bool = False) -> dict[str, Any]:
     import io
     from contextlib import redirect_stdout
 
@@ -141,7 +149,7 @@ def dry(model: str, card: str) -> dict[str, Any]:
 
     buf = io.StringIO()
     with redirect_stdout(buf):
-        code = cli_main(["plan", "--model", model, "--gpu", card, "--json"])
+        code = cli_main(["plan", "--model", model, "--gpu", card, "--json", *["--enable-mixed-chunk"] * mixed_chunk])
     data = json.loads(buf.getvalue())
     return dict(exit=code, tokens=data.get("max_total_num_tokens"), measured_headroom=data.get("measured_headroom"),
                 prediction=data.get("measured_prediction"))
@@ -153,13 +161,14 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=MODELS)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--card", default="H200")
+    parser.add_argument("--mixed-chunk", action="store_true")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # child: KIND MODEL
     ns = parser.parse_args()
     if ns.one:
         kind, model = ns.one
         try:
-            result = {"measured": lambda: measured(model, ns.steps), "static": lambda: static(model),
-                      "dry": lambda: dry(model, ns.card)}[kind]()
+            result = {"measured": lambda: measured(model, ns.steps, ns.mixed_chunk),
+                      "static": lambda: static(model, ns.mixed_chunk), "dry": lambda: dry(model, ns.card, ns.mixed_chunk)}[kind]()
         except Exception:  # noqa: BLE001 - the parent records it and goes on
             result = {"error": traceback.format_exc()[-4000:]}
         print("RESULT " + json.dumps(result, default=str))
@@ -168,7 +177,8 @@ def main() -> None:
     for model in ns.models:
         for kind in ("static", "measured", "dry"):
             done = subprocess.run([sys.executable, __file__, "--one", kind, model, "--steps", str(ns.steps),
-                                   "--card", ns.card], capture_output=True, text=True, timeout=240)
+                                   "--card", ns.card, *["--mixed-chunk"] * ns.mixed_chunk],
+                                  capture_output=True, text=True, timeout=240)
             lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
             rows[f"{model}:{kind}"] = (json.loads(lines[-1][7:]) if lines else
                                        {"error": done.stderr[-4000:], "rc": done.returncode})

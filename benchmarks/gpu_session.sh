@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_session.sh suite     # the CUDA tests, then the whole suite
 #   bash benchmarks/gpu_session.sh faults    # benchmarks/gpu_fault_matrix.py (every row PASS)
 #   bash benchmarks/gpu_session.sh headroom  # benchmarks/gpu_measured_headroom.py --steps 200 (about 6 minutes)
+#   bash benchmarks/gpu_session.sh mixed     # the same with --enable-mixed-chunk, Llama-3.1-8B unless MODELS says
 # Several parts in one call: bash benchmarks/gpu_session.sh card suite faults. Logs and JSON go to $OUT (or ./gpu-out).
 set -uo pipefail
 out="${OUT:-gpu-out}"; mkdir -p "$out"
@@ -45,6 +46,10 @@ PY
     headroom)
       timeout 560 python3 benchmarks/gpu_measured_headroom.py --out "$out" --steps "${STEPS:-200}" --card "${CARD:-H200}" ${MODELS:+--models $MODELS} \
         2>&1 | tee "$out/measured_headroom.log" | cut -c1-600 || rc=1
+      ;;
+    mixed)
+      timeout 560 python3 benchmarks/gpu_measured_headroom.py --out "$out/mixed" --steps "${STEPS:-200}" --card "${CARD:-H200}" \
+        --mixed-chunk --models ${MODELS:-Llama-3.1-8B-Instruct} 2>&1 | tee "$out/measured_headroom_mixed.log" | cut -c1-600 || rc=1
       ;;
     *) echo "unknown part $part"; rc=2 ;;
   esac

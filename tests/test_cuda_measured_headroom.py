@@ -50,7 +50,33 @@ def test_a_fake_step_of_known_bytes_is_what_the_headroom_keeps():
     engine.target.worst_case_step.override(providers.Callable(fake))
     engine.engine().bootstrap()
     m = engine.engine().target.measured_sizing
-    assert fake.last.built_with == {"chunked_prefill_size": 2048, "decode_batch": 64, "largest_graph_batch": 16}
+    assert fake.last.built_with == {"chunked_prefill_size": 2048, "decode_batch": 64, "largest_graph_batch": 16,
+                                    "mixed_chunk": False}
     assert 3000 * MiB <= m.peak_bytes <= 3002 * MiB  # the caching allocator rounds a large block to 2 MiB
     assert _free() >= m.headroom_bytes
+    engine.shutdown_resources()
+
+
+def test_mixed_chunk_is_a_measured_step():
+    engine = EngineContainer(server_args=ServerArgs.from_mapping({**ARGS, "enable_mixed_chunk": True}),
+                             model_config=load_model_config("Llama-3.2-1B-Instruct"))
+    engine.engine().bootstrap()
+    m = engine.engine().target.measured_sizing
+    assert [s.name for s in m.steps] == ["prefill_chunk", "eager_decode", "mixed_chunk", "alternating"]
+    assert m.tokens_after >= m.static_tokens and _free() >= m.headroom_bytes
+    engine.shutdown_resources()
+
+
+def test_mla_prefills_a_chunk_over_a_context_it_up_projects():
+    """DeepSeek-V2-Lite cut to 2 layers (one dense, one of 64 experts), a context of 12,288 tokens: the 2,048-token
+    chunk over 10,240 tokens of context (above SGLang's 8,192 threshold)."""
+    from kvcache.models.hf_config import model_config_from_hf
+
+    hf = {**load_model_config("DeepSeek-V2-Lite").hf_config, "num_hidden_layers": 2}
+    engine = EngineContainer(server_args=ServerArgs.from_mapping({**ARGS, "context_length": 12288}),
+                             model_config=model_config_from_hf(hf, name="DeepSeek-V2-Lite-2-layers"))
+    engine.engine().bootstrap()
+    m = engine.engine().target.measured_sizing
+    assert [s.name for s in m.steps] == ["prefill_chunk", "eager_decode", "mla_context", "alternating"]
+    assert m.tokens_after >= m.static_tokens and _free() >= m.headroom_bytes
     engine.shutdown_resources()

@@ -87,17 +87,18 @@ def prefill_decode_extend(family: str, page: int, kv: str) -> int:
         check(requests.step(rows, ids(3)))
     check(requests.extend(rows[1:], [ids(20), ids(9)]))  # on a prefix: the last token of each
     check(requests.extend(rows, [ids(2), ids(1), ids(11)], all_logits=True))
+    check(requests.extend(rows, [ids(6), ids(1), ids(1)]))  # a mixed chunk: two requests ride, one token each
     return compared
 
 
 @pytest.mark.parametrize(("family", "page"), [("llama", 1), ("qwen3", 1), ("deepseek", 1), ("qwen2", 16), ("deepseek", 16)])
 def test_extend_through_the_pools_equals_dense_causal_attention(family, page):
-    assert prefill_decode_extend(family, page, "float32") == 23 + 6 + 2 + 14
+    assert prefill_decode_extend(family, page, "float32") == 23 + 6 + 2 + 14 + 3
 
 
 @pytest.mark.parametrize("family", ["llama", "deepseek"])
 def test_fp8_kv_extend_equals_dense_attention_over_fp8_rounded_history(family):
-    assert prefill_decode_extend(family, 16, "fp8_e4m3") == 45
+    assert prefill_decode_extend(family, 16, "fp8_e4m3") == 48
 
 
 def test_an_extend_step_records_each_new_token_in_its_row_and_asks_for_the_last_logits():

@@ -98,7 +98,8 @@ def size_from_worst_case(runner: Any, configurator: Any, make_step: Callable[...
         step = make_step(runner=runner,
                          chunked_prefill_size=settings.chunked_prefill_size or default_chunked_prefill_size(total),
                          decode_batch=built.max_running_requests,
-                         largest_graph_batch=settings.graph_served_batch(capture.max_bs))
+                         largest_graph_batch=settings.graph_served_batch(capture.max_bs),
+                         mixed_chunk=settings.enable_mixed_chunk)
     except UnsupportedModelError as exc:
         if settings.kv_headroom != "auto":
             raise UnsupportedModelError(f"--kv-headroom measured needs the engine's worst-case step: {exc}; "

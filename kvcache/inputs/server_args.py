@@ -102,8 +102,8 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     disable_prefill_cuda_graph: Annotated[bool, _doc(
         "no prefill CUDA graphs (SGLang's flag): their reserve is left out")] = False
     enable_mixed_chunk: Annotated[bool, _doc(
-        "mix the running decode requests into each prefill chunk (SGLang's flag): the headroom is then the "
-        "fraction's, as the measured worst-case steps run prefill and decode apart")] = False
+        "mix the running decode requests into each prefill chunk (SGLang's flag): the measured headroom then "
+        "runs that mixed step too")] = False
     disable_overlap_schedule: Annotated[bool, _doc(
         "no overlap scheduler (hybrid models then keep 3 or 4 state slots per request instead of 5)")] = False
     enable_post_capture_kv_resize: Annotated[bool, _doc(
@@ -358,10 +358,6 @@ def _cross_field_problems(a: ServerArgs) -> list[str]:
     problems: list[str] = _engine_problems(a)
     if a.enable_hybrid_swa_memory and a.disable_hybrid_swa_memory:
         problems.append("--enable-hybrid-swa-memory and --disable-hybrid-swa-memory contradict each other: give one")
-    if a.kv_headroom == "measured" and a.enable_mixed_chunk:
-        problems.append("--kv-headroom measured cannot hold --enable-mixed-chunk's steps (a prefill chunk and the "
-                        "decode batch at once, which the measured steps run apart): use --kv-headroom fraction, or "
-                        "drop --enable-mixed-chunk")
     if a.enable_multimodal and a.language_model_only:
         problems.append("--enable-multimodal and --language-model-only contradict each other: give one "
                         "(--language-model-only serves text only)")

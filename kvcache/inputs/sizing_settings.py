@@ -52,7 +52,7 @@ class SizingSettings(msgspec.Struct, frozen=True, kw_only=True):
     disable_decode_cuda_graph: bool = False
     disable_cuda_graph_padding: bool = False  # decode batches between captured sizes run eagerly
     disable_overlap_schedule: bool = False
-    enable_mixed_chunk: bool = False  # decode requests ride in prefill chunks: a step the measurement does not run
+    enable_mixed_chunk: bool = False  # decode requests ride in prefill chunks: the measurement runs that step too
     disable_radix_cache: bool = False
     hybrid_swa_memory: HybridSwaMemory = "auto"  # separate sliding-window pools: the engine's rule, or a flag's
     swa_full_tokens_ratio: Fraction = SGLANG_SWA_FULL_TOKENS_RATIO

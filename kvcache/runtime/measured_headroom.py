@@ -1,7 +1,8 @@
 """Measured headroom as pure decisions: the worst-case step's measured peak in, the KV token count out.
 
 After CUDA-graph capture the engine runs its largest steps (a full prefill chunk; an eager
-decode batch above the largest graph) and measures each one's peak. The pools then keep
+decode batch above the largest graph; a mixed chunk with --enable-mixed-chunk; for MLA, the
+chunk over a cached context it up-projects) and measures each one's peak. The pools then keep
 everything but the peak plus a margin. Two rules bound the answer:
 - never fewer tokens than the static plan (SGLang's fraction's tokens, in the pools and request table as
   built: kvcache.sizing.static_floor), unless the measurement shows

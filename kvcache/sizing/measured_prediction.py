@@ -13,6 +13,9 @@ steps) is EXTRAPOLATED from the model's shapes with coefficients fitted to those
 The steps now sample with logprobs (app.forward.worst_case); the recorded runs did not. Until the
 H200 is measured again, their kept_free is used with the sampler's bytes added by formula
 (`sampler_bytes`, an upper bound: every tensor it adds counted in full), and the prediction says so.
+The same holds for the steps no recorded run ran (`added_step_bytes`: the mixed chunk with
+--enable-mixed-chunk, MLA's chunked context): their bytes are added by formula, in turn with the
+others, and the prediction is not calibrated.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.inputs.rank_agreement import RankAgreement
 from kvcache.sizing.resized_plan import resized_plan_request
 from kvcache.sizing.static_floor import static_floor
+from kvcache.sizing.worst_case_shapes import mixed_chunk_riders, mla_context_tokens
 
 MEASURED_MARGIN = Fraction(1, 200)  # of the card's total bytes (why: kvcache.runtime.measured_headroom)
 MEASURED_MARGIN_FLOOR = 256 * MiB
@@ -151,10 +155,53 @@ def sampler_bytes(*, vocab: int, chunk: int, decode_batch: int, graph_bs: int) -
     return prompt + decode
 
 
+def with_step_in_turn(peak: int, step: int) -> int:
+    """The steps' peak once a step of `step` bytes runs in turn with steps peaking at `peak`: the larger, plus
+    ALTERNATING_PREFILL_SHARE of the smaller (one step's blocks stay cached while the other's sizes cannot reuse
+    them; the share is the one fitted to the prefill chunk and the eager decode)."""
+    return max(peak, step) + int(min(peak, step) * ALTERNATING_PREFILL_SHARE)
+
+
+def added_step_bytes(*, sizing: object, static: MemoryPoolConfig, chunk: int, decode_batch: int) -> dict[str, int]:
+    """The steps no recorded run ran, by formula (bytes, by step name; app.forward.worst_case runs them), every
+    tensor counted in full as if all stayed cached (an upper bound until measured): the mixed chunk (its chunk's
+    activations and every rider's logits and probabilities) and MLA's chunked context (the context and the chunk
+    up-projected as the reference prefills: the latents gathered, the keys' no-RoPE part, the keys, the values
+    and the values padded to the keys' head size, in the model's dtype; beside the chunk's activations and its
+    prompt logprobs)."""
+    s, m = sizing.settings, sizing.model_config  # type: ignore[attr-defined]
+    hf, moe = m.hf_config, _is_moe(m.hf_config)
+    pool_tokens = static.max_total_num_tokens - static.page_size
+    tokens = min(chunk, static.context_length, pool_tokens)
+    activations = tokens * PREFILL_PER_TOKEN_PER_HIDDEN[moe] * m.hidden_size
+    steps: dict[str, int] = {}
+    riders = mixed_chunk_riders(prefill_tokens=tokens, decode_batch=decode_batch, pool_tokens=pool_tokens,
+                                page_size=static.page_size) if s.enable_mixed_chunk else 0
+    if riders:
+        rows = riders + 1
+        steps["mixed_chunk"] = activations + rows * (LOGIT_BYTES_PER_VOCAB_ENTRY + SAMPLER_BYTES_PER_VOCAB_ENTRY) * m.vocab_size
+    context = mla_context_tokens(prefill_tokens=tokens, context_length=static.context_length,
+                                 pool_tokens=pool_tokens) if "kv_lora_rank" in hf else 0
+    if context:
+        nope, rope, v_dim = int(hf["qk_nope_head_dim"]), int(hf["qk_rope_head_dim"]), int(hf["v_head_dim"])
+        heads = int(hf["num_attention_heads"]) // sizing.parallel_state.tp_size  # type: ignore[attr-defined]
+        per_head = nope + 2 * (nope + rope) + v_dim + (nope + rope if v_dim < nope + rope else 0)
+        per_token = sizing.model_dtype.itemsize * (int(hf["kv_lora_rank"]) + rope + heads * per_head)  # type: ignore[attr-defined]
+        prompt = min(tokens, PROMPT_LOGPROB_TOKENS) * PROMPT_LOGPROB_BYTES_PER_VOCAB_ENTRY * m.vocab_size
+        steps["mla_context"] = (context + tokens) * per_token + activations + prompt
+    return steps
+
+
+def _is_moe(hf: dict[str, object]) -> bool:
+    return any(k in hf for k in ("n_routed_experts", "num_experts", "num_local_experts"))
+
+
 def extrapolated_kept_free_bytes(*, hidden: int, vocab: int, layers: int, moe: bool, chunk: int, decode_batch: int,
-                                 graph_bs: int, total_bytes: int, graph_served_bs: int | None = None) -> int:
+                                 graph_bs: int, total_bytes: int, graph_served_bs: int | None = None,
+                                 added_steps: tuple[int, ...] = ()) -> int:
     """kept_free from the model's shapes (the fitted coefficients above, plus the sampler's bytes); decode batches
-    above `graph_served_bs` (the largest graph, `graph_bs`, unless padding is off) run eagerly."""
+    above `graph_served_bs` (the largest graph, `graph_bs`, unless padding is off) run eagerly; `added_steps`
+    (bytes each, added_step_bytes) run in turn with the others."""
     served = graph_bs if graph_served_bs is None else graph_served_bs
     prefill = chunk * PREFILL_PER_TOKEN_PER_HIDDEN[moe] * hidden
     decode = decode_batch * (LOGIT_BYTES_PER_VOCAB_ENTRY * vocab + DECODE_PER_REQUEST_PER_HIDDEN[moe] * hidden)
@@ -162,6 +209,8 @@ def extrapolated_kept_free_bytes(*, hidden: int, vocab: int, layers: int, moe: b
     # the steps in turn hold the decode peak and a share of the prefill's, and never less than the prefill alone
     peak = max(prefill, decode + int(prefill * ALTERNATING_PREFILL_SHARE)) if eager else prefill
     peak += sampler_bytes(vocab=vocab, chunk=chunk, decode_batch=decode_batch, graph_bs=served)
+    for step in added_steps:
+        peak = with_step_in_turn(peak, step)
     graphs = graph_bs * layers * GRAPH_PER_BS_LAYER_PER_HIDDEN[moe] * hidden
     return graphs + peak + measured_margin_bytes(total_bytes) + RESIZE_OVERHEAD_BYTES
 
@@ -191,23 +240,34 @@ def predict_measured_plan(*, sizing: object, memory: object,
     total = memory.total_bytes  # type: ignore[attr-defined]
     shape = cuda.runtime_shape()
     basis: Basis
+    chunk = s.chunked_prefill_size or default_chunked_prefill_size(total)
+    added = added_step_bytes(sizing=cuda, static=static, chunk=chunk, decode_batch=built.max_running_requests)
     if calibration is not None and defaults and single and s.page_size == 1 and cuda.kv_cache_dtype.bits == 16:
         where = f"{calibration.card} ({calibration.source})"
         kept, basis, source = calibration.kept_free_bytes + PREDICTION_SAFETY, "calibrated", "a recorded run on " + where
+        peak = calibration.alternating_bytes
         if not calibration.sampled:
-            extra = sampler_bytes(vocab=m.vocab_size, chunk=default_chunked_prefill_size(total),
-                                  decode_batch=built.max_running_requests,
+            extra = sampler_bytes(vocab=m.vocab_size, chunk=chunk, decode_batch=built.max_running_requests,
                                   graph_bs=decode_cuda_graph_max_bs(total, shape))
-            kept, basis = kept + extra, "uncalibrated"
+            kept, basis, peak = kept + extra, "uncalibrated", peak + extra
             source = (f"a recorded run without the sampler's logprobs, plus {extra:,} B for them by formula (an upper "
                       f"bound until re-measured): {where}")
+        if added:
+            in_turn = peak
+            for step in added.values():
+                in_turn = with_step_in_turn(in_turn, step)
+            kept, basis = kept + in_turn - peak, "uncalibrated"
+            source += f"; plus {in_turn - peak:,} B by formula for the steps no recorded run ran ({', '.join(added)})"
     else:
         kept = extrapolated_kept_free_bytes(
-            hidden=m.hidden_size, vocab=m.vocab_size, layers=m.num_hidden_layers, moe=any(k in m.hf_config for k in ("n_routed_experts", "num_experts", "num_local_experts")),
-            chunk=s.chunked_prefill_size or default_chunked_prefill_size(total), decode_batch=built.max_running_requests,
+            hidden=m.hidden_size, vocab=m.vocab_size, layers=m.num_hidden_layers, moe=_is_moe(m.hf_config),
+            chunk=chunk, decode_batch=built.max_running_requests,
             graph_bs=decode_cuda_graph_max_bs(total, shape), total_bytes=total,
-            graph_served_bs=s.graph_served_batch(decode_cuda_graph_max_bs(total, shape)))
+            graph_served_bs=s.graph_served_batch(decode_cuda_graph_max_bs(total, shape)),
+            added_steps=tuple(added.values()))
         basis, source = "extrapolated", "from the model's shapes, coefficients fitted on " + fitted_on()
+        if added:
+            source += f"; with the steps no recorded run ran by formula ({', '.join(added)})"
     free = memory.free_after_load  # type: ignore[attr-defined]
     plan = _plan_leaving(built, static, free - kept)
     return MeasuredPrediction(tokens=plan.max_total_num_tokens, kept_free_bytes=free - plan.total_bytes,

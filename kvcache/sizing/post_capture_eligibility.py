@@ -73,13 +73,10 @@ def post_capture_eligibility(
 
 def _why_not_measured(a: ServerArgs | SizingSettings, multimodal_on: bool) -> str:
     """Why the engine runs a step the measured worst-case steps do not ("" when they cover it): then the
-    fraction keeps the headroom."""
+    fraction keeps the headroom. --enable-mixed-chunk's steps are measured (app.forward.worst_case's mixed_chunk)."""
     if multimodal_on:
         return ("not measured: the worst-case step runs no vision encoder, so with the multimodal side on the "
                 "engine's cut fraction keeps the headroom (--language-model-only measures)")
-    if a.enable_mixed_chunk:
-        return ("not measured: --enable-mixed-chunk runs a prefill chunk and the decode batch in one step, which "
-                "holds both at once, and the worst-case steps run each alone")
     return ""
 
 

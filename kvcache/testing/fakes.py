@@ -176,11 +176,12 @@ class FixedActivationStep:
     @classmethod
     def factory(cls, step_bytes: dict[str, int]) -> Any:
         """A callable taking what the engine passes (runner=, chunked_prefill_size=, decode_batch=,
-        largest_graph_batch=); its `.last` is the step it built."""
-        def build(*, runner: Any, chunked_prefill_size: int, decode_batch: int, largest_graph_batch: int) -> "FixedActivationStep":
+        largest_graph_batch=, mixed_chunk=); its `.last` is the step it built."""
+        def build(*, runner: Any, chunked_prefill_size: int, decode_batch: int, largest_graph_batch: int,
+                  mixed_chunk: bool) -> "FixedActivationStep":
             step = cls(step_bytes=step_bytes, device=runner.device)
             step.built_with = dict(chunked_prefill_size=chunked_prefill_size, decode_batch=decode_batch,
-                                   largest_graph_batch=largest_graph_batch)
+                                   largest_graph_batch=largest_graph_batch, mixed_chunk=mixed_chunk)
             build.last = step  # type: ignore[attr-defined]
             return step
         return build
