@@ -169,7 +169,8 @@ def parallel_state_resource(server_args: ServerArgs, environ: Mapping[str, str] 
     if not dist.is_initialized():
         world = launched_world_size(env)
         if world == 1:  # one process: rank 0 of the layout, planned alone
-            yield ParallelState(tp_size=a.tp_size, pp_size=a.pp_size, attention_dp_size=a.attention_dp_size,
+            yield ParallelState(tp_size=a.tp_size, pp_size=a.pp_size, pp_layer_partition=a.pp_layer_partition,
+                                attention_dp_size=a.attention_dp_size,
                                 min_rank_memory_ratio=a.min_rank_memory_ratio)
             return
         check_layout(world, a)
@@ -184,6 +185,7 @@ def parallel_state_resource(server_args: ServerArgs, environ: Mapping[str, str] 
         groups = _new_groups(a, rank, created)
         yield ParallelState(
             tp_size=a.tp_size, tp_rank=rank % a.tp_size, pp_size=a.pp_size, pp_rank=rank // a.tp_size,
+            pp_layer_partition=a.pp_layer_partition,
             attention_dp_size=a.attention_dp_size, local_rank=local_rank, groups=groups,
             min_rank_memory_ratio=a.min_rank_memory_ratio,
         )

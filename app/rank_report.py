@@ -31,12 +31,14 @@ class RankPlan(msgspec.Struct, frozen=True, kw_only=True):
     allocated_bytes: int  # held now (KVCacheConfigResult.allocated_bytes): after a resize, its mapped bytes
     weights_bytes: int
     free_before_load_bytes: int  # this rank's own reading (the plan uses the ranks' smallest)
+    free_after_load_bytes: int  # this rank's own, after its own weights (the plan uses the ranks' smallest)
     free_now_bytes: int  # after bootstrap: what the runtime has left on this rank
     memory_allocated_bytes: int | None  # torch.cuda.memory_allocated on this rank's GPU (CUDA only)
+    headline_tokens: int  # what this rank's report leads with (a dry run's measured prediction, or its plan)
 
 
-def rank_plan(engine: Engine) -> RankPlan:
-    """This rank's RankPlan."""
+def rank_plan(engine: Engine, report: BootstrapReport) -> RankPlan:
+    """This rank's RankPlan (`report`: this rank's own report)."""
     target = engine.target
     p = target.parallel_state
     plan = target.memory_pool_config
@@ -46,9 +48,23 @@ def rank_plan(engine: Engine) -> RankPlan:
         max_total_num_tokens=plan.max_total_num_tokens, own_max_total_num_tokens=target.kv_cache.own_max_total_num_tokens,
         max_running_requests=plan.max_running_requests, budget_bytes=plan.budget.budget_bytes, planned_bytes=plan.total_bytes, allocated_bytes=sum(w.kv_cache.allocated_bytes for w in engine.workers),
         weights_bytes=sum(w.weights.total_bytes for w in engine.workers if w.weights is not None),
-        free_before_load_bytes=target.pre_model_load_memory or 0, free_now_bytes=target.memory_probe.free_bytes(),
+        free_before_load_bytes=target.pre_model_load_memory or 0,
+        free_after_load_bytes=target.kv_cache.own_memory.free_after_load, free_now_bytes=target.memory_probe.free_bytes(),
         memory_allocated_bytes=int(torch.cuda.memory_allocated(target.device)) if target.device.type == "cuda" else None,
+        headline_tokens=report.max_total_num_tokens,
     )
+
+
+def agreed_headline(report: BootstrapReport, plans: list[RankPlan]) -> BootstrapReport:
+    """Rank 0's report leading with what every rank will hold: the smallest rank's headline. A dry run's
+    prediction is each stage's own (its layers, its steps), and measured ranks keep the smallest resized count
+    (kvcache.runtime.agreed_resize), so stage 0's own prediction alone could promise more than the stages agree on."""
+    agreed = min(r.headline_tokens for r in plans)
+    if agreed == report.max_total_num_tokens:
+        return report
+    prediction = report.measured_prediction
+    return msgspec.structs.replace(report, max_total_num_tokens=agreed, measured_prediction=None if prediction is None
+                                   else {**prediction, "tokens": agreed})
 
 
 def render_for_this_rank(engine: Engine, report: BootstrapReport, *, as_json: bool) -> str | None:
@@ -59,9 +75,10 @@ def render_for_this_rank(engine: Engine, report: BootstrapReport, *, as_json: bo
     if not p.is_distributed:
         return msgspec.json.encode(report).decode() if as_json else render_text(report)
     agreement = p.agreement
-    plans = agreement.gather_objects(rank_plan(engine))
+    plans = agreement.gather_objects(rank_plan(engine, report))
     if agreement.rank != 0:
         return None
+    report = agreed_headline(report, plans)
     key = "stages" if getattr(p.groups.agreement if p.groups else None, "one_rank_per_stage", False) else "ranks"
     if as_json:
         return msgspec.json.encode({**msgspec.structs.asdict(report), key: plans}).decode()
@@ -90,14 +107,17 @@ def render_stages(plans: list[RankPlan], *, tp_size: int) -> str:
     smallest = min(plans, key=lambda r: r.own_max_total_num_tokens)
     agreed = plans[0].max_total_num_tokens
     stage_of = {r.rank: s for s, r in enumerate(plans)}
+    tightest = min(plans, key=lambda r: r.free_after_load_bytes)
     lines = [f"stages: pp {len(plans)}" + (f" (each stage's {tp_size} TP ranks hold the same)" if tp_size > 1 else "")
-             + f"; each stage plans with the ranks' smallest free memory, then every rank holds the smallest "
-             f"stage's {agreed:,} tokens (stage {stage_of[smallest.rank]}); the report above is stage 0's"]
+             + f"; each stage plans with the ranks' smallest free memory after load (stage "
+             f"{stage_of[tightest.rank]}'s, as SGLang 0.5.23 takes the MIN over every rank), then every rank holds "
+             f"the smallest stage's {agreed:,} tokens (stage {stage_of[smallest.rank]}); the report above is stage 0's"]
     for s, r in enumerate(plans):
         idle = r.budget_bytes - r.planned_bytes
         lines.append(
             f"  stage {s}  layers {r.layers[0]}-{r.layers[1] - 1}  {r.bytes_per_token:,} B/token  "
-            f"weights {format_bytes(r.weights_bytes)}  own plan {r.own_max_total_num_tokens:,} tokens  "
+            f"weights {format_bytes(r.weights_bytes)}  free after load {format_bytes(r.free_after_load_bytes)}  "
+            f"own plan {r.own_max_total_num_tokens:,} tokens  "
             f"planned {format_bytes(r.planned_bytes)}  idle {format_bytes(idle)}"
         )
     return "\n".join(lines)

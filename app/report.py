@@ -12,8 +12,9 @@ from app.report_header import report_header
 from kvcache.byte_units import GiB, format_bytes
 from kvcache.engines import EngineRules
 from kvcache.inputs.dtypes import model_dtype_name
-from kvcache.memory.memory_budget import headroom_bytes
+from kvcache.memory.memory_budget import MemoryBudget, headroom_bytes
 from kvcache.sizing.capacity_notes import CapacityNote, capacity_notes
+from kvcache.sizing.worker_sizing import WorkerMemory
 
 
 class WorkerReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,7 +52,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     max_running_requests: int
     budget_bytes: int
     mem_fraction_static: float | None
-    free_before_load_bytes: int
+    free_before_load_bytes: int  # this rank's own readings, beside its own weights
     free_after_load_bytes: int
     total_memory_bytes: int
     weights_bytes: int
@@ -70,6 +71,9 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     measured_off: str | None = None  # a dry run asking for measured headroom that the card's start would not measure: why
     engine_own_tokens: int | None = None  # what the engine itself would size for this budget, where that is known
     multimodal: dict[str, Any] | None = None  # the engine's multimodal memory rule and what it kept (_multimodal)
+    # Where ranks agreed on less than this rank's own readings: the smallest over the ranks, which the budget reads
+    # (SGLang 0.5.23's MIN over every rank, pipeline stages included); None when they are this rank's
+    ranks_smallest_memory: dict[str, int] | None = None
 
 
 def _worker(runner: ModelRunner) -> WorkerReport:
@@ -107,7 +111,7 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         max_total_num_tokens=headline, max_total_num_tokens_source=source, static_plan_tokens=static,
         request_token_cap=plan.request_token_cap,
         max_running_requests=plan.max_running_requests, budget_bytes=budget.budget_bytes, mem_fraction_static=budget.mem_fraction_static,
-        free_before_load_bytes=budget.free_before_load_bytes, free_after_load_bytes=budget.free_after_load_bytes,
+        free_before_load_bytes=kv.own_memory.free_before_load, free_after_load_bytes=kv.own_memory.free_after_load,
         total_memory_bytes=budget.total_bytes, weights_bytes=weights,
         vision_weights=target.model_config.vision_weights, buffers=plan.buffers,
         planned_bytes=plan.total_bytes, allocated_bytes=sum(w.kv_cache.allocated_bytes for w in engine.workers),
@@ -121,6 +125,7 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         measured_off=_measured_off(target, card),
         engine_own_tokens=rules.own_token_count(plan, target.sizing.settings),
         multimodal=_multimodal(target),
+        ranks_smallest_memory=_ranks_smallest_memory(kv.own_memory, budget),
     )
 
 
@@ -133,6 +138,15 @@ def _headline(planned: int, measured: dict[str, Any] | None,
     if prediction is not None:
         return prediction["tokens"], f"prediction_{prediction['basis']}", planned
     return planned, "static_plan", planned
+
+
+def _ranks_smallest_memory(own: WorkerMemory, budget: MemoryBudget) -> dict[str, int] | None:
+    """The readings the budget came from where the ranks' smallest is not this rank's own (another stage's
+    weights, another card's free memory); None when this rank's are the ones the budget read."""
+    agreed = WorkerMemory.of_budget(budget)
+    if (agreed.free_before_load, agreed.free_after_load) == (own.free_before_load, own.free_after_load):
+        return None
+    return {"free_before_load_bytes": agreed.free_before_load, "free_after_load_bytes": agreed.free_after_load}
 
 
 def _multimodal(target: ModelRunner) -> dict[str, Any]:
@@ -255,6 +269,9 @@ def render_text(report: BootstrapReport) -> str:
         f"memory              total {format_bytes(r.total_memory_bytes)}",
         f"                    free before load {format_bytes(r.free_before_load_bytes)}",
         f"                    free after load  {format_bytes(r.free_after_load_bytes)}",
+        *([f"                    the ranks' smallest, which the budget reads: free before load "
+           f"{format_bytes(r.ranks_smallest_memory['free_before_load_bytes'])}, free after load "
+           f"{format_bytes(r.ranks_smallest_memory['free_after_load_bytes'])}"] if r.ranks_smallest_memory else []),
         f"weights             {format_bytes(r.weights_bytes)}"
         + ("  (vision tower not counted: its shapes are not in config.json)" if r.vision_weights == "not_counted" else
            "  (vision tower not loaded: the engine builds none with the multimodal side off)"

@@ -95,6 +95,19 @@ def _number_reader(field: str, kind: mi.IntType | mi.FloatType, *, is_bytes: boo
     return read
 
 
+def _counts_reader(field: str, kind: mi.IntType) -> Callable[[str], tuple[int, ...]]:
+    """An argparse `type` for a comma-separated list of integers ("7,7,7,8"), each within the item's bounds."""
+    read_one = _number_reader(field, kind, is_bytes=False)
+
+    def read(text: str) -> tuple[int, ...]:
+        parts = [p.strip() for p in text.split(",")]
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 7,7,8, got {text!r}")
+        return tuple(read_one(p) for p in parts)
+
+    return read
+
+
 def _help(f: FieldFlag) -> str:
     text = f.description or f.field.replace("_", " ")
     if isinstance(f.kind, mi.LiteralType):
@@ -119,6 +132,8 @@ def add_server_args_flags(parser: argparse.ArgumentParser, *, leave_out: frozens
         elif isinstance(f.kind, (mi.IntType, mi.FloatType)):
             kwargs.update(type=_number_reader(f.field, f.kind, is_bytes=f.is_bytes),
                           metavar="SIZE" if f.is_bytes else "N" if isinstance(f.kind, mi.IntType) else "X")
+        elif isinstance(f.kind, mi.VarTupleType) and isinstance(f.kind.item_type, mi.IntType):
+            kwargs.update(type=_counts_reader(f.field, f.kind.item_type), metavar="N,N,...")
         elif isinstance(f.kind, mi.StrType):
             kwargs.update(type=str, metavar="TEXT")
         else:

@@ -16,6 +16,7 @@ from dependency_injector import providers
 
 from containers import EngineContainer
 from kvcache.inputs.parallel import ParallelState, ProcessGroups
+from kvcache.inputs.pipeline_stages import stage_layer_counts
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.inputs.in_process_group import InProcessGroup
 
@@ -23,7 +24,8 @@ from kvcache.inputs.in_process_group import InProcessGroup
 def stage_state(server_args: ServerArgs, stage: int, group: InProcessGroup) -> ParallelState:
     """Stage `stage`'s first TP rank, agreeing with the other stages over `group`."""
     a = server_args
-    return ParallelState(tp_size=a.tp_size, pp_size=a.pp_size, pp_rank=stage, attention_dp_size=a.attention_dp_size,
+    return ParallelState(tp_size=a.tp_size, pp_size=a.pp_size, pp_rank=stage, pp_layer_partition=a.pp_layer_partition,
+                         attention_dp_size=a.attention_dp_size,
                          min_rank_memory_ratio=a.min_rank_memory_ratio,
                          groups=ProcessGroups(agreement=group, tp=None, pp=None, attention_tp=None, attention_dp=None))
 
@@ -32,7 +34,7 @@ def run_stages(make_container: Callable[[], EngineContainer], server_args: Serve
                run_one: Callable[[EngineContainer], str | None], *, num_layers: int) -> str | None:
     """`run_one` on a container per stage, each in its own thread; stage 0's output (the others print nothing)."""
     stages = server_args.pp_size
-    ParallelState(pp_size=stages).layer_range(num_layers)  # more stages than layers is refused before any thread starts
+    stage_layer_counts(num_layers, stages, server_args.pp_layer_partition)  # a split that cannot be: refused before any thread starts
     group = InProcessGroup(stages)
     outputs: list[str | None] = [None] * stages
     errors: list[BaseException | None] = [None] * stages

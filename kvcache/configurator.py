@@ -46,6 +46,9 @@ class KVCacheConfigResult(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     # What this rank's memory held when it was built, before the ranks agreed on the smallest; a resize keeps it
     # (the resized plan is every rank's agreed one, and a rank's own count before that agreement is not kept).
     own_max_total_num_tokens: int
+    # This rank's own readings around its weights, before the ranks agreed on the smallest (the plan's budget holds
+    # the agreed ones): what this rank's report pairs with its own weights, so its memory lines add up.
+    own_memory: WorkerMemory
     allocator_outside_arena_bytes: int = 0  # a live resize's fresh allocator's index lists, beside the arena
 
     @property
@@ -115,11 +118,11 @@ class KVCacheConfigurator:
         shared = self.shared
         if shared is not None:
             return ranks.run_everywhere(lambda: self._configure_from_shared(layout, shared))
-        plan, own_tokens = self._plan(sizing, pre_model_load_memory)
+        plan, own_tokens, own_memory = self._plan(sizing, pre_model_load_memory)
         pools = ranks.run_everywhere(lambda: self._build(plan, layout))
         self.memory_probe.note_allocation(pools.nbytes)
         assert pools.req_to_token_pool is not None
-        return self._result(plan, pools, pools.req_to_token_pool, pools.allocator, own_tokens)
+        return self._result(plan, pools, pools.req_to_token_pool, pools.allocator, own_tokens, own_memory)
 
     @property
     def sizing(self) -> WorkerSizing:
@@ -143,19 +146,23 @@ class KVCacheConfigurator:
         self.forward_stream.synchronize()
         return pools
 
-    def _plan(self, sizing: WorkerSizing, free_before: int) -> tuple[MemoryPoolConfig, int]:
-        """Plan with the ranks' smallest free memory; every rank then holds the smallest rank's tokens
-        (the plan, and this rank's own tokens before agreeing). `plan --pp-size` agrees the same way."""
+    def _plan(self, sizing: WorkerSizing, free_before: int) -> tuple[MemoryPoolConfig, int, WorkerMemory]:
+        """Plan with the ranks' smallest free memory, as SGLang 0.5.23 does; every rank then holds the smallest
+        rank's tokens (the plan, this rank's own tokens before agreeing, and its own memory readings).
+        `plan --pp-size` agrees the same way."""
         ranks = self.parallel_state.agreement
-        agreed = ranks.agree_on_memory(free_before_load=free_before, free_after_load=self.memory_probe.free_bytes(),
-                                       total_bytes=self.memory_probe.total_bytes())
+        own = WorkerMemory(total_bytes=self.memory_probe.total_bytes(), free_before_load=free_before,
+                           free_after_load=self.memory_probe.free_bytes())
+        agreed = ranks.agree_on_memory(free_before_load=own.free_before_load, free_after_load=own.free_after_load,
+                                       total_bytes=own.total_bytes)
         memory = WorkerMemory(total_bytes=agreed.total, free_before_load=agreed.free_before_load,
                               free_after_load=agreed.free_after_load)
         plan = ranks.run_everywhere(lambda: sizing.plan(memory))
         (tokens,) = ranks.min_int64((plan.max_total_num_tokens,))
         capped = ranks.run_everywhere(  # every rank, re-planning or not
             lambda: plan if plan.max_total_num_tokens <= tokens else sizing.plan(memory, at_most_tokens=tokens))
-        return capped, plan.max_total_num_tokens
+        return capped, plan.max_total_num_tokens, own
+
     def _configure_from_shared(self, layout: CacheLayout, shared: SharedTargetCache) -> KVCacheConfigResult:
         plan = shared.memory_pool_config
         for group in layout.kv_groups:
@@ -176,14 +183,14 @@ class KVCacheConfigurator:
         pools = self._build(plan, layout, shared)
         self.memory_probe.note_allocation(pools.nbytes)
         return self._result(plan, pools, shared.req_to_token_pool, shared.token_to_kv_pool_allocator,
-                            plan.max_total_num_tokens)
+                            plan.max_total_num_tokens, WorkerMemory.of_budget(plan.budget))
 
     def _result(self, plan: MemoryPoolConfig, pools: WorkerPools, req_pool: ReqToTokenPool, allocator: TokenAllocator,
-                own_tokens: int) -> KVCacheConfigResult:
+                own_tokens: int, own_memory: WorkerMemory) -> KVCacheConfigResult:
         return KVCacheConfigResult(
             memory_pool_config=plan, model_dtype=self.model_dtype, kv_cache_dtype=self.kv_cache_dtype,
             req_to_token_pool=req_pool, token_to_kv_pool=pools.token_to_kv_pool,
             token_to_kv_pool_allocator=allocator, state_pool=pools.state_pool, arena=pools.arena,
-            own_max_total_num_tokens=own_tokens,
+            own_max_total_num_tokens=own_tokens, own_memory=own_memory,
         )
 

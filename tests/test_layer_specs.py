@@ -216,10 +216,10 @@ def test_kv_dtype_bytes_for(dtype: str, elements: int, expected: int) -> None:
     [
         # 32 layers over 2 ranks: 16 + 16, each 16 x 8 x 256 x 2
         ("Llama-3.1-8B-Instruct", 2, [(0, 16), (16, 32)], [65_536, 65_536]),
-        # 32 over 3: earlier ranks take the remainder: 11 + 11 + 10 layers of 4,096 B
-        ("Llama-3.1-8B-Instruct", 3, [(0, 11), (11, 22), (22, 32)], [45_056, 45_056, 40_960]),
-        # 61 MLA layers over 2: 31 + 30 layers of 1,152 B
-        ("DeepSeek-V3", 2, [(0, 31), (31, 61)], [35_712, 34_560]),
+        # 32 over 3: the last ranks take the remainder (SGLang 0.5.23's get_pp_indices): 10 + 11 + 11 layers of 4,096 B
+        ("Llama-3.1-8B-Instruct", 3, [(0, 10), (10, 21), (21, 32)], [40_960, 45_056, 45_056]),
+        # 61 MLA layers over 2: 30 + 31 layers of 1,152 B
+        ("DeepSeek-V3", 2, [(0, 30), (30, 61)], [34_560, 35_712]),
         # gemma over 2: rank 0 has layers 0..20 (11 sliding, 10 full), rank 1 21..41 (10 sliding, 11 full);
         # 8,192 B per layer either way
         ("gemma-2-9b-it", 2, [(0, 21), (21, 42)], [172_032, 172_032]),

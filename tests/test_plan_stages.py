@@ -2,9 +2,10 @@
 
 Numbers from issue 22: before, `plan` sized stage 0 alone (DeepSeek-V3 on an H200 at PP 8 printed 7,630,223
 tokens); every rank keeps the smallest stage's count. Bytes per token by hand, per stage:
-- DeepSeek-V3: 61 layers over 8 stages = 8,8,8,8,8,7,7,7; MLA (512 + 64) * 2 B = 1,152 B a layer.
-- Jamba-v0.1 (hybrid): attention at layers 4, 12, 20, 28 (period 8, offset 4); stages 0-10, 11-21, 22-31
-  hold 1, 2, 1 of them at 8 KV heads * (128 + 128) * 2 B = 4,096 B; stage 1 is the smallest.
+Stages split as SGLang 0.5.23's get_pp_indices splits them, the extra layers on the LAST stages.
+- DeepSeek-V3: 61 layers over 8 stages = 7,7,7,8,8,8,8,8; MLA (512 + 64) * 2 B = 1,152 B a layer.
+- Jamba-v0.1 (hybrid): 32 layers = 10,11,11; attention at layers 4, 12, 20, 28 (period 8, offset 4); stages 0-9,
+  10-20, 21-31 hold 1, 2, 1 of them at 8 KV heads * (128 + 128) * 2 B = 4,096 B; stage 1 is the smallest.
 - Kimi-Linear (hybrid, MLA + KDA): 27 layers = 9,9,9; MLA at 1-based 4, 8, ..., 24 and 27, so stages hold
   2, 2, 3 MLA layers of 1,152 B; stage 2 is the smallest.
 Every stage plans with the ranks' smallest free memory (the heaviest stage's weights), as ranks do.
@@ -22,11 +23,11 @@ from app.cli import main
 CORPUS = Path(__file__).with_name("model_corpus")
 
 CASES = {
-    "DeepSeek-V3 H200 PP 8": (["--model", "DeepSeek-V3", "--gpu", "H200", "--pp-size", "8"], 4_285_612,
-                              [(0, 8), (8, 16), (16, 24), (24, 32), (32, 40), (40, 47), (47, 54), (54, 61)],
-                              [9216] * 5 + [8064] * 3, {0, 1, 2, 3, 4}),
-    "Jamba-v0.1 H200 PP 3": (["--model", str(CORPUS / "Jamba-v0.1.json"), "--gpu", "H200", "--pp-size", "3"], 5_851_199,
-                             [(0, 11), (11, 22), (22, 32)], [4096, 8192, 4096], {1}),
+    "DeepSeek-V3 H200 PP 8": (["--model", "DeepSeek-V3", "--gpu", "H200", "--pp-size", "8"], 4_085_149,
+                              [(0, 7), (7, 14), (14, 21), (21, 29), (29, 37), (37, 45), (45, 53), (53, 61)],
+                              [8064] * 3 + [9216] * 5, {3, 4, 5, 6, 7}),
+    "Jamba-v0.1 H200 PP 3": (["--model", str(CORPUS / "Jamba-v0.1.json"), "--gpu", "H200", "--pp-size", "3"], 5_811_448,
+                             [(0, 10), (10, 21), (21, 32)], [4096, 8192, 4096], {1}),
     "Kimi-Linear H100 PP 3": (["--model", str(CORPUS / "Kimi-Linear-48B-A3B-Instruct.json"), "--gpu", "H100-80GB",
                                "--pp-size", "3"], 5_167_805, [(0, 9), (9, 18), (18, 27)], [2304, 2304, 3456], {2}),
 }
@@ -53,10 +54,11 @@ def test_every_rank_holds_the_smallest_stage_s_tokens(case: str, capsys: pytest.
 def test_the_text_report_names_the_stages(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", *CASES["Jamba-v0.1 H200 PP 3"][0]]) == 0
     out = capsys.readouterr().out
-    assert "max total tokens    5,851,199" in out
-    assert ("stages: pp 3; each stage plans with the ranks' smallest free memory, then every rank holds the smallest "
-            "stage's 5,851,199 tokens (stage 1)") in out
-    assert out.count("\n  stage ") == 3 and "own plan 11,733,295 tokens" in out
+    assert "max total tokens    5,811,448" in out
+    assert ("stages: pp 3; each stage plans with the ranks' smallest free memory after load (stage 2's, as SGLang "
+            "0.5.23 takes the MIN over every rank), then every rank holds the smallest stage's 5,811,448 tokens "
+            "(stage 1)") in out
+    assert out.count("\n  stage ") == 3 and "own plan 11,577,848 tokens" in out
 
 
 def test_one_stage_has_no_stages(capsys: pytest.CaptureFixture[str]) -> None:

@@ -36,7 +36,7 @@ def test_a_rank_knows_its_place_layers_and_heads() -> None:
     p = ParallelState(tp_size=4, tp_rank=3, pp_size=2, pp_rank=1, attention_dp_size=2)
     assert (p.rank, p.world_size, p.attention_tp_rank, p.attention_dp_rank) == (7, 8, 1, 1)
     assert p.describe() == "rank 7 (tp 3/4, pp 1/2)"
-    assert p.layer_range(31) == range(16, 31) and p.heads_per_rank(8) == 4
+    assert p.layer_range(31) == range(15, 31) and p.heads_per_rank(8) == 4  # 15 + 16: the last stage takes the extra layer
     assert not p.is_distributed and p.min_across_ranks(123) == 123
 
 

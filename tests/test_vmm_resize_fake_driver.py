@@ -358,7 +358,8 @@ def test_the_report_after_a_post_capture_shrink_and_a_grow_back_reads_the_plan_t
             grown = resize_pools(kv_cache=runner.kv_cache, backing=runner._vmm_backing, plan=built,
                                  allocator_factory=allocator_for_plan, ranks=RankAgreement.alone())
             runner.replace_kv_plan(built, grown)
-        report, rank = build_report(runtime, rules=SGLANG), rank_plan(runtime)
+        report = build_report(runtime, rules=SGLANG)
+        rank = rank_plan(runtime, report)
         held = vmm.memory.physical_bytes + runner.token_to_kv_pool_allocator.nbytes
         assert report.max_total_num_tokens == rank.max_total_num_tokens == plan.max_total_num_tokens
         assert report.planned_bytes == rank.planned_bytes == plan.total_bytes and report.buffers == plan.buffers

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcache.errors import ConfigError
+from kvcache.inputs.pipeline_stages import stage_layers
 from kvcache.inputs.rank_agreement import RankAgreement
 from kvcache.inputs.sglang_ratios import SGLANG_MIN_RANK_MEMORY_RATIO
 
@@ -43,6 +44,7 @@ class ParallelState:
     tp_rank: int = 0
     pp_size: int = 1
     pp_rank: int = 0
+    pp_layer_partition: tuple[int, ...] | None = None  # --pp-layer-partition: layers a stage, given by hand
     attention_dp_size: int = 1
     local_rank: int = 0  # the accelerator index on this host
     min_rank_memory_ratio: float = SGLANG_MIN_RANK_MEMORY_RATIO  # --min-rank-memory-ratio: how unbalanced the ranks' free memory may be
@@ -117,12 +119,8 @@ class ParallelState:
         return count // self.attention_tp_size
 
     def layer_range(self, num_layers: int) -> range:
-        """This pipeline rank's layers: contiguous, as even as possible, earlier ranks take the remainder."""
-        if num_layers < self.pp_size:
-            raise ConfigError(f"{num_layers} layers cannot be split over --pp-size {self.pp_size}; use at most {num_layers}")
-        base, extra = divmod(num_layers, self.pp_size)
-        start = self.pp_rank * base + min(self.pp_rank, extra)
-        return range(start, start + base + (1 if self.pp_rank < extra else 0))
+        """This pipeline rank's layers, as SGLang 0.5.23 splits them (kvcache.inputs.pipeline_stages)."""
+        return stage_layers(num_layers, self.pp_size, self.pp_rank, self.pp_layer_partition)
 
     @property
     def is_first_pp_rank(self) -> bool:

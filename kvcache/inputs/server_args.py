@@ -117,6 +117,10 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         "where the engine runs; auto is CUDA when present (plan always uses meta)")] = "auto"
     tp_size: Annotated[PositiveInt, _doc("tensor-parallel size"), _also("--tensor-parallel-size")] = 1
     pp_size: Annotated[PositiveInt, _doc("pipeline-parallel size"), _also("--pipeline-parallel-size")] = 1
+    pp_layer_partition: Annotated[tuple[PositiveInt, ...], _doc(
+        "layers each pipeline stage holds, comma-separated (7,7,7,8,8,8,8,8): one count a stage, summing to the "
+        "model's layers; default SGLang 0.5.23's even split, the extra layers on the last stages (SGLang takes "
+        "this from its SGLANG_PP_LAYER_PARTITION environment variable)")] | None = None
     dp_size: Annotated[PositiveInt, _doc("data-parallel size (attention DP with --enable-dp-attention)"),
                        _also("--data-parallel-size")] = 1
     enable_dp_attention: Annotated[bool, _doc("data-parallel attention over --dp-size groups")] = False
