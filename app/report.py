@@ -44,7 +44,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     page_size: int
     page_size_note: str | None  # why the page size is not --page-size's (a DSA model pages at 64)
     context_length: int
-    bytes_per_token: int
+    bytes_per_token: int | None  # None: a pure state-space model holds no per-token KV (state_bytes_per_request)
     max_total_num_tokens: int  # the headline: what a bootstrap with these flags on that card will hold
     max_total_num_tokens_source: str  # static_plan, measured (this bootstrap measured), prediction_<basis> (a dry run)
     static_plan_tokens: int  # SGLang's static plan (its fraction's budget): what --kv-headroom fraction holds
@@ -74,6 +74,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     # Where ranks agreed on less than this rank's own readings: the smallest over the ranks, which the budget reads
     # (SGLang 0.5.23's MIN over every rank, pipeline stages included); None when they are this rank's
     ranks_smallest_memory: dict[str, int] | None = None
+    state_bytes_per_request: int | None = None  # a state pool's bytes for one running request (its slots, all layers)
 
 
 def _worker(runner: ModelRunner) -> WorkerReport:
@@ -107,7 +108,8 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         model=target.model_config.name, engine=rules.name, engine_version=rules.version,
         device=str(target.device), card=card,
         model_dtype=model_dtype_name(kv.model_dtype), kv_cache_dtype=kv.kv_cache_dtype.name,
-        page_size=plan.page_size, page_size_note=page_size_note, context_length=plan.context_length, bytes_per_token=plan.bytes_per_token,
+        page_size=plan.page_size, page_size_note=page_size_note, context_length=plan.context_length,
+        bytes_per_token=plan.bytes_per_token if plan.kv_pools else None,
         max_total_num_tokens=headline, max_total_num_tokens_source=source, static_plan_tokens=static,
         request_token_cap=plan.request_token_cap,
         max_running_requests=plan.max_running_requests, budget_bytes=budget.budget_bytes, mem_fraction_static=budget.mem_fraction_static,
@@ -126,6 +128,8 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         engine_own_tokens=rules.own_token_count(plan, target.sizing.settings),
         multimodal=_multimodal(target),
         ranks_smallest_memory=_ranks_smallest_memory(kv.own_memory, budget),
+        state_bytes_per_request=(plan.state_pool.bytes_per_slot * plan.state_pool.slots_per_request
+                                 if plan.state_pool else None),
     )
 
 
@@ -258,6 +262,18 @@ def _headline_label(r: BootstrapReport) -> str:
     return f"  ({what}, --kv-headroom {p['kv_headroom']}: predicted, {basis}; leaves {_gib(p['kept_free_bytes'])} free)"
 
 
+def _token_lines(r: BootstrapReport) -> list[str]:
+    """Bytes per token and the tokens held; for a model without per-token KV, what it holds instead: state per
+    request, and the token slots the engine indexes (they hold no bytes)."""
+    if r.bytes_per_token is not None:
+        return [f"bytes per token     {r.bytes_per_token:,}",
+                f"max total tokens    {r.max_total_num_tokens:,}" + _headline_label(r) + _below_context_note(r)]
+    return [f"state per request   {format_bytes(r.state_bytes_per_request or 0)}  (no per-token KV: every layer is "
+            "recurrent state)",
+            f"token slots         {r.max_total_num_tokens:,}  (indices the allocator hands out, no KV bytes: "
+            f"{r.engine} {r.engine_version} sizes them as --max-total-tokens, else the context length)"]
+
+
 def render_text(report: BootstrapReport) -> str:
     """The report for a terminal: one fact per line, GiB beside exact bytes."""
     r = report
@@ -279,8 +295,7 @@ def render_text(report: BootstrapReport) -> str:
         "KV budget           " + format_bytes(r.budget_bytes)
         + (f"  (mem_fraction_static {r.mem_fraction_static})" if r.mem_fraction_static is not None else "  (--kv-cache-memory)"),
         *(_multimodal_lines(r.multimodal) if r.multimodal is not None else []),
-        f"bytes per token     {r.bytes_per_token:,}",
-        f"max total tokens    {r.max_total_num_tokens:,}" + _headline_label(r) + _below_context_note(r),
+        *_token_lines(r),
         *([f"                    static plan {r.static_plan_tokens:,}: SGLang's mem_fraction_static budget, what "
            "--kv-headroom fraction holds"] if r.static_plan_tokens != r.max_total_num_tokens else []),
         *([f"                    {r.engine} {r.engine_version} itself sizes {r.engine_own_tokens:,} for the static "

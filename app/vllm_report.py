@@ -80,12 +80,22 @@ def render_vllm_text(r: VllmReport) -> str:
         f"runtime             {format_bytes(a.estimated_runtime_bytes)}  ({ESTIMATED_NOTE})",
         f"KV available        {format_bytes(a.available_bytes)}",
         f"KV cache groups     {len(a.groups)}: {groups}",
-        f"bytes per block     {a.bytes_per_block:,}  (one block id across the largest group)",
-        f"num_gpu_blocks      {a.num_gpu_blocks:,}",
-        f"blocks a request    {a.blocks_per_request:,}  (at max model len {a.max_model_len:,})",
-        f"max concurrency     {a.max_concurrency:.2f}x  (vLLM's KV cache size: {a.kv_cache_tokens:,} tokens)",
+        *(_state_only_lines(a) if all(g.kind == "mamba" for g in a.groups) else [
+            f"bytes per block     {a.bytes_per_block:,}  (one block id across the largest group)",
+            f"num_gpu_blocks      {a.num_gpu_blocks:,}",
+            f"blocks a request    {a.blocks_per_request:,}  (at max model len {a.max_model_len:,})",
+            f"max concurrency     {a.max_concurrency:.2f}x  (vLLM's KV cache size: {a.kv_cache_tokens:,} tokens)"]),
     ]
     return "\n".join(lines)
+
+
+def _state_only_lines(a: VllmAnswer) -> list[str]:
+    """A model without attention (every group Mamba): one state block a request, whatever its length; vLLM's
+    token figure is requests x max_model_len (its Mamba block spans max_model_len tokens), not tokens of KV."""
+    return [f"state per request   {format_bytes(a.bytes_per_block)}  (one state block, every layer: no per-token KV)",
+            f"num_gpu_blocks      {a.num_gpu_blocks:,}  (state blocks)",
+            f"max concurrency     {a.max_concurrency:.2f}x  requests, each of any length up to max model len "
+            f"(vLLM logs {a.kv_cache_tokens:,} tokens: requests x max_model_len)"]
 
 
 def render_vllm(report: VllmReport, *, as_json: bool) -> str:

@@ -196,7 +196,7 @@ def test_an_unknown_decoder_architecture_goes_to_the_generic_reader() -> None:
     ("arch", "message"),
     [
         ("BertModel", "architecture 'BertModel' is not a decoder-only language model; supported: any "),
-        ("MambaForCausalLM", "architecture 'MambaForCausalLM' is a pure Mamba-1 model .*; not supported"),
+        ("RwkvForCausalLM", "architecture 'RwkvForCausalLM' is an RWKV model .*; not supported"),
     ],
 )
 def test_an_unsupported_architecture_is_named(arch: str, message: str) -> None:

@@ -40,8 +40,10 @@ def test_the_corpus_spans_forty_families() -> None:
 
 @pytest.mark.parametrize("name", SUPPORTED)
 def test_every_corpus_model_builds_on_meta_as_planned(name: str) -> None:
-    args = ServerArgs.from_mapping({"device": "meta", "kv_cache_memory": 8 * GiB, "context_length": 4096})
-    engine = EngineContainer(server_args=args, model_config=corpus(name))
+    model = corpus(name)  # a pure Mamba config states no length: 2048 (pure_ssm.DEFAULT_CONTEXT_LENGTH)
+    args = ServerArgs.from_mapping({"device": "meta", "kv_cache_memory": 8 * GiB,
+                                    "context_length": min(4096, model.max_position_embeddings)})
+    engine = EngineContainer(server_args=args, model_config=model)
     engine.memory_probe.override(FixedMemoryProbe(total_bytes=4000 * GiB))
     engine.engine().bootstrap()
     runner = engine.engine().target

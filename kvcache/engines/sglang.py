@@ -57,8 +57,10 @@ class SGLangRules(EngineRules):
         allocator's lists outside the budget, from the headroom; this plan charges them. Only for one pool of full
         attention or MLA latents (no DSA indexer, window, state, draft or multimodal reserve), where its rule is
         that one line (SGLang computes the budget in float GB: it may land a token away)."""
+        if len(plan.kv_pools) != 1:
+            return None
         pool = plan.kv_pools[0]
-        simple = (len(plan.kv_pools) == 1 and pool.kind in ("full", "mla") and plan.state_pool is None
+        simple = (True and pool.kind in ("full", "mla") and plan.state_pool is None
                   and not pool.of_draft_worker and plan.budget.reserved_bytes == 0
                   and not any(t.name == "index_k" for t in pool.row))
         # a budget SGLang never computes: a resized plan's (measured or post-capture), or --kv-cache-memory's

@@ -312,11 +312,16 @@ def _check_rope_scaling(t: ConfigFields) -> None:
 
 
 def describe(src: ModelSource, *, kinds: tuple[LayerKind, ...], heads: Heads, weights: WeightLayout,
-             **extra: Any) -> ModelConfig:
-    """The ModelConfig: the common cache fields, this family's extras, and the weight layout."""
+             default_positions: int | None = None, **extra: Any) -> ModelConfig:
+    """The ModelConfig: the common cache fields, this family's extras, and the weight layout. `default_positions`:
+    the context a family's configs may leave out (both engines take 2048 where none is given)."""
     t = src.text
-    positions = t.int("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx",
-                      "max_seq_len", "model_max_length", high=MAX_POSITIONS)
+    names = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx", "max_seq_len",
+             "model_max_length")
+    if default_positions is None:
+        positions = t.int(*names, high=MAX_POSITIONS)
+    else:
+        positions = t.int(*names, default=default_positions, high=MAX_POSITIONS)
     _check_rope_scaling(t)
     fields: dict[str, Any] = dict(
         name=src.name, architecture=src.architecture, model_type=src.model_type,

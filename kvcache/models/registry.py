@@ -29,6 +29,7 @@ from kvcache.models.families.llama4 import read_llama4
 from kvcache.models.families.mimo import read_mimo
 from kvcache.models.families.mamba_hybrids import read_bamba, read_falcon_h1, read_granite_hybrid, read_jamba, read_zamba2
 from kvcache.models.families.nemotron_h import read_nemotron_h
+from kvcache.models.families.pure_ssm import read_mamba, read_mamba2
 from kvcache.models.families.qwen3_next import read_qwen3_next
 from kvcache.models.fields import ConfigFields
 from kvcache.models.generic import read_generic
@@ -50,6 +51,7 @@ FAMILIES: dict[str, Reader] = {
     "BambaForCausalLM": read_bamba, "Zamba2ForCausalLM": read_zamba2, "JambaForCausalLM": read_jamba,
     "KimiLinearForCausalLM": read_kimi_linear, "MiMoForCausalLM": read_mimo,
     "LlamaForCausalLMEagle": read_eagle, "LlamaForCausalLMEagle3": read_eagle3, "DbrxForCausalLM": read_dbrx,
+    "MambaForCausalLM": read_mamba, "FalconMambaForCausalLM": read_mamba, "Mamba2ForCausalLM": read_mamba2,
 }
 MODEL_TYPES: dict[str, Reader] = {
     "gemma2": read_gemma, "gemma3": read_gemma, "gemma3_text": read_gemma,
@@ -59,11 +61,10 @@ MODEL_TYPES: dict[str, Reader] = {
     "nemotron_h": read_nemotron_h, "llama4": read_llama4, "llama4_text": read_llama4, "falcon_h1": read_falcon_h1,
     "granitemoehybrid": read_granite_hybrid, "bamba": read_bamba, "zamba2": read_zamba2, "jamba": read_jamba,
     "kimi_linear": read_kimi_linear, "mimo": read_mimo, "dbrx": read_dbrx,
+    "mamba": read_mamba, "falcon_mamba": read_mamba, "mamba2": read_mamba2,
 }
 # Architectures that look like decoders but whose cache no reader here describes.
 UNSUPPORTED: dict[str, str] = {
-    "MambaForCausalLM": "a pure Mamba-1 model (a per-channel selective-scan state, not Mamba-2 heads)",
-    "FalconMambaForCausalLM": "a pure Mamba-1 model (a per-channel selective-scan state, not Mamba-2 heads)",
     "RwkvForCausalLM": "an RWKV model (a recurrent state this engine does not size)",
     "RecurrentGemmaForCausalLM": "a Griffin model (RG-LRU state this engine does not size)",
     "xLSTMForCausalLM": "an xLSTM model (a recurrent state this engine does not size)",

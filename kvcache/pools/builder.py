@@ -37,7 +37,7 @@ class WorkerPools:
 
     arena: Arena
     kv_pools: dict[str, MHATokenToKVPool | MLATokenToKVPool]
-    token_to_kv_pool: KVPool
+    token_to_kv_pool: KVPool | None  # None: a pure state-space model holds no per-token KV
     state_pool: RecurrentStatePool | None
     req_to_token_pool: ReqToTokenPool | None
     allocator: TokenAllocator | None
@@ -127,6 +127,9 @@ def _build_in(
         allocator = allocator_factory(plan=plan, device=device, kvcache=None, views=views)
         token_to_kv_pool = _attention_pool(kv_pools, window, allocator)
         allocator.attach_kvcache(token_to_kv_pool)  # type: ignore[attr-defined]
+    elif not kv_pools:  # a pure state-space model: the allocator's token ids index no KV bytes
+        token_to_kv_pool = None
+        allocator = allocator_factory(plan=plan, device=device, kvcache=None, views=views)
     else:
         token_to_kv_pool = _attention_pool(kv_pools, None, None)
         allocator = allocator_factory(plan=plan, device=device, kvcache=token_to_kv_pool, views=views)

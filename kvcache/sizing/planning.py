@@ -151,9 +151,21 @@ def plan_cost(req: PlanRequest, tokens: int, state_slots: int) -> int:
     return candidate_plan(req, tokens, state_slots).total_bytes
 
 
+def zero_kv_tokens(req: PlanRequest) -> int:
+    """The token pool of a model without per-token KV (a pure state-space model): SGLang 0.5.23 gives its pool of
+    no bytes --max-total-tokens tokens, else the context length, in whole pages (DefaultPoolConfigurator's
+    `_zero_kv_max_tokens`, srt/model_executor/pool_configurator.py); the allocator and the request table index
+    them, and the rest of the budget beyond the state slots stays unused."""
+    return align_down(req.max_total_tokens or req.context_length, req.page_size)
+
+
 def _largest_fitting_tokens(req: PlanRequest, state_slots: int) -> int:
-    """Largest page multiple T <= the caps with plan_cost(T) <= budget; 0 if not even one page fits."""
+    """Largest page multiple T <= the caps with plan_cost(T) <= budget; 0 if not even one page fits. Without a
+    per-token pool T is zero_kv_tokens (0 when even that does not fit)."""
     page = req.page_size
+    if not req.kv_pools:
+        tokens = zero_kv_tokens(req)
+        return tokens if plan_cost(req, tokens, state_slots) <= req.budget.budget_bytes else 0
     budget = req.budget.budget_bytes
     per_page = page * max(1, sum(p.bytes_per_token for p in req.kv_pools if p.share == "all"))
     hi = budget // per_page + 1

@@ -130,9 +130,15 @@ def worker_cache_layout(
         ssm_dtype=SSM_DTYPES[mamba_ssm_dtype], layer_ids=layer_ids, window_pools=window_pools,
     )
     layout = CacheLayout.from_placements(placements, prefix=prefix)
-    if not layout.kv_groups:  # the attention pool, allocator and request table all index per-token KV
+    if not layout.kv_groups and not is_pure_state_space(model_config):  # a hybrid's stage without attention
         raise _without_attention(model_config, parallel_state, layer_ids)
     return layout
+
+
+def is_pure_state_space(m: ModelConfig) -> bool:
+    """A model without any attention layer, only recurrent state (Mamba, Mamba-2, an all-Mamba Granite-4): its
+    engines hold state slots and a token pool of no bytes (kvcache.sizing.planning.zero_kv_tokens)."""
+    return not any(kind in KV_LAYER_KINDS for kind in m.layer_kinds)
 
 
 def _without_attention(m: ModelConfig, p: ParallelState, layer_ids: range | None) -> ConfigError:
@@ -142,9 +148,6 @@ def _without_attention(m: ModelConfig, p: ParallelState, layer_ids: range | None
     def attends(ids: range) -> bool:
         return any(m.layer_kinds[i] in KV_LAYER_KINDS for i in ids)
 
-    if not attends(range(n)):
-        return UnsupportedModelError(f"{m.name} has no attention layer, only recurrent state; a model without "
-                                     "per-token KV is not supported")
     stage = layer_ids if layer_ids is not None else p.layer_range(n)
     working = [str(k) for k in range(1, n + 1)
                if all(attends(ParallelState(pp_size=k, pp_rank=r).layer_range(n)) for r in range(k))]

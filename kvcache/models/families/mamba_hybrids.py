@@ -156,24 +156,29 @@ def read_zamba2(src: ModelSource) -> ModelConfig:
 
 @dataclass(frozen=True, slots=True)
 class Mamba1Mixer:
-    """Mamba-1 (Jamba): in_proj to [x, z], a depthwise conv over x, x_proj to [dt, B, C], dt_proj, A, D."""
+    """Mamba-1: in_proj to [x, z], a depthwise conv over x, x_proj to [dt, B, C], dt_proj, A, D; Jamba adds weighted
+    RMSNorms over dt, B and C (`bcdt_norms`), pure Mamba has none and Falcon-Mamba's carry no weight."""
 
     hidden: int
     inner: int
     state: int
     conv_kernel: int
     dt_rank: int
+    bcdt_norms: bool = True
+    conv_bias: bool = True
+    proj_bias: bool = False
 
     def specs(self, name: str, shard: Shard) -> list[ParamSpec]:
         i = shard.split(self.inner)
-        return (linear(f"{name}.in_proj", 2 * i, self.hidden)
-                + [ParamSpec(f"{name}.conv1d.weight", (i, 1, self.conv_kernel)), ParamSpec(f"{name}.conv1d.bias", (i,))]
+        norms = (("dt_layernorm", self.dt_rank), ("b_layernorm", self.state), ("c_layernorm", self.state))
+        return (linear(f"{name}.in_proj", 2 * i, self.hidden, bias=self.proj_bias)
+                + [ParamSpec(f"{name}.conv1d.weight", (i, 1, self.conv_kernel))]
+                + ([ParamSpec(f"{name}.conv1d.bias", (i,))] if self.conv_bias else [])
                 + linear(f"{name}.x_proj", self.dt_rank + 2 * self.state, i)
                 + linear(f"{name}.dt_proj", i, self.dt_rank, bias=True)
                 + [ParamSpec(f"{name}.A_log", (i, self.state)), ParamSpec(f"{name}.D", (i,))]
-                + [ParamSpec(f"{name}.{n}.weight", (d,)) for n, d in
-                   (("dt_layernorm", self.dt_rank), ("b_layernorm", self.state), ("c_layernorm", self.state))]
-                + linear(f"{name}.out_proj", self.hidden, i))
+                + ([ParamSpec(f"{name}.{n}.weight", (d,)) for n, d in norms] if self.bcdt_norms else [])
+                + linear(f"{name}.out_proj", self.hidden, i, bias=self.proj_bias))
 
 
 def read_jamba(src: ModelSource) -> ModelConfig:
@@ -196,5 +201,10 @@ def read_jamba(src: ModelSource) -> ModelConfig:
     layers = mixed_layers(tuple(map(mixer, kinds)), ffns, hidden, norms=("input_layernorm", "pre_ff_layernorm"),
                           ffn_name="feed_forward")
     return describe(src, kinds=kinds, heads=heads, weights=weight_layout(src, layers, hidden),
-                    mamba_num_heads=inner, mamba_head_dim=1, ssm_state_size=state, mamba_n_groups=0,
-                    mamba_conv_kernel=conv)
+                    **mamba1_cache_fields(mamba))
+
+
+def mamba1_cache_fields(m: Mamba1Mixer) -> dict[str, int]:
+    """A Mamba-1 state as Mamba-2 heads of head_dim 1 and no groups (SGLang 0.5.23's full-rank shape)."""
+    return dict(mamba_num_heads=m.inner, mamba_head_dim=1, ssm_state_size=m.state, mamba_n_groups=0,
+                mamba_conv_kernel=m.conv_kernel)

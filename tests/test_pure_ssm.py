@@ -1,0 +1,142 @@
+"""Pure state-space models (no attention layer) plan under both engines as each sizes them.
+
+SGLang 0.5.23: state slots from the budget's r / (1 + r) share (r = --mamba-full-memory-ratio, 0.9), each slot a
+bfloat16 conv window and a float32 SSM state per layer; a token pool of no bytes and --max-total-tokens (else the
+context length) token slots; requests capped by usable slots // slots per request. vLLM 0.34.0: one state block a
+request, conv and SSM state both in the model dtype (mamba_ssm_cache_dtype "auto"). The configs state no context
+length: both engines take 2048.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from app.weights import count_parameters
+from kvcache.byte_units import GiB
+from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
+from kvcache.inputs.parallel import ParallelState
+from kvcache.models.hf_config import model_config_from_hf
+from kvcache.models.model_config import ModelConfig
+from kvcache.sizing.layer_specs import RecurrentStateSpec, model_layer_specs
+
+CORPUS = Path(__file__).with_name("model_corpus")
+CODESTRAL, FALCON, GRANITE = "Mamba-Codestral-7B-v0.1", "falcon-mamba-7b", "GraniteMoeHybrid-default-transformers5"
+BF16, FP32 = 2, 4
+
+# One layer's state: conv channels x (kernel - 1) + SSM heads x head_dim x state, from each config's fields.
+# Codestral: Mamba-2, 128 heads x 64, 8 groups of state 128, kernel 4: conv 8,192 + 2 x 8 x 128 = 10,240 channels
+# Falcon-Mamba: Mamba-1, intermediate_size 8,192 channels, state 16 (SGLang's full-rank shape: heads of head_dim 1)
+# Granite-4 default (transformers 5): 128 heads x 64, 1 group of state 256: conv 8,192 + 2 x 256 = 8,704 channels
+LAYER_STATE = {
+    CODESTRAL: (64, 10_240 * 3, 128 * 64 * 128),
+    FALCON: (64, 8_192 * 3, 8_192 * 1 * 16),
+    GRANITE: (32, 8_704 * 3, 128 * 64 * 256),
+}
+
+
+def corpus(name: str) -> ModelConfig:
+    return model_config_from_hf(CORPUS / f"{name}.json", name=name)
+
+
+def state_bytes(name: str, *, ssm_itemsize: int) -> int:
+    """Bytes of one request's state, every layer: conv in bfloat16, SSM state in `ssm_itemsize` bytes."""
+    layers, conv, ssm = LAYER_STATE[name]
+    return layers * (conv * BF16 + ssm * ssm_itemsize)
+
+
+def our_state_bytes(name: str, *, tp: int = 1, ssm_dtype: str = "float32") -> int:
+    import torch
+
+    m = corpus(name)
+    dtype = resolve_model_dtype("auto", m.checkpoint_dtype)
+    placements = model_layer_specs(m, ParallelState(tp_size=tp), resolve_kv_cache_dtype("auto", dtype),
+                                   model_dtype=dtype, ssm_dtype=getattr(torch, ssm_dtype))
+    assert placements and all(isinstance(p.spec, RecurrentStateSpec) for p in placements)
+    return sum(p.spec.bytes_per_request for p in placements)
+
+
+def plan_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("name", sorted(LAYER_STATE))
+def test_state_bytes_by_hand(name: str) -> None:
+    # SGLang 0.5.23: float32 SSM state (--mamba-ssm-dtype's default); Codestral 64 x (61,440 + 4,194,304) = 272,367,616
+    assert our_state_bytes(name) == state_bytes(name, ssm_itemsize=FP32)
+    assert our_state_bytes(CODESTRAL) == 272_367_616
+
+
+def test_state_splits_over_tensor_parallel_ranks() -> None:
+    # Codestral at TP 2: 64 heads and 4 groups a rank: conv (4,096 + 2 x 4 x 128) x 3, SSM 64 x 64 x 128
+    assert our_state_bytes(CODESTRAL, tp=2) == 64 * (5_120 * 3 * BF16 + 64 * 64 * 128 * FP32)
+
+
+@pytest.mark.parametrize(("name", "published"), [(CODESTRAL, 7_285_403_648), (FALCON, 7.27e9)])
+def test_parameters_match_the_model_cards(name: str, published: float) -> None:
+    # Codestral per layer: in_proj 4,096 x (2 x 8,192 + 2 x 8 x 128 + 128), conv 10,240 x 4 + bias, dt_bias/A/D 3 x 128,
+    # gated norm 8,192, out_proj 8,192 x 4,096, norm 4,096 = 109,640,064; x 64, + 2 x 32,768 x 4,096 + 4,096
+    got = count_parameters(corpus(name))
+    assert got == published if isinstance(published, int) else got == pytest.approx(published, rel=0.005)
+
+
+@pytest.mark.parametrize("name", sorted(LAYER_STATE))
+def test_no_attention_no_heads_and_the_engines_default_length(name: str) -> None:
+    m = corpus(name)
+    assert set(m.layer_kinds) == {"mamba2"} and m.kv_layer_count == 0
+    assert m.max_position_embeddings == 2048
+
+
+def test_sglang_plan_by_hand(capsys: pytest.CaptureFixture[str]) -> None:
+    """8 GiB for Codestral: the state share 8 GiB x 0.9 / 1.9 holds 14 slots of 272,367,616 B (the first padding), so
+    13 usable, 4 requests of 3 slots each; 2,048 token slots (the context), which hold no bytes."""
+    d = plan_json(["plan", "--model", str(CORPUS / f"{CODESTRAL}.json"), "--gpu", "H200", "--kv-cache-memory", "8GiB"],
+                  capsys)
+    share = 8 * GiB * 9 // 19
+    assert share // 272_367_616 == 14 == d["plan"]["state_pool"]["num_slots"]
+    assert d["buffers"]["state"] == 14 * 272_367_616
+    assert d["max_running_requests"] == (14 - 1) // 3 == 4
+    assert d["max_total_num_tokens"] == 2048 and d["bytes_per_token"] is None
+    assert d["state_bytes_per_request"] == 3 * 272_367_616
+    assert d["plan"]["kv_pools"] == []
+
+
+def test_max_total_tokens_sets_the_token_slots(capsys: pytest.CaptureFixture[str]) -> None:
+    # Falcon-Mamba on 8 GiB: 110 slots of 36,700,160 B; 1,000 token slots cap requests at 1,000 // 2
+    d = plan_json(["plan", "--model", str(CORPUS / f"{FALCON}.json"), "--gpu", "H200", "--kv-cache-memory", "8GiB",
+                   "--max-total-tokens", "1000"], capsys)
+    assert (8 * GiB * 9 // 19) // 36_700_160 == 110 == d["plan"]["state_pool"]["num_slots"]
+    assert d["max_total_num_tokens"] == 1000
+    assert d["max_running_requests"] == min(1000 // 2, (110 - 1) // 3) == 36
+
+
+def test_the_report_says_state_not_bytes_per_token(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", str(CORPUS / f"{GRANITE}.json"), "--gpu", "H200"]) == 0
+    out = capsys.readouterr().out
+    assert "bytes per token" not in out and "max total tokens" not in out
+    # Granite keeps SGLang's extra-buffer tracking slots: 5 a request of 32 x (52,224 + 8,388,608) B
+    assert "state per request   1.26 GiB (1,350,533,120 B)" in out
+    assert "token slots         2,048" in out
+
+
+@pytest.mark.parametrize("name", sorted(LAYER_STATE))
+def test_vllm_plan_by_hand(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM: one Mamba group, one block a request, the block one request's state in bfloat16 (conv and SSM)."""
+    d = plan_json(["plan", "--model", str(CORPUS / f"{name}.json"), "--gpu", "H200", "--engine", "vllm"], capsys)
+    v = d["vllm"]
+    block = state_bytes(name, ssm_itemsize=BF16)
+    assert v["bytes_per_block"] == block and v["blocks_per_request"] == 1
+    assert [g["kind"] for g in v["groups"]] == ["mamba"]
+    assert v["num_gpu_blocks"] == v["available_bytes"] // block
+    assert v["max_concurrency"] == v["num_gpu_blocks"]
+
+
+def test_vllm_report_names_requests_not_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", str(CORPUS / f"{FALCON}.json"), "--gpu", "H200", "--engine", "vllm"]) == 0
+    out = capsys.readouterr().out
+    # Falcon-Mamba in bfloat16: 64 x (24,576 x 2 + 131,072 x 2) = 19,922,944 B a request
+    assert "state per request   0.02 GiB (19,922,944 B)" in out and "bytes per block" not in out
