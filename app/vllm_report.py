@@ -90,9 +90,12 @@ def render_vllm_text(r: VllmReport) -> str:
 
 
 def _state_only_lines(a: VllmAnswer) -> list[str]:
-    """A model without attention (every group Mamba): one state block a request, whatever its length; vLLM's
-    token figure is requests x max_model_len (its Mamba block spans max_model_len tokens), not tokens of KV."""
-    return [f"state per request   {format_bytes(a.bytes_per_block)}  (one state block, every layer: no per-token KV)",
+    """A model without attention (every group Mamba): its state blocks a request, whatever its length (one; three in
+    mamba_cache_mode "align"); vLLM's token figure is requests x max_model_len, not tokens of KV."""
+    blocks = a.blocks_per_request
+    return [f"state per request   {format_bytes(a.bytes_per_block * blocks)}  ({blocks} state block"
+            f"{'' if blocks == 1 else 's'} of {a.bytes_per_block:,} B, every layer, mamba_cache_mode "
+            f"{a.mamba_cache_mode}: no per-token KV)",
             f"num_gpu_blocks      {a.num_gpu_blocks:,}  (state blocks)",
             f"max concurrency     {a.max_concurrency:.2f}x  requests, each of any length up to max model len "
             f"(vLLM logs {a.kv_cache_tokens:,} tokens: requests x max_model_len)"]

@@ -123,16 +123,24 @@ def test_the_report_says_state_not_bytes_per_token(capsys: pytest.CaptureFixture
     assert "token slots         2,048" in out
 
 
+# vLLM's default mamba_cache_mode: "none" (prefix caching off) for the attention-free Mamba / Mamba-2 classes, one
+# state block a request; "align" for Granite-4, which stays IsHybrid without attention layers: the running state,
+# the last aligned one and the Mamba-2 mixer's prefill checkpoint, 3 blocks.
+VLLM_BLOCKS = {CODESTRAL: ("none", 1), FALCON: ("none", 1), GRANITE: ("align", 3)}
+
+
 @pytest.mark.parametrize("name", sorted(LAYER_STATE))
 def test_vllm_plan_by_hand(name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """vLLM: one Mamba group, one block a request, the block one request's state in bfloat16 (conv and SSM)."""
+    """vLLM: one Mamba group, the block one request's state in bfloat16 (conv and SSM), not padded (no attention
+    page to pad it to)."""
     d = plan_json(["plan", "--model", str(CORPUS / f"{name}.json"), "--gpu", "H200", "--engine", "vllm"], capsys)
     v = d["vllm"]
     block = state_bytes(name, ssm_itemsize=BF16)
-    assert v["bytes_per_block"] == block and v["blocks_per_request"] == 1
+    mode, blocks = VLLM_BLOCKS[name]
+    assert v["bytes_per_block"] == block and (v["mamba_cache_mode"], v["blocks_per_request"]) == (mode, blocks)
     assert [g["kind"] for g in v["groups"]] == ["mamba"]
     assert v["num_gpu_blocks"] == v["available_bytes"] // block
-    assert v["max_concurrency"] == v["num_gpu_blocks"]
+    assert v["max_concurrency"] == v["num_gpu_blocks"] / blocks
 
 
 def test_vllm_report_names_requests_not_tokens(capsys: pytest.CaptureFixture[str]) -> None:

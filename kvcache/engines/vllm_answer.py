@@ -81,7 +81,8 @@ def vllm_answer(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDt
     runtime_bytes = estimated_runtime_bytes(total_bytes, runtime)
     available = vllm_available_bytes(total_bytes=total_bytes, gpu_memory_utilization=utilization,
                                      weights_bytes=weights_bytes, runtime_bytes=runtime_bytes)
-    prefix_caching = vllm_rules.DEFAULT_ENABLE_PREFIX_CACHING if enable_prefix_caching is None else enable_prefix_caching
+    prefix_caching = (vllm_rules.default_prefix_caching(model.architecture) if enable_prefix_caching is None
+                      else enable_prefix_caching)
     settings = VllmSettings(max_model_len=max_model_len, block_size=block_size, max_num_batched_tokens=batched,
                             max_concurrent_batches=parallel.pp_size + vllm_rules.ASYNC_SCHEDULING_EXTRA_BATCHES,
                             mamba_cache_mode="align" if prefix_caching else "none",

@@ -64,6 +64,16 @@ FLOAT32_STATE_KINDS = frozenset({"kda"})
 # generative model, hybrids included (config/model.py); model_executor/models/config.py MambaModelConfig then sets
 # mamba_cache_mode "align" (else "none"), and the Mamba block size becomes the attention block size
 DEFAULT_ENABLE_PREFIX_CACHING = True
+# ... but not for an attention-free model: is_prefix_caching_supported is False for attn_type "attention_free",
+# the models whose class implements IsAttentionFree (models/mamba.py MambaForCausalLM, which FalconMambaForCausalLM
+# maps to; models/mamba2.py Mamba2ForCausalLM), so their Mamba layers stay in mamba_cache_mode "none". An all-Mamba
+# Granite-4 is still IsHybrid: prefix caching on.
+ATTENTION_FREE_ARCHITECTURES = frozenset({"MambaForCausalLM", "FalconMambaForCausalLM", "Mamba2ForCausalLM"})
+
+
+def default_prefix_caching(architecture: str) -> bool:
+    """vLLM's enable_prefix_caching when the flag is not given (see ATTENTION_FREE_ARCHITECTURES)."""
+    return DEFAULT_ENABLE_PREFIX_CACHING and architecture not in ATTENTION_FREE_ARCHITECTURES
 
 
 @dataclass(frozen=True, slots=True)
