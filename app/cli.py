@@ -24,12 +24,13 @@ from kvcache.engines.vllm import VLLM
 from kvcache.inputs.cards import KNOWN_CARDS, SimulatedCard, card_named, card_of_size
 from kvcache.models.presets import DEFAULT_PRESET, load_model_config, preset_names
 from kvcache.errors import ConfigError
-from kvcache.inputs.server_args import VLLM_ONLY_FIELDS, ServerArgs, read_settings_file
+from kvcache.inputs.other_engines_flags import VLLM_FIELDS
+from kvcache.inputs.server_args import ServerArgs, read_settings_file
 
 EXIT_OK = 0
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose pipe closed
 FIRST_WORDS = frozenset({*COMMANDS, "-h", "--help"})  # a first argument that is not a model or a flag
-VLLM_ONLY = frozenset(VLLM_ONLY_FIELDS)  # vLLM's knobs: only `plan --engine vllm` has a use for them
+VLLM_ONLY = frozenset(VLLM_FIELDS)  # vLLM's knobs: only `plan --engine vllm` has a use for them
 
 
 def _add_common(p: argparse.ArgumentParser, *, leave_out: frozenset[str] = frozenset()) -> None:

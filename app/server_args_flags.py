@@ -17,7 +17,7 @@ from msgspec import inspect as mi
 
 from kvcache.byte_units import parse_bytes
 from kvcache.errors import ConfigError
-from kvcache.inputs.other_engines_flags import special_value_hint
+from kvcache.inputs.other_engines_flags import VLLM_FIELDS, special_value_hint
 from kvcache.inputs.server_args import ServerArgs
 
 
@@ -126,7 +126,9 @@ def add_server_args_flags(parser: argparse.ArgumentParser, *, leave_out: frozens
             continue
         kwargs: dict[str, Any] = {"dest": f.field, "default": None, "help": _help(f)}
         if isinstance(f.kind, mi.BoolType):
-            kwargs["action"] = argparse.BooleanOptionalAction if f.default else "store_true"
+            # on by default, or vLLM's (whose every switch is --x / --no-x): both spellings
+            negatable = f.default is True or f.field in VLLM_FIELDS
+            kwargs["action"] = argparse.BooleanOptionalAction if negatable else "store_true"
         elif isinstance(f.kind, mi.LiteralType):
             kwargs.update(choices=f.kind.values, metavar=f.field.upper().split("_")[-1])
         elif isinstance(f.kind, (mi.IntType, mi.FloatType)):

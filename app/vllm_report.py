@@ -12,6 +12,7 @@ import msgspec
 
 from app.report_header import report_header
 from kvcache.byte_units import format_bytes
+from kvcache.engines import vllm_rules
 from kvcache.engines.vllm_answer import VllmAnswer, vllm_answer
 from kvcache.inputs.dtypes import model_dtype_name
 
@@ -20,7 +21,9 @@ ESTIMATED_NOTE = ("ESTIMATED: vLLM measures its activation peak, non-torch memor
 
 
 class VllmReport(msgspec.Struct, frozen=True, kw_only=True):
-    """The answer and what it is for. Keys are stable: scripts read them from --json."""
+    """The answer and what it is for. Keys are stable: scripts read them from --json. The top-level keys every
+    plan has (app.report.BootstrapReport's: tokens, bytes per token, budget, ...) carry vLLM's numbers, so a
+    script reads either engine's plan alike; `vllm` holds the whole answer."""
 
     model: str
     engine: str  # "vllm"
@@ -29,6 +32,14 @@ class VllmReport(msgspec.Struct, frozen=True, kw_only=True):
     card: str | None
     model_dtype: str
     kv_cache_dtype: str
+    page_size: int  # vLLM's attention block size
+    context_length: int  # max_model_len
+    bytes_per_token: int  # in the groups that hold every token (full attention, MLA)
+    max_total_num_tokens: int  # vLLM's "GPU KV cache size" in tokens
+    max_running_requests: int  # max_num_seqs
+    budget_bytes: int  # vLLM's available KV cache memory
+    total_memory_bytes: int
+    weights_bytes: int
     estimated: tuple[str, ...]  # the keys of `vllm` a dry run estimates instead of measuring
     vllm: VllmAnswer
 
@@ -36,8 +47,12 @@ class VllmReport(msgspec.Struct, frozen=True, kw_only=True):
 def vllm_report(answer: VllmAnswer, *, model: str, device: str, card: str | None, model_dtype: str,
                 kv_cache_dtype: str) -> VllmReport:
     return VllmReport(model=model, engine="vllm", engine_version=answer.version, device=device, card=card,
-                      model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype,
-                      estimated=("estimated_runtime_bytes",), vllm=answer)
+                      model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype, page_size=answer.block_size,
+                      context_length=answer.max_model_len, bytes_per_token=answer.bytes_per_token,
+                      max_total_num_tokens=answer.kv_cache_tokens, max_running_requests=answer.max_num_seqs,
+                      budget_bytes=answer.available_bytes, total_memory_bytes=answer.total_bytes,
+                      weights_bytes=answer.weights_bytes, estimated=("estimated_runtime_bytes",),
+                      vllm=answer)
 
 
 def plan_for_vllm(container: Any, *, card: str | None) -> VllmReport:
@@ -45,15 +60,18 @@ def plan_for_vllm(container: Any, *, card: str | None) -> VllmReport:
 
     `container` is an EngineContainer (app does not import containers); nothing else is built."""
     args, model = container.server_args(), container.model_config()
+    max_model_len = vllm_rules.max_model_len(model.name, model.max_position_embeddings, args.max_model_len,
+                                             allow_long=args.allow_long_context)
     weights = container.target.model_runner().load_weights()
     sizing = container.target.configurator().sizing
+    # the runtime estimate's prefill chunk is vLLM's step (--max-num-batched-tokens; None: the card's default)
+    runtime = msgspec.structs.replace(sizing.runtime_shape(), chunked_prefill_size=args.max_num_batched_tokens)
     answer = vllm_answer(
         model, container.parallel_state(), container.kv_cache_dtype(), model_dtype=container.model_dtype(),
-        total_bytes=container.memory_probe().total_bytes(), weights_bytes=weights.total_bytes,
-        runtime=sizing.runtime_shape(),
-        max_model_len=model.context_length(args.context_length, allow_long_context=args.allow_long_context),
-        gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
-        max_num_batched_tokens=args.chunked_prefill_size,
+        total_bytes=container.memory_probe().total_bytes(), weights_bytes=weights.total_bytes, runtime=runtime,
+        max_model_len=max_model_len, gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
     return vllm_report(answer, model=model.name, device=str(container.device()), card=card,
                        model_dtype=model_dtype_name(container.model_dtype()),
@@ -72,8 +90,10 @@ def render_vllm_text(r: VllmReport) -> str:
     lines = [
         *report_header(model=r.model, engine="vllm", engine_version=r.engine_version, device=r.device,
                        card=r.card, model_dtype=r.model_dtype, kv_cache_dtype=r.kv_cache_dtype),
-        f"max model len       {a.max_model_len:,}   block size {a.block_size}   max_num_batched_tokens "
-        f"{a.max_num_batched_tokens:,}",
+        f"max model len       {a.max_model_len:,}   block size {a.block_size}   max_num_seqs {a.max_num_seqs:,}   "
+        f"max_num_batched_tokens {a.max_num_batched_tokens:,}",
+        f"prefix caching      {'on' if a.enable_prefix_caching else 'off'}"
+        f"{f'  (mamba_cache_mode {a.mamba_cache_mode})' if any(g.kind == 'mamba' for g in a.groups) else ''}",
         f"memory              total {format_bytes(a.total_bytes)} x gpu_memory_utilization "
         f"{a.gpu_memory_utilization} = {format_bytes(a.requested_bytes)}",
         f"weights             {format_bytes(a.weights_bytes)}",

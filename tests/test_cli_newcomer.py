@@ -39,7 +39,9 @@ def test_plan_flags_without_plan_say_they_belong_to_plan(capsys: pytest.CaptureF
 @pytest.mark.parametrize(
     ("extra", "hint"),
     [
-        (["--max-model-len", "4096"], "--max-model-len is vLLM's name; here use --context-length"),
+        (["--max-model-len", "4096"], "--max-model-len is vLLM's knob: add --engine vllm, or with SGLang's rules "
+                                      "use --context-length"),
+        (["--enforce-eager"], "--enforce-eager is vLLM's name; here use --disable-cuda-graph"),
         (["--host", "0.0.0.0", "--trust-remote-code"], "--host changes nothing this engine sizes: drop it; "
                                                        "--trust-remote-code changes nothing"),
         (["--ep-size", "8"], "--ep-size is not modelled: MoE weights are split over --tp-size"),  # not "did you mean --tp-size?"
@@ -190,10 +192,13 @@ def test_weights_that_do_not_fit_a_plan_name_the_card_not_the_meta_device(capsys
 
 def test_a_bad_choice_in_a_config_file_lists_the_choices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     settings = tmp_path / "server.toml"
-    settings.write_text('kv-cache-dtype = "fp8"\n')  # vLLM's spelling
+    settings.write_text('kv-cache-dtype = "fp9"\n')
     err = refused(["plan", "--gpu", "H200", "--config", str(settings)], capsys)
-    assert (f"config file {settings}: kv-cache-dtype = 'fp8' is refused (--kv-cache-dtype, ServerArgs.kv_cache_dtype): "
-            "Invalid enum value 'fp8' (--kv-cache-dtype: one of auto, bfloat16, bf16,") in err  # the flag, not `$.` paths
+    assert (f"config file {settings}: kv-cache-dtype = 'fp9' is refused (--kv-cache-dtype, ServerArgs.kv_cache_dtype): "
+            "Invalid enum value 'fp9' (--kv-cache-dtype: one of auto, bfloat16, bf16,") in err  # the flag, not `$.` paths
+    settings.write_text('kv-cache-dtype = "fp8"\n')  # vLLM's spelling, under SGLang's rules
+    assert "--kv-cache-dtype fp8 is vLLM's spelling: add --engine vllm, or with SGLang's rules use --kv-cache-dtype " \
+           "fp8_e4m3" in refused(["plan", "--gpu", "H200", "--config", str(settings)], capsys)
 
 
 def test_a_plan_below_one_full_context_says_why_it_fits(capsys: pytest.CaptureFixture[str]) -> None:

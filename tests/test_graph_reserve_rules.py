@@ -55,7 +55,8 @@ def test_the_flag_drops_the_prefill_graph_reserve(capsys: pytest.CaptureFixture[
 def test_vllm_refuses_sglangs_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--gpu", "H200", "--model", "Llama-3.1-8B-Instruct", "--engine", "vllm",
                  "--disable-prefill-cuda-graph"]) == 2
-    assert "--disable-prefill-cuda-graph: SGLang's knob, unused by --engine vllm" in capsys.readouterr().err
+    assert "SGLang's knob under --engine vllm: --disable-prefill-cuda-graph (no vLLM counterpart: drop it)" in \
+        capsys.readouterr().err
 
 
 def test_the_kda_exception_list_is_sglangs() -> None:

@@ -107,7 +107,7 @@ def test_refusals_and_the_estimated_length_equal_vllms_own_check(bench: SimpleNa
             theirs = int(found.group(1)) if found else 0
         ours = None
         if ours_refusal is not None:
-            length = [s for s in ours_refusal.suggestions if s.startswith("--context-length ")]
+            length = [s for s in ours_refusal.suggestions if s.startswith("--max-model-len ")]
             ours = int(length[0].split()[1]) if length else 0
         if ours != theirs:
             differ.append(f"{name}: ours {ours}, vLLM {theirs}")

@@ -59,12 +59,14 @@ class VllmAnswer(msgspec.Struct, frozen=True, kw_only=True):
     estimated_runtime_bytes: int  # ESTIMATED: activation peak + non-torch + CUDA graphs
     available_bytes: int  # requested - weights - runtime: vLLM's "Available KV cache memory"
     max_model_len: int
+    max_num_seqs: int
     max_num_batched_tokens: int
     enable_prefix_caching: bool
     mamba_cache_mode: str  # "align" (prefix caching on) or "none"; matters for Mamba / linear-attention layers only
     block_size: int
     groups: tuple[VllmGroupReport, ...]
     bytes_per_block: int
+    bytes_per_token: int  # in the groups that hold every token (full attention, MLA)
     num_gpu_blocks: int
     blocks_per_request: int
     max_concurrency: float
@@ -74,10 +76,14 @@ class VllmAnswer(msgspec.Struct, frozen=True, kw_only=True):
 def vllm_answer(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDtype, *, model_dtype: torch.dtype,
                 total_bytes: int, weights_bytes: int, runtime: RuntimeShape, max_model_len: int,
                 gpu_memory_utilization: float | None = None, block_size: int | None = None,
-                max_num_batched_tokens: int | None = None, enable_prefix_caching: bool | None = None) -> VllmAnswer:
+                max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                enable_prefix_caching: bool | None = None) -> VllmAnswer:
     """vLLM's answer for this rank (None: vLLM's default); BudgetBelowOneRequestError where vLLM refuses to start."""
     utilization = vllm_rules.DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
-    batched = max_num_batched_tokens or vllm_rules.default_max_num_batched_tokens(total_bytes)
+    vllm_rules.check_block_size(block_size)
+    limits = vllm_rules.scheduler_limits(total_bytes=total_bytes, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                                         max_num_batched_tokens=max_num_batched_tokens)
+    batched = limits.max_num_batched_tokens
     runtime_bytes = estimated_runtime_bytes(total_bytes, runtime)
     available = vllm_available_bytes(total_bytes=total_bytes, gpu_memory_utilization=utilization,
                                      weights_bytes=weights_bytes, runtime_bytes=runtime_bytes)
@@ -93,10 +99,10 @@ def vllm_answer(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDt
         version=plan.version, total_bytes=total_bytes, gpu_memory_utilization=utilization,
         requested_bytes=ceil(total_bytes * utilization), weights_bytes=weights_bytes,
         estimated_runtime_bytes=runtime_bytes, available_bytes=available, max_model_len=max_model_len,
-        max_num_batched_tokens=batched, enable_prefix_caching=prefix_caching,
+        max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=batched, enable_prefix_caching=prefix_caching,
         mamba_cache_mode=settings.mamba_cache_mode, block_size=plan.block_size,
         groups=tuple(VllmGroupReport(kind=g.kind, layers=len(g.layer_pages), window=g.window, block_size=g.block_size,
                                      blocks_per_request=g.blocks_per_request) for g in plan.groups),
-        bytes_per_block=plan.bytes_per_block, num_gpu_blocks=plan.num_blocks, blocks_per_request=plan.blocks_per_request,
+        bytes_per_block=plan.bytes_per_block, bytes_per_token=plan.bytes_per_token, num_gpu_blocks=plan.num_blocks, blocks_per_request=plan.blocks_per_request,
         max_concurrency=plan.max_concurrency, kv_cache_tokens=plan.kv_cache_tokens,
     )

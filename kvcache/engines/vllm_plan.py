@@ -142,6 +142,12 @@ class VllmPlan:
     def kv_cache_bytes(self) -> int:
         return self.num_blocks * self.bytes_per_block
 
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes one token costs in the groups that hold every token (full attention, MLA), as the SGLang-rules
+        plan counts its pools that do (MemoryPoolConfig.bytes_per_token)."""
+        return sum(g.bytes_per_block // g.block_size for g in self.groups if g.kind in ("full", "mla"))
+
 
 def vllm_layer_specs(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDtype, *,
                      model_dtype: torch.dtype) -> tuple[LayerPlacement, ...]:
@@ -337,6 +343,6 @@ def plan_vllm(placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, ..
             f"vLLM {plan.version} would refuse to start: one request of max_model_len {settings.max_model_len} "
             f"needs {per_request} blocks of {bytes_per_block} bytes, and {usable_blocks} fit besides the null block",
             needed_bytes=(per_request + 1) * bytes_per_block, available_bytes=available_bytes,
-            suggestions=(f"--context-length {longest} (the longest that fits, as vLLM estimates it)",) if longest else (),
+            suggestions=(f"--max-model-len {longest} (the longest that fits, as vLLM estimates it)",) if longest else (),
         )
     return plan

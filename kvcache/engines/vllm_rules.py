@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from kvcache.byte_units import GiB
+from kvcache.errors import ConfigError
 
 VLLM_VERSION = "0.34.0"
 
@@ -145,3 +146,59 @@ def hybrid_manager_disabled(layer_kinds: tuple[str, ...]) -> bool:
     (config/vllm.py, unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE): local layers then
     take full-attention blocks for every token (kv_cache_planning.py unify_hybrid_kv_cache_specs)."""
     return "chunked_attention" in layer_kinds
+
+
+# ---- vLLM 0.34.0's start-up checks on the settings a plan reads: each refusal names the flag and a value that passes
+
+def default_max_num_seqs(total_bytes: int) -> int:
+    """The API server's max_num_seqs by card size (engine/arg_utils.py get_batch_defaults, the same tiers as
+    default_max_num_batched_tokens): 1024 from 70 GiB, else 256."""
+    return 1024 if total_bytes >= 70 * GiB else 256
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerLimits:
+    """vLLM's max_num_seqs and max_num_batched_tokens after its defaults."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+def scheduler_limits(*, total_bytes: int, max_model_len: int, max_num_seqs: int | None,
+                     max_num_batched_tokens: int | None) -> SchedulerLimits:
+    """The scheduler's limits as vLLM sets them (engine/arg_utils.py _set_default_max_num_seqs_and_batched_tokens_args:
+    unset max_num_batched_tokens takes the card's default, at most max_num_seqs x max_model_len); ConfigError where
+    config/scheduler.py SchedulerConfig.verify_max_model_len refuses max_num_batched_tokens below max_num_seqs."""
+    seqs = max_num_seqs or default_max_num_seqs(total_bytes)
+    batched = max_num_batched_tokens or min(seqs * max_model_len, default_max_num_batched_tokens(total_bytes))
+    if batched < seqs:
+        def said(flag: str, value: int, given: int | None) -> str:
+            return f"--{flag.replace('_', '-')} {value}" if given else f"{flag} {value} (vLLM's default for this card)"
+        raise ConfigError(
+            f"{said('max_num_batched_tokens', batched, max_num_batched_tokens)} is below "
+            f"{said('max_num_seqs', seqs, max_num_seqs)}: vLLM {VLLM_VERSION}'s SchedulerConfig refuses it "
+            f"(max_num_batched_tokens must be at least max_num_seqs); use --max-num-batched-tokens {seqs} "
+            f"or --max-num-seqs {batched}")
+    return SchedulerLimits(max_num_seqs=seqs, max_num_batched_tokens=batched)
+
+
+def check_block_size(block_size: int | None) -> None:
+    """ConfigError for a --block-size FlashAttention cannot split into its kernel blocks (MultipleOf(16),
+    attention/backends/flash_attn.py get_supported_kernel_block_sizes)."""
+    if block_size is not None and block_size % FLASH_ATTN_KERNEL_BLOCK:
+        fix = max(FLASH_ATTN_KERNEL_BLOCK, block_size // FLASH_ATTN_KERNEL_BLOCK * FLASH_ATTN_KERNEL_BLOCK)
+        raise ConfigError(f"--block-size {block_size} is not a multiple of {FLASH_ATTN_KERNEL_BLOCK} (vLLM "
+                          f"{VLLM_VERSION}'s FlashAttention kernel block); try --block-size {fix}")
+
+
+def max_model_len(model_name: str, derived: int, requested: int | None, *, allow_long: bool) -> int:
+    """vLLM's max_model_len: the model's (max_position_embeddings) unless --max-model-len; ConfigError for a longer
+    one, as config/model.py _get_and_verify_max_len refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (here
+    --allow-long-context)."""
+    if requested is None:
+        return derived
+    if requested > derived and not allow_long:
+        raise ConfigError(f"--max-model-len {requested} is greater than {model_name}'s derived max_model_len "
+                          f"(max_position_embeddings {derived}), which vLLM {VLLM_VERSION} refuses; use "
+                          f"--max-model-len {derived}, or --allow-long-context (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
+    return requested

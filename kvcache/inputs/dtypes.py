@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from kvcache.errors import ConfigError
+from kvcache.inputs.other_engines_flags import VLLM_KV_DTYPE_NAMES
 
 MODEL_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -84,7 +85,8 @@ KV_CACHE_DTYPES: dict[str, KVCacheDtype] = {
     "fp4_e2m1": KVCacheDtype("fp4_e2m1", torch.uint8, torch.uint8, 4, scale_group=16),
 }
 
-KV_CACHE_DTYPE_ALIASES = {"bf16": "bfloat16"}  # SGLang 0.5.23 accepts both spellings
+# SGLang 0.5.23 accepts bf16 for bfloat16; vLLM 0.34.0's fp8 is fp8_e4m3 on CUDA (ServerArgs takes each under its engine)
+KV_CACHE_DTYPE_ALIASES = {"bf16": "bfloat16", **VLLM_KV_DTYPE_NAMES}
 
 _TORCH_TO_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 

@@ -7,27 +7,59 @@ answer each with the flag to use here, or why it changes nothing here.
 
 from __future__ import annotations
 
-# vLLM 0.34.0's field name -> this engine's flag (with a note where the meaning is not one to one); said where
-# a command has no such flag (`plan --engine vllm` takes --gpu-memory-utilization and --block-size as they are).
+# vLLM 0.34.0's field name -> SGLang's flag for it (with a note where the meaning is not one to one). The first
+# six are ServerArgs fields too, read under --engine vllm; with SGLang's rules they are refused naming SGLang's.
 VLLM_NAMES: dict[str, str] = {
     "max_model_len": "--context-length",
     "gpu_memory_utilization": "--mem-fraction-static (the share of the card for weights and KV cache)",
-    "kv_cache_memory_bytes": "--kv-cache-memory",
     "block_size": "--page-size",
     "max_num_seqs": "--max-running-requests",
     "max_num_batched_tokens": "--chunked-prefill-size",
+    "enable_prefix_caching": "--disable-radix-cache to turn it off (SGLang's prefix cache is on by default)",
+    "no_enable_prefix_caching": "--disable-radix-cache",
+    "kv_cache_memory_bytes": "--kv-cache-memory",
     "num_gpu_blocks_override": "--max-total-tokens (in tokens: blocks x --page-size)",
     "enforce_eager": "--disable-cuda-graph",
-    "no_enable_prefix_caching": "--disable-radix-cache",
     "speculative_config": "--speculative-algorithm with --speculative-draft-model",
 }
+VLLM_FIELDS = ("gpu_memory_utilization", "block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+               "enable_prefix_caching")
+
+# SGLang's field -> vLLM 0.34.0's flag for the same knob, said when it is given under --engine vllm (which reads
+# vLLM's spelling); "not modelled" where vLLM has the knob and `plan --engine vllm` does not size with it.
+VLLM_COUNTERPARTS: dict[str, str] = {
+    "context_length": "use --max-model-len",
+    "mem_fraction_static": "use --gpu-memory-utilization",
+    "page_size": "use --block-size",
+    "max_running_requests": "use --max-num-seqs",
+    "chunked_prefill_size": "use --max-num-batched-tokens",
+    "disable_radix_cache": "use --no-enable-prefix-caching",
+    "kv_cache_memory": "vLLM's --kv-cache-memory-bytes, not modelled here: drop it",
+    "max_total_tokens": "vLLM's --num-gpu-blocks-override, not modelled here: drop it",
+    "disable_cuda_graph": "vLLM's --enforce-eager, not modelled here: drop it",
+    "cuda_graph_max_bs": "vLLM's --max-cudagraph-capture-size, not modelled here: drop it",
+    "disable_hybrid_swa_memory": "vLLM's --disable-hybrid-kv-cache-manager, not modelled here: drop it",
+    "mamba_ssm_dtype": "vLLM's --mamba-ssm-cache-dtype, not modelled here (its per-model default is): drop it",
+    "disable_overlap_schedule": "vLLM's --no-async-scheduling, not modelled here: drop it",
+    "speculative_algorithm": "vLLM's --speculative-config, not modelled here: drop it",
+    "language_model_only": "vLLM has it too, not modelled here (its encoder is measured at start-up): drop it",
+}
+NO_VLLM_COUNTERPART = "no vLLM counterpart: drop it"
+
+# --kv-cache-dtype values: vLLM 0.34.0's CacheDType (config/cache.py) that SGLang 0.5.23 does not take, and
+# SGLang's that vLLM does not; each with the other engine's spelling of it, if any.
+VLLM_KV_DTYPE_NAMES = {"fp8": "fp8_e4m3"}  # vLLM's fp8 is e4m3 on CUDA
+SGLANG_KV_DTYPES = frozenset({"auto", "bfloat16", "bf16", "float16", "float32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"})
+VLLM_MODELLED_KV_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
+SGLANG_KV_DTYPE_NAMES = {"bf16": "use bfloat16", "fp4_e2m1": "vLLM's is nvfp4, not modelled here: use fp8 or auto",
+                         "float32": "vLLM has no float32 cache dtype: use auto with --dtype float32"}
 
 # Flags either engine takes that change nothing this engine sizes, or that it does not model.
 NOT_SIZED_HERE: dict[str, str] = {
     **dict.fromkeys(("host", "port", "trust_remote_code", "served_model_name", "api_key", "log_level",
                      "random_seed", "seed", "tokenizer_path", "tokenizer", "revision", "download_dir",
                      "attention_backend", "enable_torch_compile", "max_prefill_tokens", "schedule_policy",
-                     "schedule_conservativeness", "enable_prefix_caching", "tool_call_parser",
+                     "schedule_conservativeness", "tool_call_parser",
                      "reasoning_parser", "chat_template", "enable_metrics", "stream_interval",
                      "max_queued_requests", "watchdog_timeout", "tokenizer_mode", "skip_tokenizer_init",
                      "grammar_backend", "sampling_backend", "disable_custom_all_reduce", "log_requests",

@@ -19,6 +19,7 @@ import msgspec
 
 from kvcache.errors import ConfigError
 from kvcache.inputs.input_files import parse_json_object, parse_toml_table, read_input_text
+from kvcache.inputs.engine_knobs import engine_knob_problems
 from kvcache.inputs.other_engines_flags import other_engines_hint
 from kvcache.arithmetic import align_up
 from kvcache.inputs.sglang_ratios import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_MIN_RANK_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
@@ -33,7 +34,13 @@ Fraction01 = Annotated[float, msgspec.Meta(gt=0, lt=1)]
 MAX_BYTES = 2**63 - 1  # what a torch size holds; past it no memory exists (and GiB as a float overflows)
 ByteCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_BYTES, extra={"unit": "bytes"})]
 
-KVCacheDtypeName = Literal["auto", "bfloat16", "bf16", "float16", "float32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"]
+# SGLang 0.5.23's names, then vLLM 0.34.0's others (its CacheDType, config/cache.py): each engine takes its own
+# (kvcache.inputs.other_engines_flags says which the other spells otherwise)
+KVCacheDtypeName = Literal["auto", "bfloat16", "bf16", "float16", "float32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1",
+                           "fp8", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4", "nvfp4_4over6",
+                           "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
+                           "octave_k3v4", "octave_k3v3", "octave_k3v3_compact", "ultraquant_4bit",
+                           "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head"]
 ModelDtypeName = Literal["auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32"]
 SpeculativeAlgorithm = Literal["none", "EAGLE", "EAGLE3", "STANDALONE", "NEXTN"]
 HybridSwaMemory = Literal["auto", "enable", "disable"]  # who decides on separate sliding-window pools
@@ -68,6 +75,17 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     block_size: Annotated[PositiveInt, _doc(
         "--engine vllm: tokens per KV block, a multiple of 16 (FlashAttention's kernel block); default 64, "
         "grown next to Mamba / linear-attention layers")] | None = None
+    max_model_len: Annotated[PositiveInt, _doc(
+        "--engine vllm: the longest request (vLLM's max_model_len; at most the model's unless "
+        "--allow-long-context)")] | None = None
+    max_num_seqs: Annotated[PositiveInt, _doc(
+        "--engine vllm: requests scheduled at once; vLLM 0.34.0's default is 1024 from 70 GiB cards, else 256")] | None = None
+    max_num_batched_tokens: Annotated[PositiveInt, _doc(
+        "--engine vllm: tokens one scheduler step takes (at least --max-num-seqs); default 16384 from 160 GiB cards, "
+        "8192 from 70 GiB, else 2048")] | None = None
+    enable_prefix_caching: Annotated[bool, _doc(
+        "--engine vllm: prefix caching, on by default in vLLM 0.34.0 (it puts hybrid models' Mamba layers in "
+        "mamba_cache_mode align: 3 blocks a request per Mamba group); --no-enable-prefix-caching turns it off")] | None = None
     # memory budget
     mem_fraction_static: Annotated[Fraction01, _doc(
         "share of the card for weights + KV cache; derived from the card's size (SGLang's rule) when not given")] | None = None
@@ -319,47 +337,11 @@ def token_cap_below_one_page(max_total_tokens: int | None, page_size: int) -> st
     return f"--max-total-tokens {max_total_tokens} is below one page (--page-size {page_size}); use at least {page_size}"
 
 
-# SGLang's knobs that vLLM's plan has no use for: refused with --engine vllm rather than silently ignored
-SGLANG_ONLY_FIELDS = ("mem_fraction_static", "kv_cache_memory", "page_size", "max_total_tokens", "max_running_requests",
-                      "cuda_graph_max_bs", "disable_overlap_schedule", "enable_post_capture_kv_resize",
-                      "enable_dp_attention", "disable_radix_cache", "max_mamba_cache_size", "speculative_algorithm",
-                      "swa_full_tokens_ratio", "mamba_full_memory_ratio", "enable_multimodal", "language_model_only",
-                      "enable_mixed_chunk", "disable_prefill_cuda_graph",
-                      "disable_cuda_graph_padding", "disable_decode_cuda_graph")
-VLLM_ONLY_FIELDS = {"gpu_memory_utilization": "--mem-fraction-static", "block_size": "--page-size"}
-FLASH_ATTN_KERNEL_BLOCK = 16
-
-
-def _flag(field: str) -> str:
-    return "--" + field.replace("_", "-")
-
-
-def _engine_problems(a: ServerArgs) -> list[str]:
-    """Knobs of the other engine than --engine's: refused, each named with what to use instead."""
-    if a.engine != "vllm":
-        return [f"{_flag(f)} is vLLM's knob: add --engine vllm, or with SGLang's rules use {sglang}"
-                for f, sglang in VLLM_ONLY_FIELDS.items() if getattr(a, f) is not None]
-    default = ServerArgs.__struct_defaults__
-    fields = ServerArgs.__struct_fields__
-    given = [f for f in SGLANG_ONLY_FIELDS if getattr(a, f) != default[fields.index(f)]]
-    problems = []
-    if given:
-        problems.append(
-            f"{', '.join(map(_flag, given))}: SGLang's knob{'s' if len(given) > 1 else ''}, unused by --engine vllm; "
-            f"drop {'them' if len(given) > 1 else 'it'} (vLLM's: --gpu-memory-utilization, --block-size, --context-length as max_model_len, "
-            "--chunked-prefill-size as max_num_batched_tokens)")
-    if a.pp_size > 1:
-        problems.append(f"--pp-size {a.pp_size} is not modelled for --engine vllm; use --pp-size 1")
-    if a.block_size is not None and a.block_size % FLASH_ATTN_KERNEL_BLOCK:
-        fix = max(FLASH_ATTN_KERNEL_BLOCK, a.block_size // FLASH_ATTN_KERNEL_BLOCK * FLASH_ATTN_KERNEL_BLOCK)
-        problems.append(f"--block-size {a.block_size} is not a multiple of {FLASH_ATTN_KERNEL_BLOCK} (vLLM 0.34.0's "
-                        f"FlashAttention kernel block); try --block-size {fix}")
-    return problems
-
-
 def _cross_field_problems(a: ServerArgs) -> list[str]:
     """Rules that tie fields together; each message names the flags and a fix."""
-    problems: list[str] = _engine_problems(a)
+    defaults = dict(zip(ServerArgs.__struct_fields__, ServerArgs.__struct_defaults__))
+    given = {f: v for f in ServerArgs.__struct_fields__ if (v := getattr(a, f)) != defaults[f]}
+    problems: list[str] = engine_knob_problems(a.engine, given)
     if a.enable_hybrid_swa_memory and a.disable_hybrid_swa_memory:
         problems.append("--enable-hybrid-swa-memory and --disable-hybrid-swa-memory contradict each other: give one")
     if a.enable_multimodal and a.language_model_only:
