@@ -48,15 +48,18 @@ ENGINE_HOOKS = ((graphs.DecodeGraphs, "capture", "graph_capture"), (live_resize,
 def configurations(device: str, model: str) -> dict[str, list[str]]:
     """The starts to walk. --kv-cache-memory fixes the budget, which turns the post-capture resize (and with it VMM
     pools and graph capture at bootstrap) off, so the resizing starts cap the pools by tokens instead: the
-    fraction's resize, and the measured headroom (the default without a fraction), each hooked where it runs."""
+    fraction's resize (uncapped at a small fraction, so that it shrinks), and the measured headroom (the default
+    without a fraction), each hooked where it runs."""
     common = ["bootstrap", "--device", device, "--model", model, "--max-running-requests", "8"]
     base = [*common, "--kv-cache-memory", "64MiB"]
     if device == "cpu":
         return {"cpu": [*base, "--memory-limit", "1GiB"]}
-    resizable = [*common, "--max-total-tokens", "4096", "--cuda-graph-max-bs", "8"]
+    resizable = [*common, "--cuda-graph-max-bs", "8"]
+    # The post-capture resize shrinks the pools by what capture took: uncapped, so that it changes the plan and
+    # takes the live-resize road (a --max-total-tokens cap held both plans at the cap, and the road was never hit).
     return {"cuda": base,
-            "cuda + graphs + resize": [*resizable, "--mem-fraction-static", "0.5", "--enable-post-capture-kv-resize"],
-            "cuda + graphs + measured": resizable}
+            "cuda + graphs + resize": [*resizable, "--mem-fraction-static", "0.05", "--enable-post-capture-kv-resize"],
+            "cuda + graphs + measured": [*resizable, "--max-total-tokens", "4096"]}
 
 
 def allocated(device: str) -> int | None:
@@ -76,12 +79,19 @@ def start(argv: list[str], injector: FaultInjector, census: ArenaCensus | None =
     return code, err.getvalue().strip()
 
 
+# How often a clean start of each configuration maps through the live-resize road: once after capture for the
+# fraction's resize, twice for the measured sizing (the shrink to the static floor, then the measured plan).
+RESIZES_EXPECTED = {"cuda + graphs + resize": 1, "cuda + graphs + measured": 2}
+
+
 def walk(device: str, name: str, argv: list[str]) -> list[dict[str, Any]]:
     counter = FaultInjector()
     code, line = start(argv, counter)
     if code != 0:
         return [{"config": name, "fault": "none (clean start)", "code": code, "ok": False, "note": line[:160]}]
-    rows = []
+    resizes, expected = counter.hits.get("resize", 0), RESIZES_EXPECTED.get(name, 0)
+    rows = [{"config": name, "fault": "none (clean start)", "code": code, "ok": resizes == expected,
+             "note": f"the live-resize road taken {resizes} times (expected {expected})"}]
     for point, hits in sorted(counter.hits.items()):
         if point == "collective":
             continue  # one process: no collectives (tests/test_rank_faults.py walks them on two ranks)

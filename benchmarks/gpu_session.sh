@@ -2,11 +2,12 @@
 # One device call of the GPU checks (issue 29), in parts that each fit the device tool's 10-minute command limit.
 # Run from the repository root on the GPU host, with the wheels of dependency-injector and msgspec in .whl/:
 #   bash benchmarks/gpu_session.sh card      # the card's totals (nvidia-smi, cudaMemGetInfo), torch, driver
-#   bash benchmarks/gpu_session.sh suite     # the CUDA tests, then the whole suite
+#   bash benchmarks/gpu_session.sh cuda      # the CUDA, allocator, resize and worst-case-step tests
+#   bash benchmarks/gpu_session.sh suite     # the whole suite (pytest-timeout, as on the device image)
 #   bash benchmarks/gpu_session.sh faults    # benchmarks/gpu_fault_matrix.py (every row PASS)
 #   bash benchmarks/gpu_session.sh headroom  # benchmarks/gpu_measured_headroom.py --steps 200 (about 6 minutes)
 #   bash benchmarks/gpu_session.sh mixed     # the same with --enable-mixed-chunk, Llama-3.1-8B unless MODELS says
-# Several parts in one call: bash benchmarks/gpu_session.sh card suite faults. Logs and JSON go to $OUT (or ./gpu-out).
+# Several parts in one call: bash benchmarks/gpu_session.sh card cuda faults. Logs and JSON go to $OUT (or ./gpu-out).
 set -uo pipefail
 out="${OUT:-gpu-out}"; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -34,11 +35,15 @@ print(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version
                       driver=pynvml.nvmlSystemGetDriverVersion())))
 PY
       ;;
-    suite)
+    cuda)
       timeout 200 python3 -m pytest "${plugin[@]}" -q -rs tests/test_cuda*.py tests/test_forward_extend.py \
         tests/test_allocator*.py tests/test_resize*.py tests/test_vmm*.py tests/test_post_capture_resize.py \
-        2>&1 | tee "$out/cuda_tests.log" | tail -25 || rc=1
-      timeout 330 python3 -m pytest "${plugin[@]}" -q -rs -p no:cacheprovider 2>&1 | tee "$out/suite.log" | tail -40 || rc=1
+        tests/test_worst_case_steps.py tests/test_mixed_chunk.py 2>&1 | tee "$out/cuda_tests.log" | tail -25 || rc=1
+      ;;
+    suite)  # every test named as it runs (a test that hangs fails at 90 s and the rest go on); the slowest listed
+      timeout "${SUITE_S:-400}" python3 -m pytest "${plugin[@]}" -v -rs -p no:cacheprovider --timeout 90 --durations 25 \
+        > "$out/suite.log" 2>&1 || rc=1
+      grep -E "^(FAILED|ERROR)|passed|failed" "$out/suite.log" | tail -30; grep -A27 "slowest" "$out/suite.log" | tail -26
       ;;
     faults)
       timeout 400 python3 benchmarks/gpu_fault_matrix.py --json "$out/fault_matrix.json" 2>&1 | tee "$out/fault_matrix.log" | tail -60 || rc=1

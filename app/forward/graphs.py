@@ -17,6 +17,19 @@ import torch
 from app.forward.batch import DecodeBatch
 
 
+_CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream every capture on `device` runs on, for the life of the process. cuBLAS keeps a workspace
+    per stream it has run on (32 MiB on Hopper) until the process ends: a fresh stream per capture left one behind
+    for every start, so a start that failed after capture left 32 MiB allocated (seen on an H200)."""
+    device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+    if device not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
+    return _CAPTURE_STREAMS[device]
+
+
 def decode_graph_batch_sizes(max_bs: int) -> tuple[int, ...]:
     """SGLang 0.5.23's decode capture list (no speculative decoding), up to and including max_bs;
     none for 0 (--cuda-graph-max-bs 0: no decode graphs, as the runtime reserve reads it)."""
@@ -82,7 +95,7 @@ class DecodeGraphs:
         before = free_bytes()
         start = time.perf_counter()
         self._pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.device)
+        stream = capture_stream(self.device)
         for bs in sorted(batch_sizes, reverse=True):
             batch = self._static(bs)
             stream.wait_stream(torch.cuda.current_stream(self.device))
