@@ -1,0 +1,169 @@
+"""A pure state-space model's state bytes against SGLang 0.5.23's and vLLM 0.34.0's own code, side by side.
+
+SGLang: `Mamba2StateShape.create` / `create_full_rank` and `Mamba2CacheParams.mamba_cache_per_req`
+(srt/configs/mamba_utils.py, loaded whole; its two runtime imports stood in for: `divide` is SGLang's own function,
+the environment's dtypes SGLang's defaults, bfloat16 conv and no SSM override). vLLM: `MambaStateShapeCalculator`
+and `MambaStateDtypeCalculator` (model_executor/layers/mamba/mamba_utils.py, run on their own with vLLM's own
+`divide` and `get_kv_cache_torch_dtype`, the default "SD" conv layout) and `MambaSpec.page_size_bytes`. Each engine
+is given the fields its model class reads from the config (cited per case). Skips without the sources
+(KVCACHE_REFERENCE_SRC).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from reference_sources import reference_src_holding
+
+from kvcache.engines.vllm_plan import vllm_layer_specs
+from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
+from kvcache.inputs.parallel import ParallelState
+from kvcache.models.hf_config import model_config_from_hf
+from kvcache.sizing.layer_specs import RecurrentStateSpec, model_layer_specs
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+CORPUS = Path(__file__).with_name("model_corpus")
+NAMES = ("Mamba-Codestral-7B-v0.1", "falcon-mamba-7b", "GraniteMoeHybrid-default-transformers5")
+TP_SIZES = (1, 2, 4, 8)
+
+
+def _hf(name: str) -> dict[str, Any]:
+    return json.loads((CORPUS / f"{name}.json").read_text())
+
+
+def _ours(name: str, tp: int, engine: str) -> int:
+    """One request's state on one rank as our plan sizes it for `engine` (SGLang: float32 SSM state)."""
+    m = model_config_from_hf(CORPUS / f"{name}.json", name=name)
+    dtype = resolve_model_dtype("auto", m.checkpoint_dtype)
+    kv = resolve_kv_cache_dtype("auto", dtype)
+    parallel = ParallelState(tp_size=tp)
+    if engine == "vllm":
+        placements = vllm_layer_specs(m, parallel, kv, model_dtype=dtype)
+    else:
+        placements = model_layer_specs(m, parallel, kv, model_dtype=dtype, ssm_dtype=torch.float32)
+    return sum(p.spec.bytes_per_request for p in placements if isinstance(p.spec, RecurrentStateSpec))
+
+
+@pytest.fixture(scope="module")
+def sglang_mamba_utils() -> Iterator[ModuleType]:
+    root = reference_src_holding("sglang/srt/configs/mamba_utils.py", "SGLang 0.5.23")
+    sys.path.insert(0, str(BENCHMARKS))
+    from reference_allocators import _definition_from
+
+    sys.path.remove(str(BENCHMARKS))
+    distributed = ModuleType("sglang.srt.distributed.utils")
+    namespace: dict[str, Any] = {}
+    _definition_from(root / "sglang/srt/distributed/utils.py", "ensure_divisibility", namespace)
+    distributed.divide = _definition_from(root / "sglang/srt/distributed/utils.py", "divide", namespace)
+    environ = ModuleType("sglang.srt.environ")
+    environ.envs = SimpleNamespace(SGLANG_MAMBA_CONV_DTYPE=SimpleNamespace(get=lambda: "bfloat16"),  # environ.py's
+                                   SGLANG_MAMBA_SSM_DTYPE=SimpleNamespace(get=lambda: None))  # defaults
+    stand_ins = {"sglang.srt.distributed.utils": distributed, "sglang.srt.environ": environ}
+    saved = {name: sys.modules.get(name) for name in stand_ins}
+    sys.modules.update(stand_ins)
+    try:
+        spec = importlib.util.spec_from_file_location("sglang_0523_mamba_utils", root / "sglang/srt/configs/mamba_utils.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+
+
+def _sglang_state(mu: ModuleType, name: str, tp: int) -> int:
+    """SGLang 0.5.23's mamba_cache_per_req, from the fields its config class passes (configs/mamba2.py,
+    configs/mamba.py, configs/granitemoehybrid.py), divided over the ranks as its pool allocates (whole layers)."""
+    hf = _hf(name)
+    arch = hf["architectures"][0]
+    if arch == "Mamba2ForCausalLM":
+        shape = mu.Mamba2StateShape.create(
+            tp_world_size=tp, intermediate_size=hf["intermediate_size"], n_groups=hf["n_groups"],
+            num_heads=hf["num_heads"], head_dim=hf["head_dim"], state_size=hf["state_size"],
+            conv_kernel=hf["conv_kernel"])
+    elif arch == "FalconMambaForCausalLM":
+        shape = mu.Mamba2StateShape.create_full_rank(
+            tp_world_size=tp, intermediate_size=hf["intermediate_size"], state_size=hf["state_size"],
+            conv_kernel=hf["conv_kernel"])
+    else:  # GraniteMoeHybridConfig: mamba_intermediate_size = mamba_expand x hidden_size
+        shape = mu.Mamba2StateShape.create(
+            tp_world_size=tp, intermediate_size=hf["mamba_expand"] * hf["hidden_size"], n_groups=hf["mamba_n_groups"],
+            num_heads=hf["mamba_n_heads"], head_dim=hf["mamba_d_head"], state_size=hf["mamba_d_state"],
+            conv_kernel=hf["mamba_d_conv"])
+    return mu.Mamba2CacheParams(shape=shape, layers=list(range(hf["num_hidden_layers"]))).mamba_cache_per_req
+
+
+@pytest.mark.parametrize("tp", TP_SIZES)
+@pytest.mark.parametrize("name", NAMES)
+def test_state_bytes_equal_sglangs_own_code(sglang_mamba_utils: ModuleType, name: str, tp: int) -> None:
+    assert _ours(name, tp, "sglang") == _sglang_state(sglang_mamba_utils, name, tp)
+
+
+@pytest.fixture(scope="module")
+def vllm_state() -> Iterator[SimpleNamespace]:
+    """vLLM's state shape and dtype calculators, its divide and dtype resolution, and its MambaSpec."""
+    root = reference_src_holding("vllm/model_executor/layers/mamba/mamba_utils.py", "vLLM 0.34.0")
+    finders, modules = list(sys.meta_path), set(sys.modules)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import vllm_kv_plan
+        from reference_allocators import _definition_from
+
+        planner = vllm_kv_plan.load_vllm_planner(root)
+        names: dict[str, Any] = {"torch": torch}
+        _definition_from(root / "vllm/distributed/utils.py", "ensure_divisibility", names)
+        _definition_from(root / "vllm/distributed/utils.py", "divide", names)
+        _definition_from(root / "vllm/utils/torch_utils.py", "STR_DTYPE_TO_TORCH_DTYPE", names)
+        _definition_from(root / "vllm/utils/torch_utils.py", "get_kv_cache_torch_dtype", names)
+        names["is_conv_state_dim_first"] = lambda: False  # get_conv_state_layout: "SD" unless VLLM_SSM_CONV_STATE_LAYOUT
+        mamba_utils = root / "vllm/model_executor/layers/mamba/mamba_utils.py"
+        yield SimpleNamespace(shapes=_definition_from(mamba_utils, "MambaStateShapeCalculator", names),
+                              dtypes=_definition_from(mamba_utils, "MambaStateDtypeCalculator", names),
+                              spec=planner.interface.MambaSpec)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        sys.meta_path[:] = finders
+        for name in set(sys.modules) - modules:
+            del sys.modules[name]
+
+
+def _vllm_state(v: SimpleNamespace, name: str, tp: int) -> int:
+    """vLLM 0.34.0's page of one request's state (mamba_cache_dtype and mamba_ssm_cache_dtype "auto"), from the
+    fields its model class passes (models/mamba.py for Mamba and Falcon-Mamba, models/mamba2.py,
+    models/granitemoehybrid.py), times the layers."""
+    hf = _hf(name)
+    arch = hf["architectures"][0]
+    model_dtype = torch.bfloat16  # the checkpoints' bfloat16; the Granite default states none, and vLLM casts float32 down
+    if arch == "FalconMambaForCausalLM":
+        shapes = v.shapes.mamba1_state_shape(tp_world_size=tp, intermediate_size=hf["intermediate_size"],
+                                             state_size=hf["state_size"], conv_kernel=hf["conv_kernel"])
+        dtypes = v.dtypes.mamba1_state_dtype(model_dtype, "auto", "auto")
+    else:
+        granite = arch == "GraniteMoeHybridForCausalLM"
+        prefix = "mamba_" if granite else ""
+        shapes = v.shapes.mamba2_state_shape(
+            tp_world_size=tp, intermediate_size=hf[f"{prefix}expand"] * hf["hidden_size"],
+            n_groups=hf["mamba_n_groups" if granite else "n_groups"], num_heads=hf["mamba_n_heads" if granite else "num_heads"],
+            head_dim=hf["mamba_d_head" if granite else "head_dim"], state_size=hf["mamba_d_state" if granite else "state_size"],
+            conv_kernel=hf["mamba_d_conv" if granite else "conv_kernel"], num_spec=0)
+        dtypes = v.dtypes.mamba2_state_dtype(model_dtype, "auto", "auto")
+    page = v.spec(shapes=shapes, dtypes=dtypes, block_size=hf.get("max_position_embeddings", 2048)).page_size_bytes
+    return page * hf["num_hidden_layers"]
+
+
+@pytest.mark.parametrize("tp", TP_SIZES)
+@pytest.mark.parametrize("name", NAMES)
+def test_state_bytes_equal_vllms_own_code(vllm_state: SimpleNamespace, name: str, tp: int) -> None:
+    assert _ours(name, tp, "vllm") == _vllm_state(vllm_state, name, tp)
