@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from typing import Any, Mapping, NoReturn, Sequence
 
@@ -18,12 +17,12 @@ from app.failures import OutputUnwritableError, UsageError, failure_of
 from app.fit_command import SWEPT_FIELDS, add_fit_flags, run_fit
 from app.flag_hints import BOOTSTRAP_ONLY_FIELDS, COMMANDS, unknown_command, unrecognized, value_read_as_flag
 from app.server_args_flags import add_server_args_flags, server_args_values, sizes_read
+from app.settings_file import checked_server_args
 from containers import EngineContainer
 from kvcache.byte_units import SIZE_UNITS_HELP
 from kvcache.engines.vllm import VLLM
 from kvcache.inputs.cards import KNOWN_CARDS, SimulatedCard, card_named, card_of_size
 from kvcache.models.presets import DEFAULT_PRESET, load_model_config, preset_names
-from kvcache.errors import ConfigError
 from kvcache.inputs.other_engines_flags import VLLM_FIELDS
 from kvcache.inputs.server_args import ServerArgs, read_settings_file
 
@@ -116,25 +115,7 @@ def server_args_from(ns: argparse.Namespace, *, device: str | None = None) -> Se
     data = {**from_file, **flags}
     if device is not None:
         data["device"] = device
-    try:
-        return ServerArgs.from_mapping(data)
-    except ConfigError as exc:
-        field = re.search(r" - at `\$\.(\w+)`", str(exc))
-        if field is None or field.group(1) not in from_file or field.group(1) in flags:
-            raise
-        raise ConfigError(_settings_file_refusal(ns.config, field.group(1), from_file[field.group(1)], str(exc))) from None
-
-
-def _settings_file_refusal(path: str, field: str, value: Any, message: str) -> str:
-    """A settings file's bad value in the flag's words: 'config file s.toml: mem-fraction-static = 1.5 is refused
-    (--mem-fraction-static, ServerArgs.mem_fraction_static): expected a float < 1.0', not msgspec's
-    "Expected `float` < 1.0 - at `$.mem_fraction_static`"."""
-    why = message.removeprefix("invalid server args: ")
-    why = re.sub(r" - at `\$\.\w+`", "", why)
-    why = re.sub(r"Expected `([^`]+)`", lambda m: f"expected {m.group(1).replace(' | null', '')}", why)
-    why = re.sub(r"got `([^`]+)`", r"got \1", why)
-    flag = field.replace("_", "-")
-    return f"config file {path}: {flag} = {value!r} is refused (--{flag}, ServerArgs.{field}): {why}"
+    return checked_server_args(data, from_file=from_file, flags=flags, path=ns.config)
 
 
 def _card(ns: argparse.Namespace) -> SimulatedCard:
@@ -160,12 +141,12 @@ def run(ns: argparse.Namespace) -> int:
         raise UsageError("--device meta is a dry run: use plan --gpu NAME or plan --gpu-memory SIZE "
                          "(bootstrap runs on this machine)")
     if command == "fit":
-        settings: dict[str, Any] = sizes_read(read_settings_file(ns.config)) if ns.config is not None else {}
-        settings.update(server_args_values(ns))
-        if settings.get("engine") == VLLM.name:
+        from_file: dict[str, Any] = sizes_read(read_settings_file(ns.config)) if ns.config is not None else {}
+        flags = server_args_values(ns)
+        if {**from_file, **flags}.get("engine") == VLLM.name:
             raise UsageError("fit sweeps this engine's (SGLang's) plans; vLLM's answer is one card at a time: "
                              "use plan --engine vllm --gpu NAME")
-        return run_fit(ns, load_model_config(ns.model), settings)
+        return run_fit(ns, load_model_config(ns.model), from_file=from_file, flags=flags)
     card = _card(ns) if command == "plan" else None
     server_args = server_args_from(ns, device="meta" if command == "plan" else None)
     if server_args.engine == VLLM.name and command != "plan":

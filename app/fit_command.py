@@ -13,10 +13,11 @@ import time
 from typing import Any, Callable, TextIO
 
 from app.failures import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, Failure
-from app.fit_plot import MISSING, have_matplotlib, plot_format, write_plot
+from app.fit_plot import MISSING, have_matplotlib, plot_destination, write_plot
 from app.fit_report import FIT_SCHEMA, FitResult, FitSpace, render_table
 from app.fit_sweep import FitSweep, FitTarget, closest, ordered, run_sweep
 from app.server_args_flags import server_args_fields
+from app.settings_file import checked_server_args
 from kvcache.errors import ConfigError
 from kvcache.inputs.cards import KNOWN_CARDS, SimulatedCard, card_named
 from kvcache.models.model_config import ModelConfig
@@ -36,8 +37,9 @@ def add_fit_flags(p: argparse.ArgumentParser) -> None:
                        help=f"cards to try, comma-separated, or all (default): {', '.join(KNOWN_CARDS)}")
     for f in server_args_fields():
         if f.field in SWEPT_FIELDS:
-            group.add_argument(f.flag, *f.aliases, dest=f.field, default=DEFAULTS[f.field], metavar="LIST",
-                               help=f"{f.description}: values to try, comma-separated (default {DEFAULTS[f.field]})")
+            group.add_argument(f.flag, *f.aliases, dest=f.field, default=None, metavar="LIST",
+                               help=f"{f.description}: values to try, comma-separated (default: the --config "
+                                    f"file's one value, else {DEFAULTS[f.field]})")
     p.add_argument("--plot", metavar="FILE", help="also draw requests held at once vs context length (.png or .svg; "
                                                   "needs the optional extra: pip install 'kvcache-configurator[plot]')")
     p.add_argument("--all", action="store_true", dest="all_rows",
@@ -66,9 +68,10 @@ def _listed(text: str, flag: str) -> list[str]:
 def _sizes(text: str, flag: str) -> list[int]:
     out = []
     for item in _listed(text, flag):
-        if not item.isdigit() or int(item) < 1:
+        value = int(item) if item.isdecimal() else 0  # digits of any script, as int() and the other flags read
+        if value < 1:  # them; not '²', '+2' or '1_000', which isdigit() or int() alone would pass
             raise ConfigError(f"{flag} {text!r}: {item!r} is not a positive integer; e.g. {flag} 1,2,4,8")
-        out.append(int(item))
+        out.append(value)
     return out
 
 
@@ -120,14 +123,35 @@ class Progress:
             self._stream.flush()
 
 
-def run_fit(ns: argparse.Namespace, model: ModelConfig, settings: dict[str, Any]) -> int:
-    """Sweep, print the table (or JSON), draw the chart if asked; the exit code."""
+def swept_text(ns: argparse.Namespace, field: str, from_file: dict[str, Any]) -> str:
+    """A swept field's list as text: the flag's, else the settings file's one value (checked as ServerArgs checks
+    it, so a nonsense dtype there is refused, not dropped), else the default list."""
+    given = getattr(ns, field)
+    if given is not None:
+        return str(given)
+    if field not in from_file:
+        return DEFAULTS[field]
+    checked = checked_server_args({field: from_file[field]}, from_file=from_file, flags={}, path=ns.config)
+    return str(getattr(checked, field))
+
+
+def run_fit(ns: argparse.Namespace, model: ModelConfig, *, from_file: dict[str, Any], flags: dict[str, Any]) -> int:
+    """Sweep, print the table (or JSON), draw the chart if asked; the exit code. `from_file` are the --config
+    file's values (its swept fields restrict the sweep), `flags` the ServerArgs flags given, which override them."""
+    flags = {k: v for k, v in flags.items() if k not in SWEPT_FIELDS}
+    settings = {**from_file, **flags}
     target = fit_target(ns, settings)
-    cards, tp_sizes = _cards(ns.gpu), _sizes(ns.tp_size, "--tp-size")
-    pp_sizes, dtypes = _sizes(ns.pp_size, "--pp-size"), _dtypes(ns.kv_cache_dtype)
+    cards = _cards(ns.gpu)
+    tp_sizes = _sizes(swept_text(ns, "tp_size", from_file), "--tp-size")
+    pp_sizes = _sizes(swept_text(ns, "pp_size", from_file), "--pp-size")
+    dtypes = _dtypes(swept_text(ns, "kv_cache_dtype", from_file))
     if ns.plot is not None:
-        plot_format(ns.plot)
-    sweep = FitSweep(model=model, settings={k: v for k, v in settings.items() if k not in SWEPT_FIELDS}, target=target)
+        plot_destination(ns.plot)
+    fixed = {k: v for k, v in settings.items() if k not in SWEPT_FIELDS}
+    checked_server_args({**fixed, "device": "meta", "tp_size": tp_sizes[0], "pp_size": pp_sizes[0],  # exit 2 before
+                         "kv_cache_dtype": dtypes[0]}, from_file=from_file, flags=flags,
+                        path=ns.config)  # the sweep, a file's bad value in the file's words
+    sweep = FitSweep(model=model, settings=fixed, target=target)
     progress = Progress(sys.stderr)
     try:
         rows = ordered(run_sweep(sweep, cards, tp_sizes, pp_sizes, dtypes, on_cell=progress))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from app.failures import OutputUnwritableError
 from app.fit_sweep import FitRow, FitSweep
 from kvcache.errors import ConfigError
 from kvcache.inputs.cards import SimulatedCard
@@ -26,6 +27,18 @@ def plot_format(path: str) -> str:
     if suffix not in PLOT_FORMATS:
         raise ConfigError(f"--plot {path}: the file must end in .png or .svg (e.g. --plot fit.png)")
     return suffix
+
+
+def plot_destination(path: str) -> str:
+    """The chart's format, once FILE can be written where it is asked: its folder exists and is a folder (checked
+    before the sweep, so a typo in the path costs no sweep and is bad input, exit 2)."""
+    fmt = plot_format(path)
+    folder = Path(path).parent
+    if not folder.is_dir():
+        why = "is not a folder" if folder.exists() else "does not exist"
+        raise ConfigError(f"--plot {path}: the folder {folder} {why}; create it first or give a path in an existing "
+                          "folder (e.g. --plot fit.png)")
+    return fmt
 
 
 def have_matplotlib() -> bool:
@@ -98,6 +111,11 @@ def write_plot(path: str, sweep: FitSweep, rows: list[FitRow], cards: dict[str, 
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    fig.savefig(path, format=fmt)
-    plt.close(fig)
+    try:
+        fig.savefig(path, format=fmt)
+    except OSError as exc:  # removed or made read-only since the check, a full disk: the setup's, not a bug
+        raise OutputUnwritableError(f"cannot write the chart --plot {path}: {exc.strerror or exc} (errno "
+                                    f"{exc.errno}); give a path in a writable folder") from None
+    finally:
+        plt.close(fig)
     return len(drawn)
