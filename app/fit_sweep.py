@@ -214,6 +214,9 @@ class FitSweep:
                 return headroom, ""
             cap = (f"; the running-request cap is {plan.max_running_requests:,} (--max-running-requests)"
                    if plan.max_running_requests < t.requests else "")
+            if not plan.kv_pools and plan.max_total_num_tokens < t.requests * plan.context_length:
+                cap += (f"; without per-token KV its {plan.max_total_num_tokens:,} token slots hold the requests' "
+                        "tokens (--max-total-tokens)")
             return headroom, (f"holds {held:,} request{'s' if held != 1 else ''} of {plan.context_length:,} tokens, "
                               f"{t.requests:,} wanted{cap}")
         assert t.tokens is not None

@@ -148,3 +148,25 @@ def test_vllm_report_names_requests_not_tokens(capsys: pytest.CaptureFixture[str
     out = capsys.readouterr().out
     # Falcon-Mamba in bfloat16: 64 x (24,576 x 2 + 131,072 x 2) = 19,922,944 B a request
     assert "state per request   0.02 GiB (19,922,944 B)" in out and "bytes per block" not in out
+
+
+def test_token_slots_that_bind_say_the_max_total_tokens_that_frees_them(capsys: pytest.CaptureFixture[str]) -> None:
+    """8 GiB for Codestral serves 4 requests (state slots), but 2,048 token slots hold one request of 2,048 tokens:
+    the note names --max-total-tokens 4 x 2,048 = 8,192, which planned again serves all 4 at full length."""
+    argv = ["plan", "--model", str(CORPUS / f"{CODESTRAL}.json"), "--gpu", "H200", "--kv-cache-memory", "8GiB"]
+    d = plan_json(argv, capsys)
+    [note] = [n for n in d["capacity_notes"] if n["cap"] == "token_slots"]
+    assert note["fixes"] == ["--max-total-tokens 8192"] and "fit 1 request of 2,048 tokens at once, while 4" in note["message"]
+    d = plan_json([*argv, "--max-total-tokens", "8192"], capsys)
+    assert (d["max_total_num_tokens"], d["max_running_requests"]) == (8192, 4)
+    assert not [n for n in d["capacity_notes"] if n["cap"] == "token_slots"]
+
+
+@pytest.mark.parametrize(("extra", "held"), [([], 2048 // 2048), (["--max-total-tokens", "4096"], 4096 // 2048)])
+def test_fit_counts_the_requests_the_token_slots_hold(extra: list[str], held: int,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["fit", "--model", str(CORPUS / f"{FALCON}.json"), "--requests", "2", "--context-length", "2048",
+            "--gpu", "H200", "--tp-size", "1", "--kv-cache-dtype", "auto", "--json", *extra]
+    main(argv)
+    [row] = json.loads(capsys.readouterr().out)["rows"]
+    assert row["requests_at_context"] == held

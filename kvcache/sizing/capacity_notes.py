@@ -6,7 +6,10 @@ Three cases the report names, with the bytes:
 - running requests bind (state slots, --max-running-requests): R requests of at most `context` tokens
   use R * context tokens at once; the rest of the pool can hold only cached prefixes;
 - a --max-running-requests above the default makes the request table (a row of `context` int32s a
-  request, SGLang 0.5.23's shape) take budget the pool would otherwise hold: the tokens given up.
+  request, SGLang 0.5.23's shape) take budget the pool would otherwise hold: the tokens given up;
+- a model without per-token KV (a pure state-space model) has token slots for the context alone (SGLang 0.5.23's
+  default), so fewer full-length requests run at once than its state slots serve: the --max-total-tokens that
+  lets them all run, checked by planning with it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
 class CapacityNote(msgspec.Struct, frozen=True, kw_only=True):
     """One cap that leaves part of the pool unusable by running requests, with the bytes."""
 
-    cap: str  # "request_length", "state_slots", "max_running_requests" or "request_table"
+    cap: str  # "request_length", "state_slots", "max_running_requests", "request_table" or "token_slots"
     message: str  # one line for the report
     tokens: int  # tokens the cap leaves out (of running requests, or of the pool)
     bytes: int  # what those tokens cost in the pools that hold every token (or the table's extra bytes)
@@ -33,7 +36,8 @@ class CapacityNote(msgspec.Struct, frozen=True, kw_only=True):
 
 def capacity_notes(sizing: WorkerSizing, plan: MemoryPoolConfig) -> tuple[CapacityNote, ...]:
     """The caps that bind this plan below its pool, each with what it leaves out."""
-    notes = (_request_capped(sizing, plan), _requests_bind(sizing, plan), _table_takes_the_pool(sizing, plan))
+    notes = (_request_capped(sizing, plan), _requests_bind(sizing, plan), _table_takes_the_pool(sizing, plan),
+             _token_slots_bind(sizing, plan))
     return tuple(n for n in notes if n is not None)
 
 
@@ -91,3 +95,25 @@ def _table_takes_the_pool(sizing: WorkerSizing, plan: MemoryPoolConfig) -> Capac
         f"--max-running-requests {asked:,} (capped at {plan.max_running_requests:,}: at most tokens // 2, SGLang 0.5.23's "
         f"rule) makes the request table {format_bytes(plan.req_to_token_bytes)}; the pool holds {lost:,} fewer tokens "
         f"than at the default {baseline.max_running_requests:,} requests ({baseline.max_total_num_tokens:,})"))
+
+
+def _token_slots_bind(sizing: WorkerSizing, plan: MemoryPoolConfig) -> CapacityNote | None:
+    if plan.kv_pools:
+        return None
+    requests, context, slots = plan.max_running_requests, plan.context_length, plan.max_total_num_tokens
+    held = slots // context
+    if held >= requests:
+        return None
+    wanted = requests * context
+    fixes: tuple[str, ...] = ()
+    with_slots = replace(sizing, settings=sizing.settings.replace(max_total_tokens=wanted))
+    try:
+        replanned = with_slots.engine.plan(with_slots.plan_request(with_slots.layout(), plan.budget))
+    except DoesNotFitError:
+        replanned = None
+    if replanned is not None and replanned.max_total_num_tokens // context >= replanned.max_running_requests:
+        fixes = (f"--max-total-tokens {wanted}",)
+    return CapacityNote(cap="token_slots", tokens=wanted - held * context, bytes=0, fixes=fixes, message=(
+        f"the {slots:,} token slots ({sizing.engine.label}'s default without per-token KV: the context length; they "
+        f"hold no bytes) fit {held:,} request{'' if held == 1 else 's'} of {context:,} tokens at once, while "
+        f"{requests:,} may run" + (f"; for all of them at full length: {fixes[0]}" if fixes else "")))

@@ -282,10 +282,13 @@ def _check_windows_fit(req: PlanRequest, tokens: int, slots: int) -> None:
 
 def requests_at_context(req: PlanRequest, plan: MemoryPoolConfig) -> int:
     """Requests of `req.context_length` tokens each that `plan` holds at once: its running-request cap (state slots
-    included), and every pool's tokens over what one such request takes there (plan_pool_sizes' one request in a
+    included), the token slots of a plan without per-token KV, and every pool's tokens over what one such request
+    takes there (plan_pool_sizes' one request in a
     pool of every token; a window plus a page in a paired sliding-window pool, as _check_windows_fit counts it)."""
     one_request = whole_request_tokens(req)
     held = plan.max_running_requests
+    if not req.kv_pools:  # without per-token KV the token slots (zero_kv_tokens) still hold each request's tokens
+        held = min(held, plan.max_total_num_tokens // one_request)
     for demand, pool in zip(req.kv_pools, plan.kv_pools, strict=True):
         per_request = one_request
         if demand.share == "swa" and demand.window is not None:
