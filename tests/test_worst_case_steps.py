@@ -115,19 +115,20 @@ def test_the_dry_run_adds_the_mla_context_step_by_formula_in_turn_with_the_recor
     """DeepSeek-V2-Lite on an H200 (chunk 8,192, context 163,840): 131,072 context + 8,192 chunk tokens, each
     up-projected in bf16 as 2 x (512 + 64 + 16 heads x (128 + 2 x 192 + 128 + 192)) = 27,776 B; plus the chunk's
     8,192 x 145 x 2,048 B of activations and 2,048 x 10 x 102,400 B of prompt logprobs. In turn with the recorded
-    steps' 4,894,752,768 B plus the sampler's 3,774,873,600 B: the larger plus 3/5 of the smaller."""
+    steps' 7,818,182,656 B (the H200 run of 2026-12-06, sampled, which ran no MLA context step): the larger plus 3/5
+    of the smaller."""
     from kvcache.sizing.measured_prediction import calibration_for
 
     step = (131_072 + 8192) * 2 * (512 + 64 + 16 * (128 + 2 * 192 + 128 + 192)) + 8192 * 145 * 2048 \
         + 2048 * 10 * 102_400
     assert step == 8_398_045_184
-    recorded = 4_894_752_768 + 3_774_873_600
-    assert recorded > step
-    added = step * 3 // 5
+    recorded = 7_818_182_656
+    assert step > recorded
+    added = step + recorded * 3 // 5 - recorded
     report = _prediction(capsys, "DeepSeek-V2-Lite")
     p = report["measured_prediction"]
     recorded_free = calibration_for("H200", "DeepSeek-V2-Lite").kept_free_bytes
-    assert p["needed_free_bytes"] == recorded_free + 64 * MiB + 3_774_873_600 + added
+    assert p["needed_free_bytes"] == recorded_free + 64 * MiB + added
     assert p["basis"] == "uncalibrated" and f"plus {added:,} B by formula for the steps no recorded run ran " \
         "(mla_context)" in p["source"]
     assert p["tokens"] >= report["static_plan_tokens"]
@@ -136,12 +137,12 @@ def test_the_dry_run_adds_the_mla_context_step_by_formula_in_turn_with_the_recor
 def test_mixed_chunk_is_measured_and_the_dry_run_adds_its_step(capsys):
     """Llama-3.1-8B on an H200: 3,857 requests, chunk 8,192: 3,856 ride. The step holds the chunk's
     8,192 x 54 x 4,096 B of activations and 3,857 rows x (6 + 4) B x 128,256 of logits and probabilities, in turn
-    with the recorded 4,548,722,688 B plus the sampler's 2,048 x 10 x 128,256 + 3,857 x 4 x 128,256 B."""
+    with the recorded steps' 8,166,309,888 B (the H200 run of 2026-12-06, sampled with logprobs)."""
     plain, mixed = _prediction(capsys, "Llama-3.1-8B-Instruct"), _prediction(capsys, "Llama-3.1-8B-Instruct",
                                                                              "--enable-mixed-chunk")
     assert mixed["static_plan_tokens"] == plain["static_plan_tokens"] and mixed["measured_off"] is None
     step = 8192 * 54 * 4096 + 3857 * 10 * 128_256
-    recorded = 4_548_722_688 + 2048 * 10 * 128_256 + 3857 * 4 * 128_256
+    recorded = 8_166_309_888
     added = max(recorded, step) + min(recorded, step) * 3 // 5 - recorded
     assert mixed["measured_prediction"]["needed_free_bytes"] - plain["measured_prediction"]["needed_free_bytes"] == added
     assert "(mixed_chunk)" in mixed["measured_prediction"]["source"] and not mixed["measured_prediction"]["calibrated"]
