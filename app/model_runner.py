@@ -30,7 +30,7 @@ from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.errors import (
     BudgetBelowOnePageError, BudgetBelowOneRequestError, KVCacheError, WeightsDoNotFitError, WeightsLeaveNoRoomError,
 )
-from kvcache.sizing.advice import memory_limit_for_weights
+from kvcache.sizing.memory_size_advice import card_fixes, memory_limit_fixes
 from kvcache.sizing.tp_advice import tp_size_that_fits
 from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
 from kvcache.memory.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
@@ -307,10 +307,10 @@ class ModelRunner:
             f"{self.model_config.name}'s {self.role} weights ({format_bytes(needed)} on this rank) do not fit "
             f"in the {format_bytes(free)} free on {where}",
             needed_bytes=needed, available_bytes=free,
-            suggestions=(*per_rank, "a card with more memory") if self.device.type != "cpu" else
-            memory_limit_for_weights(
-                total_bytes=self.memory_probe.total_bytes(), weights_bytes=needed, free_bytes=free,
-                host_memory=host_memory_bytes()),
+            suggestions=(*per_rank, *card_fixes(self.sizing, weights_bytes=needed, dry_run=self.device.type == "meta"))
+            if self.device.type != "cpu" else
+            memory_limit_fixes(self.sizing, used_bytes=self.memory_probe.total_bytes() - free, weights_bytes=needed,
+                               host_memory=host_memory_bytes()),
         )
 
     def _refuse_a_kv_cache_that_cannot_plan(self, weights: int) -> None:

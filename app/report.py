@@ -245,6 +245,15 @@ def _measured_lines(m: dict[str, Any]) -> list[str]:
     return lines + ([f"                    {m['note']}"] if m["note"] else [])
 
 
+def _loading_adds(r: BootstrapReport) -> str:
+    """On a card free memory falls by more than the weights while they load (the kernels their first use loads grow
+    the CUDA context): the weights line says by how much, so the memory lines add up. A host's drop is noise."""
+    drop = r.free_before_load_bytes - r.free_after_load_bytes
+    if r.device == "cpu" or drop <= r.weights_bytes:
+        return ""
+    return f"  (free memory fell by {_gib(drop)}: loading adds {format_bytes(drop - r.weights_bytes)} of CUDA kernels)"
+
+
 def _gib(n: int) -> str:
     return f"{n / GiB:.2f} GiB"
 
@@ -288,7 +297,7 @@ def render_text(report: BootstrapReport) -> str:
         *([f"                    the ranks' smallest, which the budget reads: free before load "
            f"{format_bytes(r.ranks_smallest_memory['free_before_load_bytes'])}, free after load "
            f"{format_bytes(r.ranks_smallest_memory['free_after_load_bytes'])}"] if r.ranks_smallest_memory else []),
-        f"weights             {format_bytes(r.weights_bytes)}"
+        f"weights             {format_bytes(r.weights_bytes)}" + _loading_adds(r)
         + ("  (vision tower not counted: its shapes are not in config.json)" if r.vision_weights == "not_counted" else
            "  (vision tower not loaded: the engine builds none with the multimodal side off)"
            if r.vision_weights == "not_loaded" else ""),
@@ -317,7 +326,7 @@ def render_text(report: BootstrapReport) -> str:
     if r.plan.get("state_pool"):
         s = r.plan["state_pool"]
         lines.append(f"pool state            : {s['num_layers']} layers, {s['bytes_per_slot']:,} B/slot, "
-                     f"{s['usable_slots']} slots (+1 padding), {s['slots_per_request']} per request")
+                     f"{s['usable_slots']:,} slots (+1 padding), {s['slots_per_request']} per request")
     if r.measured_headroom is not None:
         lines += _measured_lines(r.measured_headroom)
     if r.measured_prediction is not None:

@@ -41,7 +41,7 @@ def flags_of(suggestion: str) -> dict[str, str]:
 
 
 def tokens_of(suggestion: str) -> int:
-    return int(suggestion.split(" (together: ")[1].split(" tokens fit")[0])
+    return int(suggestion.split(" (together: ")[1].split(" tokens fit")[0].replace(",", ""))
 
 
 def plan_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
@@ -97,7 +97,7 @@ def test_json_refusals_carry_the_combination(capsys: pytest.CaptureFixture[str])
     # --tp-size 2 runs as SGLang runs it (102,660 tokens a rank: each request capped below the 131,072 context)
     assert [s.split(" (")[0] for s in error["suggestions"]] == ["--tp-size 2", "--mem-fraction-static 0.882 --context-length 32768"]
     # the larger fraction says what it gives up: (1 - 0.882) and (1 - 0.684) of the 21.89 GiB free before loading
-    assert error["suggestions"][1].endswith("(together: 32805 tokens fit, keeps 2.58 GiB free for activations and CUDA "
+    assert error["suggestions"][1].endswith("(together: 32,805 tokens fit, keeps 2.58 GiB free for activations and CUDA "
                                             "graphs where the default 0.684 keeps 6.92 GiB: it gives that headroom up)")
     assert error["suggestions"][0].endswith(", each request capped at 102,659 tokens)")
     assert plan_json([*LLAMA_ON_L4, "--tp-size", "2"], capsys)["request_token_cap"] == 102_659  # what TP 2 then plans

@@ -164,11 +164,16 @@ def test_the_suggested_memory_limit_plans(args: dict[str, Any]) -> None:
     engine.shutdown_resources()
 
 
-def test_on_the_cpu_weights_that_do_not_fit_suggest_a_memory_limit(capsys: pytest.CaptureFixture[str]) -> None:
+def test_on_the_cpu_weights_that_do_not_fit_suggest_a_memory_limit(capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("app.model_runner.host_memory_bytes", lambda: 64 << 30)  # a host that has the limit
     assert main(["--model", "Llama-3.1-8B-Instruct", "--device", "cpu", "--json"]) == 3
     (suggestion,) = json.loads(capsys.readouterr().out)["error"]["suggestions"]
-    # 16,060,522,496 B of bf16 weights beside the default 8 GiB limit, less what is already used
-    assert suggestion.startswith("--memory-limit ") and int(suggestion.split()[1].removesuffix("MiB")) * MiB >= 16_060_522_496
+    # 16,062,087,168 B of bf16 weights and one 131,072-token request of 131,072 B a token (16 GiB), not the weights
+    # alone: with those the next answer was "nothing is left for the KV cache"
+    assert suggestion.startswith("--memory-limit ") and suggestion.endswith("(the least that holds the weights, the "
+                                                                          "runtime's reserve and one full-length request)")
+    assert int(suggestion.split()[1].removesuffix("MiB")) * MiB >= 16_062_087_168 + 131_072 * 131_072
 
 
 def test_a_config_file_may_give_sizes_as_users_type_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -180,9 +180,12 @@ def test_weights_larger_than_the_host_ask_for_a_bigger_host_not_a_refused_limit(
     monkeypatch.setattr("kvcache.memory.memory_probe._host_available_bytes", lambda: None)  # and what it has free
     assert main(["--model", "Qwen3-Next-80B-A3B-Thinking", "--device", "cpu", "--json"]) == 3
     (suggestion,) = json.loads(capsys.readouterr().out)["error"]["suggestions"]
-    # was "--memory-limit 151968MiB or more", which this host refuses ("more than this host has")
-    assert suggestion.startswith("a host with more memory (the weights alone need --memory-limit 1519")  # 148.4 GiB
-    assert suggestion.endswith("MiB; it has 16384MiB)")
+    # was "--memory-limit 151968MiB or more", which this host refuses ("more than this host has"); now the limit that
+    # holds the 148.4 GiB of weights, the runtime's reserve and one full-length request, and the host's size
+    assert suggestion.startswith("a host with more memory: --memory-limit ")
+    assert int(suggestion.split()[6].removesuffix("MiB")) > 151968
+    assert suggestion.endswith("MiB is the least that holds the weights, the runtime's reserve and one full-length "
+                               "request; this host has 16384MiB")
 
 
 def test_weights_that_do_not_fit_a_plan_name_the_card_not_the_meta_device(capsys: pytest.CaptureFixture[str]) -> None:

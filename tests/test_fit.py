@@ -140,7 +140,8 @@ def test_nothing_fits_is_exit_3_naming_the_closest_row(capsys: pytest.CaptureFix
     assert code == 3 and "*" not in out.splitlines()[1]
     assert err.count("\n") == 1 and err.startswith("kvcache: does not fit: no cell of the sweep serves 64 requests")
     # TP 1 does not hold the weights (131.42 GiB); at TP 2 they leave 13.24 GiB where the runtime keeps 13.60: closer
-    assert "closest: 2 x H100-80GB (TP 2, PP 1, KV auto): after loading weights (65.80 GiB" in err
+    assert "closest: 2 x H100-80GB (TP 2, PP 1, KV auto): after loading weights nothing is left for the KV cache" in err
+    assert "free memory fell by 65.80 GiB" in err
     assert err.rstrip().endswith("what would work: more or larger cards (--gpu, --tp-size, --pp-size)")
 
 

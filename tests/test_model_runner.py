@@ -86,17 +86,23 @@ def test_the_suggested_tp_size_splits_the_model_s_heads(make_engine) -> None:
     failure = _weights_failure(make_engine, "SmolLM2-135M", 200 * MiB, mem_fraction_static=0.9)
     assert failure.needed_bytes == 270_532_608
     assert failure.suggestions == ("--tp-size 9 (about 0.03 GiB (33,554,432 B) per rank, each request capped at 2,434 "
-                                   "tokens)", "a card with more memory")
+                                   "tokens)", f"--gpu A10 (22 GiB, {CARD}")  # A10: 23,028 MiB, the smallest known
 
 
-@pytest.mark.parametrize(("model", "total_bytes"), [("SmolLM2-135M", 200 * MiB), ("SmolLM2-135M", 16 * MiB),
-                                                    ("Llama-3.1-8B-Instruct", 512 * MiB)])
-def test_weights_no_tp_size_fits_suggest_only_a_larger_card(make_engine, model: str, total_bytes: int) -> None:
+CARD = "the smallest known card that holds the weights, the runtime's reserve and one full-length request at this --tp-size)"
+
+
+@pytest.mark.parametrize(("model", "total_bytes", "card"), [
+    ("SmolLM2-135M", 200 * MiB, "A10 (22 GiB"), ("SmolLM2-135M", 16 * MiB, "A10 (22 GiB"),
+    # Llama-3.1-8B: 14.96 GiB of weights leave a 22-24 GiB card nothing at its fraction (0.684 keeps 6.92 GiB free)
+    ("Llama-3.1-8B-Instruct", 512 * MiB, "A100-40GB (40 GiB")])
+def test_weights_no_tp_size_fits_suggest_only_a_larger_card(make_engine, model: str, total_bytes: int,
+                                                            card: str) -> None:
     # At the derived fraction (at least 0.05 on a card below SGLang's reserve) no TP size leaves these cards the
     # runtime's reserve: 95% of 200 MiB or 16 MiB is kept free, more than any shard leaves. Llama-8B's largest TP
     # is 32 (32 heads): doubling up to 1024 suggested --tp-size 1024, which splits no 32 heads.
     failure = _weights_failure(make_engine, model, total_bytes)
-    assert failure.suggestions == ("a card with more memory",)
+    assert failure.suggestions == (f"--gpu {card}, {CARD}",)
 
 
 def test_a_pool_build_failing_part_way_frees_everything(make_engine, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -407,7 +407,7 @@ def test_configure_suggests_values_that_work(scenario: str) -> None:
         plan = result.memory_pool_config
         assert result.allocated_bytes == plan.total_bytes <= plan.budget.budget_bytes
         if "tokens fit" in suggestion:
-            assert f"({plan.max_total_num_tokens} tokens fit)" in suggestion
+            assert f"({plan.max_total_num_tokens:,} tokens fit)" in suggestion
 
 
 @pytest.mark.parametrize("scenario", ["fraction", "weights"])
@@ -511,7 +511,7 @@ def test_the_fp8_suggestion_counts_the_draft_in_fp8_too() -> None:
     (suggestion,) = [s for s in info.value.suggestions if s.startswith("--kv-cache-dtype")]
     result = eagle_target(context_length=32768, kv_cache_dtype="fp8_e4m3").configure(
         pre_model_load_memory=CARD_24["free_before"])
-    assert f"({result.max_total_num_tokens} tokens fit)" in suggestion
+    assert f"({result.max_total_num_tokens:,} tokens fit)" in suggestion
 
 
 def test_a_token_cap_below_one_request_names_the_cap() -> None:

@@ -70,8 +70,9 @@ def compute_budget(
         if budget <= 0:
             also = f" and {format_bytes(reserved_bytes)} for buffers allocated after it" if reserved_bytes else ""
             raise WeightsLeaveNoRoomError(
-                f"after loading weights ({format_bytes(free_before_load - free_after_load)}) nothing is left for the "
-                f"KV cache at --mem-fraction-static {mem_fraction_static}: the runtime keeps "
+                f"after loading weights nothing is left for the KV cache at --mem-fraction-static "
+                f"{mem_fraction_static}: free memory fell by {format_bytes(free_before_load - free_after_load)} "
+                "while loading (the weights and what loading adds: CUDA kernels on a card) and the runtime keeps "
                 f"{format_bytes(keep_free)} free{also}",
                 needed_bytes=keep_free + reserved_bytes, available_bytes=free_after_load,
             )

@@ -25,6 +25,7 @@ class KeptFree(msgspec.Struct, frozen=True, kw_only=True):
 
     free_before_load: int
     default_fraction: float
+    cuda_graphs: bool = True  # a card's runtime keeps room for graphs too; a host's for activations alone
 
     def trade(self, fraction: float) -> str:
         """'' when `fraction` keeps at least the default's reserve; else what it keeps and gives up."""
@@ -32,8 +33,13 @@ class KeptFree(msgspec.Struct, frozen=True, kw_only=True):
             return ""
         keeps = headroom_bytes(self.free_before_load, fraction)
         default = headroom_bytes(self.free_before_load, self.default_fraction)
-        return (f"keeps {keeps / GiB:.2f} GiB free for activations and CUDA graphs where the default "
+        return (f"keeps {keeps / GiB:.2f} GiB free for {runtime_uses(self.cuda_graphs)} where the default "
                 f"{self.default_fraction} keeps {default / GiB:.2f} GiB: it gives that headroom up")
+
+
+def runtime_uses(cuda_graphs: bool) -> str:
+    """What the memory a runtime keeps free is for: a CPU engine captures no CUDA graphs."""
+    return "activations and CUDA graphs" if cuda_graphs else "activations"
 
 
 def fits(req: PlanRequest, *, full_context: bool = True) -> bool:
@@ -190,28 +196,16 @@ def suggest_kv_cache_memory(req: PlanRequest, free_after_load: int, *, kv_cache_
     least = smallest_fitting_budget(req, free_after_load)
     if least is not None:
         ninety = free_after_load * 9 // 10 // MiB * MiB
+        uses = runtime_uses(not on_host)
         return (*out, f"--kv-cache-memory {size_flag_value(ninety)} (90% of what is free, leaving "
-                f"{(free_after_load - ninety) / GiB:.2f} GiB for activations and CUDA graphs)"
+                f"{(free_after_load - ninety) / GiB:.2f} GiB for {uses})"
                 if fits(_with_budget(req, ninety)) else
-                f"--kv-cache-memory {size_flag_value(free_after_load)} (all that is free: it leaves nothing for "
-                "activations and CUDA graphs)",
+                f"--kv-cache-memory {size_flag_value(free_after_load)} (all that is free: it leaves nothing for {uses})",
                 f"--kv-cache-memory {size_flag_value(mib_at_least(least, free_after_load))} "
                 "(the least that holds one full-length request)")
     others = suggest_fixes(at_most, budget_for_fraction=None, kv_cache_memory_limit=None, fp8_request=None,
                            on_host=on_host)
     return (*out, *(f"--kv-cache-memory {free_after_load} with {fix}" for fix in others))
-
-
-def memory_limit_for_weights(*, total_bytes: int, weights_bytes: int, free_bytes: int,
-                             host_memory: int | None) -> tuple[str, ...]:
-    """On the CPU: the --memory-limit the weights alone need (today's limit grown by what they lack), unless the
-    host has less than that (`host_memory`, when known): such a limit would be refused."""
-    limit_mib = align_up(total_bytes + weights_bytes - free_bytes, MiB) // MiB
-    if host_memory is not None and limit_mib * MiB > host_memory:
-        return (f"a host with more memory (the weights alone need --memory-limit {limit_mib}MiB; "
-                f"it has {host_memory // MiB}MiB)",)
-    return (f"--memory-limit {limit_mib}MiB or more (ServerArgs.memory_limit from Python; the weights alone need "
-            "that much, the KV cache more)",)
 
 
 HOST_LIMIT_STEP = 64 * MiB
@@ -273,10 +267,13 @@ def suggest_fixes(
     a larger --memory-limit is suggested (at most `host_memory`, what the host has), never more devices.
     A --mem-fraction-static above the default's says what runtime headroom it gives up (`kept_free`)."""
     out: list[str] = []
+    beyond_host = None  # on a host too small: the limit that plans, for a host that has it
     if fraction_for_limit is not None:
         limit = smallest_fitting_memory_limit(req, fraction_for_limit, host_memory)
         if limit is not None:
             out.append(f"--memory-limit {limit // MiB}MiB (the least that fits, if the host has it)")
+        elif host_memory is not None:
+            beyond_host = smallest_fitting_memory_limit(req, fraction_for_limit)
     slots = largest_fitting_state_slots(req)
     if slots is not None and slots != req.state.max_slots:  # type: ignore[union-attr]
         out.append(f"--max-mamba-cache-size {slots}")
@@ -298,7 +295,7 @@ def suggest_fixes(
                        "(the least that holds one full-length request)")
     if fp8_request is not None and fits(fp8_request):
         tokens = plan_pool_sizes(fp8_request).max_total_num_tokens
-        out.append(f"--kv-cache-dtype fp8_e4m3 ({tokens} tokens fit)")
+        out.append(f"--kv-cache-dtype fp8_e4m3 ({tokens:,} tokens fit)")
     context = longest_fitting_context(req)
     if context is not None:
         out.append(f"--context-length {context} (the longest that fits)")
@@ -306,13 +303,16 @@ def suggest_fixes(
     if requests is not None:
         plan = plan_pool_sizes(msgspec.structs.replace(req, max_running_requests=requests))
         out.append(f"--max-running-requests {requests} (the most that run: the request table then leaves the pool "
-                   f"{plan.max_total_num_tokens} tokens"
-                   + (f", one request at most {plan.request_token_cap})" if plan.request_token_cap is not None else ")"))
+                   f"{plan.max_total_num_tokens:,} tokens"
+                   + (f", one request at most {plan.request_token_cap:,})" if plan.request_token_cap is not None else ")"))
     if not out:
         combined = first_fitting_combination(req, budget_for_fraction=budget_for_fraction, fp8_request=fp8_request,
                                              kept_free=kept_free)
         if combined is not None:
             out.append(combined)
+    if beyond_host is not None:
+        out.append(f"a host with more memory: --memory-limit {beyond_host // MiB}MiB is the least that holds the "
+                   f"weights, the runtime's reserve and one full-length request; this host has {host_memory // MiB}MiB")
     if not out:
         out.append("a host with more memory" if on_host or fraction_for_limit is not None else
                    "a larger --tp-size (or --pp-size) to spread weights and KV over more devices, or a bigger card")
@@ -354,6 +354,6 @@ def first_fitting_combination(req: PlanRequest, *, budget_for_fraction: Callable
             tokens = plan_pool_sizes(_with_budget(variant, budget_for_fraction(fraction))).max_total_num_tokens
             context_flag = "" if context is None else f"--context-length {context} "
             trade = kept_free.trade(fraction) if kept_free else ""
-            return (f"--mem-fraction-static {fraction:.3f} {flags}{context_flag}(together: {tokens} tokens fit"
+            return (f"--mem-fraction-static {fraction:.3f} {flags}{context_flag}(together: {tokens:,} tokens fit"
                     + (f", {trade})" if trade else ")"))
     return None

@@ -240,7 +240,8 @@ class WorkerSizing:
         limit = request.budget.free_after_load_bytes if self.settings.kv_cache_memory is not None else None
         by_default = replace(self, settings=self.settings.replace(mem_fraction_static=None))
         kept_free = KeptFree(free_before_load=request.budget.free_before_load_bytes,
-                             default_fraction=by_default.mem_fraction_static(request.budget.total_bytes))
+                             default_fraction=by_default.mem_fraction_static(request.budget.total_bytes),
+                             cuda_graphs=not on_cpu)
         return suggest_fixes(request, budget_for_fraction=budget_for, kv_cache_memory_limit=limit, fp8_request=fp8,
                              fraction_for_limit=self.mem_fraction_static if on_cpu else None,
                              host_memory=host_memory_bytes() if on_cpu else None, kept_free=kept_free)
