@@ -64,14 +64,17 @@ def holds_a_full_request(sizing: WorkerSizing, memory: WorkerMemory) -> bool:
 
 def card_fixes(sizing: WorkerSizing, *, weights_bytes: int, dry_run: bool) -> tuple[str, ...]:
     """On a card: the smallest known card on which these weights (and the kernels loading them adds to the context),
-    the runtime's reserve and one full-length request plan at this TP size; `--gpu NAME` for a dry run."""
+    the runtime's reserve and one full-length request plan at this TP size; `--gpu NAME` for a dry run. An engine
+    whose answer is its own block plan (vLLM) is checked for the weights alone."""
+    pools = sizing.engine.plans_pools
+    held = "the runtime's reserve and one full-length request" if pools else "(the engine's own blocks need more)"
     for name, total in sorted(KNOWN_CARDS.items(), key=lambda item: item[1]):
         free = SimulatedCard(name=name, total_bytes=total).free_bytes
         memory = WorkerMemory(total_bytes=total, free_before_load=free,
                               free_after_load=free - weights_bytes - CUDA_KERNEL_LOAD_BYTES)
-        if holds_a_full_request(sizing, memory):
-            why = (f"{total / GiB:.0f} GiB, the smallest known card that holds the weights, the runtime's reserve and "
-                   "one full-length request at this --tp-size")
+        if holds_a_full_request(sizing, memory) if pools else memory.free_after_load > 0:
+            why = f"{total / GiB:.0f} GiB, the smallest known card that holds the weights{', ' if pools else ' '}{held} " \
+                  "at this --tp-size"
             return (f"--gpu {name} ({why})",) if dry_run else (f"a card such as {name} ({why})",)
     return ("no known card holds the weights and one full-length request at this --tp-size: a larger --tp-size or "
             "--pp-size",)
