@@ -171,7 +171,7 @@ def test_on_the_cpu_weights_that_do_not_fit_suggest_a_memory_limit(capsys: pytes
     (suggestion,) = json.loads(capsys.readouterr().out)["error"]["suggestions"]
     # 16,062,087,168 B of bf16 weights and one 131,072-token request of 131,072 B a token (16 GiB), not the weights
     # alone: with those the next answer was "nothing is left for the KV cache"
-    assert suggestion.startswith("--memory-limit ") and suggestion.endswith("(the least that holds the weights, the "
+    assert suggestion.startswith("--memory-limit ") and suggestion.endswith("; the least that holds the weights, the "
                                                                           "runtime's reserve and one full-length request)")
     assert int(suggestion.split()[1].removesuffix("MiB")) * MiB >= 16_062_087_168 + 131_072 * 131_072
 

@@ -184,7 +184,8 @@ def test_weights_larger_than_the_host_ask_for_a_bigger_host_not_a_refused_limit(
     # holds the 148.4 GiB of weights, the runtime's reserve and one full-length request, and the host's size
     assert suggestion.startswith("a host with more memory: --memory-limit ")
     assert int(suggestion.split()[6].removesuffix("MiB")) > 151968
-    assert suggestion.endswith("MiB is the least that holds the weights, the runtime's reserve and one full-length "
+    assert suggestion.endswith("MiB (ServerArgs.memory_limit from Python) is the least that holds the weights, the "
+                               "runtime's reserve and one full-length "
                                "request; this host has 16384MiB")
 
 

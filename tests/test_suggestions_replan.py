@@ -97,8 +97,8 @@ def test_the_memory_limit_a_host_refusal_names_runs_the_bootstrap(limit: str, ho
     code, refused = run(argv, capsys)
     assert code == 3
     (suggestion,) = [s for s in refused["error"]["suggestions"] if s.startswith("--memory-limit ")]
-    assert suggestion.endswith("MiB (the least that holds the weights, the runtime's reserve and one full-length "
-                               "request)") or "the least that fits" in suggestion
+    assert suggestion.endswith("MiB (ServerArgs.memory_limit from Python; the least that holds the weights, the "
+                               "runtime's reserve and one full-length request)") or "the least that fits" in suggestion
     code, report = run(applied(argv, flags_of(suggestion)), capsys)
     assert code == 0 and report["max_total_num_tokens"] >= 8192 and report["request_token_cap"] is None
 
@@ -112,7 +112,8 @@ def test_a_host_too_small_names_the_limit_that_would_work_and_what_it_has(host_o
     assert code == 3
     (suggestion,) = refused["error"]["suggestions"]
     assert suggestion.startswith("a host with more memory: --memory-limit ") and suggestion.endswith(
-        "MiB is the least that holds the weights, the runtime's reserve and one full-length request; this host has "
+        "MiB (ServerArgs.memory_limit from Python) is the least that holds the weights, the runtime's reserve and one "
+        "full-length request; this host has "
         "24576MiB")
     needed = int(suggestion.split()[6].removesuffix("MiB")) * MiB
     assert needed > 16_062_087_168 + 131_072 * 131_072  # the weights and one full request of 128 KiB a token

@@ -51,9 +51,9 @@ def memory_limit_fixes(sizing: WorkerSizing, *, used_bytes: int, weights_bytes: 
                 "reserve and one full-length request",)
     what = "the least that holds the weights, the runtime's reserve and one full-length request"
     if host_memory is not None and limit > host_memory:
-        return (f"a host with more memory: --memory-limit {limit // MiB}MiB is {what}; this host has "
-                f"{host_memory // MiB}MiB",)
-    return (f"--memory-limit {limit // MiB}MiB ({what})",)
+        return (f"a host with more memory: --memory-limit {limit // MiB}MiB (ServerArgs.memory_limit from Python) is "
+                f"{what}; this host has {host_memory // MiB}MiB",)
+    return (f"--memory-limit {limit // MiB}MiB (ServerArgs.memory_limit from Python; {what})",)
 
 
 def holds_a_full_request(sizing: WorkerSizing, memory: WorkerMemory) -> bool:
