@@ -26,6 +26,7 @@ from kvcache.runtime.resize import PostCaptureKVResize
 from kvcache.memory.vmm_storage import VmmBacking
 from kvcache.byte_units import format_bytes
 from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES
+from kvcache.inputs.dtypes import DType
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.errors import (
     BudgetBelowOnePageError, BudgetBelowOneRequestError, KVCacheError, WeightsDoNotFitError, WeightsLeaveNoRoomError,
@@ -45,7 +46,7 @@ class ModelRunner:
 
     def __init__(
         self, *, role: str, model_config: ModelConfig, parallel_state: ParallelState, device: torch.device,
-        model_dtype: torch.dtype, memory_probe: MemoryProbe, configurator_factory: Callable[[], KVCacheConfigurator],
+        model_dtype: DType, memory_probe: MemoryProbe, configurator_factory: Callable[[], KVCacheConfigurator],
         forward_stream: Any, worst_case_step_factory: Callable[..., WorstCaseStep] = ReferenceWorstCaseStep,
     ) -> None:
         self.role = role

@@ -24,10 +24,11 @@ from typing import Iterator, Mapping
 import torch
 import torch.distributed as dist
 
-from kvcache.inputs.devices import resolve_device
 from kvcache.errors import ConfigError, RankLostError
 from kvcache.inputs.parallel import ParallelState, ProcessGroups, group_ranks
 from kvcache.inputs.server_args import ServerArgs
+from kvcache.memory.devices import resolve_device
+from kvcache.memory.torch_collectives import TorchRankGroup
 
 # How long a rank waits for the others at one collective before giving up (torch's default is 10 minutes;
 # a start-up step that takes this long means a rank died).
@@ -158,7 +159,7 @@ def _new_groups(server_args: ServerArgs, rank: int, created: list[object]) -> Pr
                 created.append(group)
     agreement = dist.new_group(list(range(dist.get_world_size())), backend="gloo", timeout=COLLECTIVE_TIMEOUT)
     created.append(agreement)
-    return ProcessGroups(agreement=agreement, **mine)  # type: ignore[arg-type]
+    return ProcessGroups(agreement=TorchRankGroup(agreement, dist.get_world_size()), **mine)  # type: ignore[arg-type]
 
 
 def parallel_state_resource(server_args: ServerArgs, environ: Mapping[str, str] | None = None) -> Iterator[ParallelState]:

@@ -11,7 +11,6 @@ from app.model_runner import ModelRunner
 from app.report_header import report_header
 from kvcache.byte_units import GiB, format_bytes
 from kvcache.engines import EngineRules
-from kvcache.inputs.dtypes import model_dtype_name
 from kvcache.memory.memory_budget import MemoryBudget, headroom_bytes
 from kvcache.sizing.capacity_notes import CapacityNote, capacity_notes
 from kvcache.sizing.worker_sizing import WorkerMemory
@@ -81,7 +80,7 @@ def _worker(runner: ModelRunner) -> WorkerReport:
     kv = runner.kv_cache
     assert runner.weights is not None
     return WorkerReport(
-        role=runner.role, model=runner.model_config.name, model_dtype=model_dtype_name(kv.model_dtype),
+        role=runner.role, model=runner.model_config.name, model_dtype=kv.model_dtype.name,
         kv_cache_dtype=kv.kv_cache_dtype.name, weights_bytes=runner.weights.total_bytes,
         parameter_count=runner.weights.parameter_count, allocated_bytes=kv.allocated_bytes,
         pools=_pool_names(runner), timings_s=dict(runner.timings),
@@ -107,7 +106,7 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
     return BootstrapReport(
         model=target.model_config.name, engine=rules.name, engine_version=rules.version,
         device=str(target.device), card=card,
-        model_dtype=model_dtype_name(kv.model_dtype), kv_cache_dtype=kv.kv_cache_dtype.name,
+        model_dtype=kv.model_dtype.name, kv_cache_dtype=kv.kv_cache_dtype.name,
         page_size=plan.page_size, page_size_note=page_size_note, context_length=plan.context_length,
         bytes_per_token=plan.bytes_per_token if plan.kv_pools else None,
         max_total_num_tokens=headline, max_total_num_tokens_source=source, static_plan_tokens=static,

@@ -14,7 +14,6 @@ from app.report_header import report_header
 from kvcache.byte_units import format_bytes
 from kvcache.engines import vllm_rules
 from kvcache.engines.vllm_answer import VllmAnswer, vllm_answer
-from kvcache.inputs.dtypes import model_dtype_name
 
 ESTIMATED_NOTE = ("ESTIMATED: vLLM measures its activation peak, non-torch memory and CUDA graphs at start-up; "
                   "a dry run takes the project's runtime reserve for the card")
@@ -74,7 +73,7 @@ def plan_for_vllm(container: Any, *, card: str | None) -> VllmReport:
         enable_prefix_caching=args.enable_prefix_caching,
     )
     return vllm_report(answer, model=model.name, device=str(container.device()), card=card,
-                       model_dtype=model_dtype_name(container.model_dtype()),
+                       model_dtype=container.model_dtype().name,
                        kv_cache_dtype=container.kv_cache_dtype().name)
 
 

@@ -50,6 +50,7 @@ from kvcache.inputs.cards import KNOWN_CARDS  # noqa: E402
 from kvcache.memory.runtime_reserve import RuntimeShape  # noqa: E402
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype  # noqa: E402
 from kvcache.inputs.parallel import ParallelState  # noqa: E402
+from kvcache.memory.torch_dtypes import torch_dtype  # noqa: E402
 from kvcache.models.model_config import ModelConfig  # noqa: E402
 from kvcache.sizing.layer_specs import (  # noqa: E402
     FullAttentionSpec, LayerPlacement, MLASpec, RecurrentStateSpec, SlidingWindowSpec,
@@ -142,7 +143,7 @@ def vllm_specs(vllm: SimpleNamespace, placements: tuple[LayerPlacement, ...], la
         s, name = p.spec, f"model.layers.{p.layer_id}.{n}"
         if isinstance(s, (FullAttentionSpec, SlidingWindowSpec)):
             common = dict(block_size=block_size, num_kv_heads=s.kv_heads, head_size=s.head_dim,
-                          head_size_v=s.v_head_dim, dtype=s.dtype.storage_dtype)
+                          head_size_v=s.v_head_dim, dtype=torch_dtype(s.dtype.storage_dtype))
             if isinstance(s, FullAttentionSpec):
                 specs[name] = i.FullAttentionSpec(**common)
             elif layer_kinds[p.layer_id] == "chunked_attention":
@@ -154,12 +155,12 @@ def vllm_specs(vllm: SimpleNamespace, placements: tuple[LayerPlacement, ...], la
         elif isinstance(s, MLASpec):
             specs[name] = i.MLAAttentionSpec(block_size=block_size, num_kv_heads=1,
                                              head_size=s.kv_lora_rank + s.qk_rope_head_dim,
-                                             dtype=s.dtype.storage_dtype, cache_dtype_str="auto")
+                                             dtype=torch_dtype(s.dtype.storage_dtype), cache_dtype_str="auto")
         elif isinstance(s, RecurrentStateSpec):
             state = s.bytes_per_request
             align = settings.mamba_cache_mode == "align"
             specs[name] = i.MambaSpec(block_size=block_size if align else settings.max_model_len,
-                                      shapes=(s.conv_shape, s.ssm_shape), dtypes=(s.conv_dtype, s.ssm_dtype),
+                                      shapes=(s.conv_shape, s.ssm_shape), dtypes=(torch_dtype(s.conv_dtype), torch_dtype(s.ssm_dtype)),
                                       page_size_padded=mamba_page if mamba_page > state else None,
                                       mamba_cache_mode=settings.mamba_cache_mode,
                                       num_prefill_checkpoint_blocks=settings.mamba_checkpoint.blocks if align else 0,
@@ -182,7 +183,7 @@ def sparse_mla_specs(vllm: SimpleNamespace, s: MLASpec, name: str, block_size: i
                                     dtype=torch.uint8, cache_dtype_str="fp8_ds_mla", state_content_bytes=656,
                                     is_index_group_leader=True)
     else:
-        dtype = s.dtype.storage_dtype
+        dtype = torch_dtype(s.dtype.storage_dtype)
         latent = i.MLAAttentionSpec(block_size=block_size, num_kv_heads=1, max_tp_shards=1, head_size=width,
                                     dtype=dtype, cache_dtype_str="auto", is_index_group_leader=True,
                                     block_stride_alignment=width * dtype.itemsize)

@@ -8,7 +8,7 @@ from app.engine import Engine, draft_runner_for
 from app.parallel_setup import parallel_state_resource
 from kvcache.configurator import SharedTargetCache
 from kvcache.engines import engine_rules
-from kvcache.inputs.devices import resolve_device
+from kvcache.memory.devices import resolve_device
 from kvcache.models.draft_pairing import paired_draft
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.memory.memory_probe import probe_for_device

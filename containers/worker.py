@@ -10,7 +10,7 @@ from app.model_runner import ModelRunner
 from kvcache.allocators.factory import allocator_for_plan
 from kvcache.configurator import KVCacheConfigurator
 from kvcache.engines import EngineRules
-from kvcache.inputs.dtypes import KVCacheDtype
+from kvcache.inputs.dtypes import DType, KVCacheDtype
 from kvcache.memory.memory_probe import MemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
@@ -32,7 +32,7 @@ class WorkerContainer(containers.DeclarativeContainer):
     parallel_state = providers.Dependency(instance_of=ParallelState)
     device = providers.Dependency(instance_of=torch.device)
     memory_probe = providers.Dependency(instance_of=MemoryProbe)
-    model_dtype = providers.Dependency(instance_of=torch.dtype)
+    model_dtype = providers.Dependency(instance_of=DType)
     kv_cache_dtype = providers.Dependency(instance_of=KVCacheDtype)
     engine_rules = providers.Dependency(instance_of=EngineRules)
     pool_name_prefix = providers.Object("")

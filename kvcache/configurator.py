@@ -17,7 +17,7 @@ from kvcache.pools.allocator_protocol import AllocatorFactory, TokenAllocator
 from kvcache.engines import EngineRules
 from kvcache.engines.sglang import SGLANG
 from kvcache.errors import ConfigError
-from kvcache.inputs.dtypes import KVCacheDtype
+from kvcache.inputs.dtypes import DType, KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.memory.device_buffers import Arena, ArenaBacking
@@ -36,7 +36,7 @@ class KVCacheConfigResult(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     pools (kvcache.runtime.live_resize) the runner keeps `resized()`'s: the resized plan and the fresh allocator."""
 
     memory_pool_config: MemoryPoolConfig  # the plan the pools hold now: as built, or a live resize's
-    model_dtype: torch.dtype
+    model_dtype: DType
     kv_cache_dtype: KVCacheDtype
     req_to_token_pool: ReqToTokenPool
     token_to_kv_pool: KVPool
@@ -95,7 +95,7 @@ class KVCacheConfigurator:
     settings: SizingSettings
     model_config: ModelConfig
     parallel_state: ParallelState
-    model_dtype: torch.dtype
+    model_dtype: DType
     kv_cache_dtype: KVCacheDtype
     device: torch.device
     memory_probe: MemoryProbe

@@ -16,7 +16,7 @@ import json
 import pytest
 
 from app.cli import main
-from kvcache.memory.device_buffers import slot_size
+from kvcache.memory.arena_sizes import slot_size
 
 
 def _plan(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:

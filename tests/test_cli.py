@@ -15,7 +15,7 @@ import app.cli as cli
 
 from app.cli import main
 from kvcache.byte_units import GiB
-from kvcache.inputs.devices import resolve_device
+from kvcache.memory.devices import resolve_device
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED_KEYS = {"model", "device", "model_dtype", "kv_cache_dtype", "page_size", "bytes_per_token",

@@ -10,6 +10,7 @@ from dependency_injector import errors, providers
 
 from containers import EngineContainer, WorkerContainer
 from kvcache.byte_units import GiB, MiB
+from kvcache.inputs.dtypes import BFLOAT16
 from kvcache.configurator import KVCacheConfigurator
 from kvcache.memory.memory_probe import FixedMemoryProbe, HostMemoryProbe, MemoryProbe
 from kvcache.inputs.parallel import ParallelState
@@ -102,7 +103,7 @@ def test_streams_and_dtypes_reach_the_runner_uncopied(make_engine) -> None:
     stream = engine.target.forward_stream()
     runner = engine.target.model_runner()
     assert runner.forward_stream is stream  # a singleton, not a deep copy
-    assert engine.target.configurator().model_dtype is torch.bfloat16
+    assert engine.target.configurator().model_dtype == BFLOAT16
     assert engine.target.kv_cache_dtype().name == "bfloat16"
 
 

@@ -14,8 +14,9 @@ import torch
 
 from containers import EngineContainer
 from kvcache.byte_units import GiB
+from kvcache.pools.dsa_latent_rows import unpack_latent
 from kvcache.sizing.dsa_latent import DSAFp8Latent
-from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+from kvcache.inputs.dtypes import BFLOAT16, KV_CACHE_DTYPES
 from kvcache.errors import ConfigError
 from kvcache.sizing.layer_specs import MLASpec
 from kvcache.memory.memory_probe import FixedMemoryProbe
@@ -37,7 +38,7 @@ def corpus(name: str) -> ModelConfig:
 
 def mla_spec(name: str, kv: str) -> MLASpec:
     layout = worker_cache_layout(model_config=corpus(name), parallel_state=ParallelState(),
-                                 kv_cache_dtype=KV_CACHE_DTYPES[kv], model_dtype=torch.bfloat16)
+                                 kv_cache_dtype=KV_CACHE_DTYPES[kv], model_dtype=BFLOAT16)
     spec = next(g.spec for g in layout.kv_groups if g.name == "mla")
     assert isinstance(spec, MLASpec)
     return spec
@@ -78,7 +79,7 @@ def test_a_written_latent_reads_back_within_one_fp8_step() -> None:
     rope = torch.randn(2, 1, 64, dtype=torch.bfloat16)
     pool.set_mla_kv_buffer(3, torch.tensor([4, 6]), nope, rope)
     rows = pool.get_key_buffer(3)[[4, 6]]
-    restored = layout.unpack(rows)
+    restored = unpack_latent(layout, rows)
     assert torch.equal(restored[..., 512:], rope.float())  # the RoPE part is kept exactly, in bf16
     tiles = nope.float().reshape(2, 1, 4, 128)
     scales = rows[..., 512:528].contiguous().view(torch.float32)  # [2, 1, 4]: amax / 448 per tile

@@ -57,7 +57,7 @@ def test_the_text_report_says_why_the_counts_differ(capsys: pytest.CaptureFixtur
 
 def test_a_resized_plans_budget_is_not_one_sglang_computes() -> None:
     """After a measured or post-capture resize the plan's budget is the measured one: SGLang's line is not said."""
-    import torch
+    from kvcache.inputs.dtypes import BFLOAT16
 
     from kvcache.engines import engine_rules
     from kvcache.inputs.dtypes import KV_CACHE_DTYPES
@@ -70,7 +70,7 @@ def test_a_resized_plans_budget_is_not_one_sglang_computes() -> None:
 
     rules, settings = engine_rules("sglang"), SizingSettings()
     sizing = WorkerSizing(settings=settings, model_config=load_model_config("Llama-3.1-8B-Instruct"),
-                          parallel_state=ParallelState(), model_dtype=torch.bfloat16,
+                          parallel_state=ParallelState(), model_dtype=BFLOAT16,
                           kv_cache_dtype=KV_CACHE_DTYPES["bfloat16"], device_type="cuda", engine=rules)
     plan = sizing.plan(WorkerMemory(total_bytes=150_109_880_320, free_before_load=149_458_911_232,
                                     free_after_load=133_300_355_072))

@@ -13,7 +13,7 @@ import kvcache.models
 from app.cli import main
 from kvcache.engines import ENGINES, engine_rules
 from kvcache.engines.sglang import SGLANG
-from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+from kvcache.inputs.dtypes import BFLOAT16, KV_CACHE_DTYPES
 from kvcache.inputs.parallel import ParallelState
 from kvcache.models.hf_config import model_config_from_hf
 from kvcache.sizing.pool_layout import worker_cache_layout
@@ -121,7 +121,7 @@ def test_llama4_scouts_published_empty_no_rope_layers_means_every_fourth_layer_n
     model = model_config_from_hf(raw, name="scout-published")
     assert model.layer_kinds == tuple("full_attention" if (i + 1) % 4 == 0 else "chunked_attention" for i in range(48))
     layout = worker_cache_layout(model_config=model, parallel_state=ParallelState(),
-                                 kv_cache_dtype=KV_CACHE_DTYPES["bfloat16"], model_dtype=torch.bfloat16)
+                                 kv_cache_dtype=KV_CACHE_DTYPES["bfloat16"], model_dtype=BFLOAT16)
     assert sum(g.bytes_per_token for g in layout.kv_groups) == 48 * 8 * 256 * 2  # 196,608: SGLang 0.5.23's
 
 

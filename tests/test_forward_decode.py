@@ -17,6 +17,7 @@ import torch
 from app.forward import ContextFullError, UnknownRequestError, DecodeRequests, PoolAttention, build_decoder, paged_decode_attention_torch
 from app.weights import parameter_specs
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+from kvcache.memory.torch_dtypes import torch_dtype
 from kvcache.errors import UnsupportedModelError
 from kvcache.models.model_config import ModelConfig
 from kvcache.pools import ReqToTokenPool
@@ -120,7 +121,7 @@ def paged_and_dense(model: ModelConfig, page: int, kv: str, dense_attention: Any
     req_pool, kv_pool, allocator = pools_for(model, page, kv)
     paged = build_decoder(model_config=model, weights=weights,
                           attention=PoolAttention(token_to_kv_pool=kv_pool, req_to_token=req_pool.req_to_token))
-    fp8 = KV_CACHE_DTYPES[kv].torch_dtype if KV_CACHE_DTYPES[kv].stored_as_bytes else None
+    fp8 = torch_dtype(KV_CACHE_DTYPES[kv].element_dtype) if KV_CACHE_DTYPES[kv].stored_as_bytes else None
     dense = build_decoder(model_config=model, weights=weights, attention=dense_attention(fp8))
     return paged, dense, DecodeRequests(req_to_token_pool=req_pool, allocator=allocator, device=CPU)
 

@@ -20,6 +20,10 @@ PACKAGE = ROOT / "kvcache"
 FLOORS = ("ground", "inputs", "models", "memory", "sizing", "pools", "allocators", "runtime", "engines", "configurator",
           "testing")
 FORBIDDEN_IN_KVCACHE = ("dependency_injector", "app", "containers")
+# Planning: numbers in, plan out. These floors, and every module they import, import no torch (DESIGN.md: plans are
+# data), so a plan or a capacity-planning service needs no GPU stack; a dtype there is kvcache.inputs.dtypes.DType.
+PLANNING_FLOORS = ("ground", "inputs", "models", "sizing", "engines")
+DEVICE_LIBRARIES = ("torch", "triton")
 
 
 def module_name(path: Path) -> str:
@@ -125,6 +129,35 @@ def test_kvcache_imports_neither_the_container_library_nor_the_app() -> None:
     offending = [f"{module_name(p)} imports {n}" for p in sorted(PACKAGE.rglob("*.py")) for n in sorted(imports_of(p))
                  if n.split(".")[0] in FORBIDDEN_IN_KVCACHE]
     assert offending == []
+
+
+def reached_from(starts: list[str], graph: dict[str, set[str]]) -> set[str]:
+    """Every kvcache module importing `starts` runs: what they import, transitively, and each one's packages."""
+    seen: set[str] = set()
+    todo = list(starts)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo += [".".join(parts[:k]) for k in range(1, len(parts))] + sorted(graph.get(module, ()))
+    return seen
+
+
+def test_the_planning_floors_import_no_torch_not_even_through_another_module() -> None:
+    graph = import_graph()
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    planning = reached_from([m for m in graph if floor_of(m) in PLANNING_FLOORS], graph)
+    offending = [f"{m} imports {n}" for m in sorted(planning) for n in sorted(imports_of(paths[m]))
+                 if n.split(".")[0] in DEVICE_LIBRARIES]
+    assert offending == []
+
+
+def test_reached_from_follows_imports_and_packages() -> None:
+    graph = {"kvcache.sizing.a": {"kvcache.memory.b"}, "kvcache.memory.b": set(), "kvcache.memory.c": set()}
+    assert reached_from(["kvcache.sizing.a"], graph) == {
+        "kvcache", "kvcache.sizing", "kvcache.sizing.a", "kvcache.memory", "kvcache.memory.b"}
 
 
 def test_every_stage_folder_is_a_floor() -> None:

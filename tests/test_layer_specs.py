@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 import torch
 
-from kvcache.inputs.dtypes import KV_CACHE_DTYPES, KVCacheDtype, resolve_kv_cache_dtype, resolve_model_dtype
+from kvcache.inputs.dtypes import BFLOAT16, FLOAT32, KV_CACHE_DTYPES, DType, KVCacheDtype, resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.errors import ConfigError
 from kvcache.sizing.layer_specs import (
     FullAttentionSpec, LayerPlacement, MLASpec, RecurrentStateSpec, SlidingWindowSpec, model_layer_specs,
@@ -25,7 +25,7 @@ from kvcache.testing import tiny_model_config
 
 
 def specs(name: str | ModelConfig, kv: str = "auto", *, parallel: ParallelState | None = None,
-          ssm_dtype: torch.dtype = torch.float32) -> tuple[LayerPlacement, ...]:
+          ssm_dtype: DType = FLOAT32) -> tuple[LayerPlacement, ...]:
     model = load_model_config(name) if isinstance(name, str) else name
     model_dtype = resolve_model_dtype("auto", model.checkpoint_dtype)
     return model_layer_specs(model, parallel or ParallelState(), resolve_kv_cache_dtype(kv, model_dtype),
@@ -94,19 +94,19 @@ def test_bytes_per_token(model: str, kv: str, tp: int, expected: int) -> None:
     [
         # Qwen3-Next gated delta net, 36 layers. conv: (2 x 16 key heads x 128 + 32 value heads x 128) = 8,192
         # channels x (kernel 4 - 1) x 2 bytes (bf16); state: 32 value heads x 128 x 128 x 4 bytes (fp32)
-        ("Qwen3-Next-80B-A3B-Thinking", 1, torch.float32, 36 * (8_192 * 3 * 2 + 32 * 128 * 128 * 4)),  # 77,266,944
+        ("Qwen3-Next-80B-A3B-Thinking", 1, FLOAT32, 36 * (8_192 * 3 * 2 + 32 * 128 * 128 * 4)),  # 77,266,944
         # TP2 halves every head count: 4,096 channels, 16 value heads
-        ("Qwen3-Next-80B-A3B-Thinking", 2, torch.float32, 36 * (4_096 * 3 * 2 + 16 * 128 * 128 * 4)),  # 38,633,472
-        ("Qwen3-Next-80B-A3B-Thinking", 1, torch.bfloat16, 36 * (8_192 * 3 * 2 + 32 * 128 * 128 * 2)),  # 39,518,208
+        ("Qwen3-Next-80B-A3B-Thinking", 2, FLOAT32, 36 * (4_096 * 3 * 2 + 16 * 128 * 128 * 4)),  # 38,633,472
+        ("Qwen3-Next-80B-A3B-Thinking", 1, BFLOAT16, 36 * (8_192 * 3 * 2 + 32 * 128 * 128 * 2)),  # 39,518,208
         # Nemotron-H Mamba-2, 54 'M' layers. conv: (256 heads x 64 + 2 x 8 groups x 256 state) = 20,480
         # channels x (conv_kernel 4 - 1) x 2 bytes; state: 256 heads x 64 x 256 x 4 bytes
-        ("Nemotron-H-56B-Base-8K", 1, torch.float32, 54 * (20_480 * 3 * 2 + 256 * 64 * 256 * 4)),  # 912,605,184
+        ("Nemotron-H-56B-Base-8K", 1, FLOAT32, 54 * (20_480 * 3 * 2 + 256 * 64 * 256 * 4)),  # 912,605,184
         # TP8: 32 heads, 1 group per rank: (32 x 64 + 2 x 1 x 256) = 2,560 channels
-        ("Nemotron-H-56B-Base-8K", 8, torch.float32, 54 * (2_560 * 3 * 2 + 32 * 64 * 256 * 4)),  # 114,075,648
-        ("Llama-3.1-8B-Instruct", 1, torch.float32, 0),
+        ("Nemotron-H-56B-Base-8K", 8, FLOAT32, 54 * (2_560 * 3 * 2 + 32 * 64 * 256 * 4)),  # 114,075,648
+        ("Llama-3.1-8B-Instruct", 1, FLOAT32, 0),
     ],
 )
-def test_state_bytes_per_request(model: str, tp: int, ssm_dtype: torch.dtype, expected: int) -> None:
+def test_state_bytes_per_request(model: str, tp: int, ssm_dtype: DType, expected: int) -> None:
     assert state_bytes(specs(model, parallel=ParallelState(tp_size=tp), ssm_dtype=ssm_dtype)) == expected
 
 
@@ -121,7 +121,7 @@ def test_qwen3_next_state_shapes() -> None:
     spec = next(p.spec for p in specs("Qwen3-Next-80B-A3B-Thinking") if isinstance(p.spec, RecurrentStateSpec))
     assert spec.kind == "gated_delta_net"
     assert spec.conv_shape == (8_192, 3) and spec.ssm_shape == (32, 128, 128)
-    assert (spec.conv_dtype, spec.ssm_dtype) == (torch.bfloat16, torch.float32)
+    assert (spec.conv_dtype, spec.ssm_dtype) == (BFLOAT16, FLOAT32)
     assert spec.bytes_per_request == 8_192 * 3 * 2 + 32 * 128 * 128 * 4  # 2,146,304 per layer
 
 
@@ -253,7 +253,7 @@ def test_qwen3_next_pipeline_ranks_split_the_state_too() -> None:
 def test_explicit_layer_ids_override_the_pipeline_range() -> None:
     model = load_model_config("gpt-oss-20b")
     dtype = KV_CACHE_DTYPES["bfloat16"]
-    placements = model_layer_specs(model, ParallelState(), dtype, model_dtype=torch.bfloat16, layer_ids=range(3, 6))
+    placements = model_layer_specs(model, ParallelState(), dtype, model_dtype=BFLOAT16, layer_ids=range(3, 6))
     assert [(p.layer_id, type(p.spec).__name__) for p in placements] == [
         (3, "FullAttentionSpec"), (4, "SlidingWindowSpec"), (5, "FullAttentionSpec")]
 

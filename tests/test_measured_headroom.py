@@ -12,6 +12,7 @@ from dependency_injector import providers
 
 from app.forward.worst_case import ReferenceWorstCaseStep
 from containers import EngineContainer
+from kvcache.inputs.dtypes import BFLOAT16
 from kvcache.errors import DoesNotFitError, UnsupportedModelError
 from kvcache.byte_units import GiB, MiB
 from kvcache.inputs.server_args import ServerArgs
@@ -272,7 +273,7 @@ def _llama_cuda_sizing():  # type: ignore[no-untyped-def]
     from kvcache.sizing.worker_sizing import WorkerSizing
 
     return WorkerSizing(settings=SizingSettings(), model_config=load_model_config("Llama-3.1-8B-Instruct"),
-                        parallel_state=ParallelState(), model_dtype=torch.bfloat16,
+                        parallel_state=ParallelState(), model_dtype=BFLOAT16,
                         kv_cache_dtype=KV_CACHE_DTYPES["bfloat16"], device_type="cuda", engine=engine_rules("sglang"))
 
 

@@ -10,7 +10,7 @@ from app.cli import main
 import torch
 
 from kvcache.engines import engine_rules
-from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+from kvcache.inputs.dtypes import BFLOAT16, KV_CACHE_DTYPES
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.models.presets import load_model_config
@@ -57,7 +57,7 @@ def test_vllm_refuses_sglangs_flag(capsys: pytest.CaptureFixture[str]) -> None:
 
 def _cuda_sizing(**settings: bool) -> WorkerSizing:
     return WorkerSizing(settings=SizingSettings(context_length=8192, **settings), model_config=load_model_config(MODEL),
-                        parallel_state=ParallelState(), model_dtype=torch.bfloat16,
+                        parallel_state=ParallelState(), model_dtype=BFLOAT16,
                         kv_cache_dtype=KV_CACHE_DTYPES["bfloat16"], device_type="cuda", engine=engine_rules("sglang"))
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from app.weights import parameter_specs
-from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+from kvcache.inputs.dtypes import BFLOAT16, KV_CACHE_DTYPES
 from kvcache.sizing.layer_specs import MLASpec
 from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
@@ -25,7 +25,7 @@ def corpus(name: str) -> ModelConfig:
 
 def layout(m: ModelConfig):  # type: ignore[no-untyped-def]
     return worker_cache_layout(model_config=m, parallel_state=ParallelState(), kv_cache_dtype=KV_CACHE_DTYPES["bfloat16"],
-                               model_dtype=torch.bfloat16)
+                               model_dtype=BFLOAT16)
 
 
 def test_llama4_nope_layers_are_global_and_the_rest_chunked() -> None:

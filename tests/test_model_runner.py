@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from kvcache.inputs.dtypes import BFLOAT16, FLOAT32
 from kvcache.memory import device_buffers
 from kvcache.byte_units import GiB, MiB
 from kvcache.errors import KVCacheError, PoolBuildError, WeightsDoNotFitError
@@ -31,7 +32,7 @@ def test_the_runner_keeps_what_sglang_keeps(make_engine) -> None:
     assert runner.req_to_token_pool is result.req_to_token_pool
     assert runner.token_to_kv_pool is result.token_to_kv_pool
     assert runner.token_to_kv_pool_allocator is result.token_to_kv_pool_allocator
-    assert result.model_dtype is torch.bfloat16 and result.kv_cache_dtype.name == "bfloat16"
+    assert result.model_dtype == BFLOAT16 and result.kv_cache_dtype.name == "bfloat16"
     assert set(runner.timings) == {"profile_before_load_s", "load_weights_s", "configure_kv_cache_s"}
 
 
@@ -146,7 +147,7 @@ def test_pools_that_fail_to_build_leave_nothing_to_resize() -> None:
             raise PoolBuildError("the pools could not be built")
 
     runner = ModelRunner(role="target", model_config=load_model_config("SmolLM2-135M"), parallel_state=ParallelState(),
-                         device=torch.device("cpu"), model_dtype=torch.float32, memory_probe=FixedMemoryProbe(total_bytes=GiB),
+                         device=torch.device("cpu"), model_dtype=FLOAT32, memory_probe=FixedMemoryProbe(total_bytes=GiB),
                          configurator_factory=ResizableButFails, forward_stream=None)
     runner.pre_model_load_memory, runner.weights = GiB, object()  # type: ignore[assignment]
     with pytest.raises(PoolBuildError):

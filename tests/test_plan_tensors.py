@@ -19,7 +19,7 @@ from kvcache.engines import engine_rules
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES, resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.sizing_settings import SizingSettings
-from kvcache.memory.device_buffers import arena_size
+from kvcache.memory.arena_sizes import arena_size
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.models.hf_config import model_config_from_hf
 from kvcache.models.model_config import ModelConfig
@@ -28,7 +28,7 @@ from kvcache.pools.builder import build_worker_pools
 from kvcache.allocators.factory import allocator_for_plan
 from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec
 from kvcache.sizing.pool_config import MemoryPoolConfig
-from kvcache.sizing.tensor_plan import dtype_name
+from kvcache.memory.torch_dtypes import dtype_name
 from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
 
 CORPUS = Path(__file__).with_name("model_corpus")

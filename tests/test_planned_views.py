@@ -16,14 +16,15 @@ from kvcache.memory.vmm_storage import VmmBacking
 from kvcache.testing.virtual_memory import FakeVirtualMemory
 from kvcache.allocators import SWATokenToKVPoolAllocator
 from kvcache.errors import PlanMismatchError
-from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+from kvcache.inputs.dtypes import BFLOAT16, FLOAT32, KV_CACHE_DTYPES
 from kvcache.memory.device_buffers import Arena
 from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool, RecurrentStatePool, ReqToTokenPool
 from kvcache.pools.planned_views import carve_slots
 from kvcache.sizing.allocator_footprint import allocator_slots, free_list_slots
 from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec, RecurrentStateSpec
 from kvcache.sizing.pool_config import request_table_slot
-from kvcache.sizing.tensor_plan import PlannedSlot, per_layer, tensor, torch_dtype
+from kvcache.memory.torch_dtypes import torch_dtype
+from kvcache.sizing.tensor_plan import PlannedSlot, per_layer, tensor
 from kvcache.testing.pool_plans import kv_pool_plan, standalone_kv_pool, state_pool_plan
 from kvcache.testing.allocator_plans import paged_allocator, swa_allocator, token_allocator
 
@@ -62,8 +63,8 @@ def test_the_other_pools_and_every_allocator_take_plain_tensors() -> None:
     req = ReqToTokenPool(slot=request_table_slot(4, 16, True), device=CPU, views=table)
     assert req.req_to_token is table["req_to_token.table"] and req.req_to_state_slot is table["req_to_token.state_slot"]
 
-    spec = RecurrentStateSpec(kind="mamba2", conv_shape=(32, 3), ssm_shape=(2, 8, 16), conv_dtype=torch.bfloat16,
-                              ssm_dtype=torch.float32)
+    spec = RecurrentStateSpec(kind="mamba2", conv_shape=(32, 3), ssm_shape=(2, 8, 16), conv_dtype=BFLOAT16,
+                              ssm_dtype=FLOAT32)
     state_views = plain([PlannedSlot("state", per_layer("state", (1, 3), spec.slot_tensors(), 5))])
     state = RecurrentStatePool(plan=state_pool_plan(spec, num_slots=5, layer_ids=(1, 3)), device=CPU, views=state_views)
     assert state.get_state(3) == (state_views["state.3.conv"], state_views["state.3.ssm"])

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from kvcache.sizing.allocator_footprint import allocator_index_bytes
 from kvcache.byte_units import GiB, KiB, MiB
 from kvcache.configurator import KVCacheConfigurator
-from kvcache.memory.device_buffers import LARGE_ROUND
+from kvcache.memory.arena_sizes import LARGE_ROUND
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, ConfigError, DoesNotFitError
 from kvcache.sizing.layer_specs import check_tensor_parallel

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from kvcache.memory.device_buffers import allocation_size
-from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+from kvcache.memory.arena_sizes import allocation_size
+from kvcache.inputs.dtypes import BFLOAT16, FLOAT32, KV_CACHE_DTYPES
 from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec, RecurrentStateSpec
 from kvcache.sizing.pool_config import request_table_slot
 from kvcache.pools import MHATokenToKVPool, MLATokenToKVPool, RecurrentStatePool, ReqToTokenPool
@@ -134,7 +134,7 @@ def test_req_to_token_pool_rows_and_padding_row() -> None:
 
 def test_state_pool_bytes_and_slots() -> None:
     spec = RecurrentStateSpec(kind="mamba2", conv_shape=(8, 3), ssm_shape=(2, 4, 4),
-                              conv_dtype=torch.bfloat16, ssm_dtype=torch.float32)
+                              conv_dtype=BFLOAT16, ssm_dtype=FLOAT32)
     pool = RecurrentStatePool(plan=state_pool_plan(spec, num_slots=5, layer_ids=[0, 2]), device=CPU)
     assert spec.bytes_per_request == 8 * 3 * 2 + 2 * 4 * 4 * 4
     assert pool.nbytes == allocation_size(2 * 5 * spec.bytes_per_request)
@@ -144,7 +144,7 @@ def test_state_pool_bytes_and_slots() -> None:
 
 def test_state_pool_refuses_a_double_free_so_no_two_requests_share_a_state() -> None:
     spec = RecurrentStateSpec(kind="mamba2", conv_shape=(8, 3), ssm_shape=(2, 4, 4),
-                              conv_dtype=torch.bfloat16, ssm_dtype=torch.float32)
+                              conv_dtype=BFLOAT16, ssm_dtype=FLOAT32)
     pool = RecurrentStatePool(plan=state_pool_plan(spec, num_slots=5), device=CPU)  # slots 1..4
     assert pool.alloc(2) == [1, 2]
     pool.free([1])

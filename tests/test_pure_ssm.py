@@ -17,7 +17,7 @@ import pytest
 from app.cli import main
 from app.weights import count_parameters
 from kvcache.byte_units import GiB
-from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
+from kvcache.inputs.dtypes import STATE_DTYPES, resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.models.hf_config import model_config_from_hf
 from kvcache.models.model_config import ModelConfig
@@ -49,12 +49,10 @@ def state_bytes(name: str, *, ssm_itemsize: int) -> int:
 
 
 def our_state_bytes(name: str, *, tp: int = 1, ssm_dtype: str = "float32") -> int:
-    import torch
-
     m = corpus(name)
     dtype = resolve_model_dtype("auto", m.checkpoint_dtype)
     placements = model_layer_specs(m, ParallelState(tp_size=tp), resolve_kv_cache_dtype("auto", dtype),
-                                   model_dtype=dtype, ssm_dtype=getattr(torch, ssm_dtype))
+                                   model_dtype=dtype, ssm_dtype=STATE_DTYPES[ssm_dtype])
     assert placements and all(isinstance(p.spec, RecurrentStateSpec) for p in placements)
     return sum(p.spec.bytes_per_request for p in placements)
 

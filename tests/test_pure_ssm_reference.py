@@ -24,7 +24,7 @@ import torch
 from reference_sources import reference_src_holding
 
 from kvcache.engines.vllm_plan import vllm_layer_specs
-from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
+from kvcache.inputs.dtypes import FLOAT32, resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.models.hf_config import model_config_from_hf
 from kvcache.sizing.layer_specs import RecurrentStateSpec, model_layer_specs
@@ -48,7 +48,7 @@ def _ours(name: str, tp: int, engine: str) -> int:
     if engine == "vllm":
         placements = vllm_layer_specs(m, parallel, kv, model_dtype=dtype)
     else:
-        placements = model_layer_specs(m, parallel, kv, model_dtype=dtype, ssm_dtype=torch.float32)
+        placements = model_layer_specs(m, parallel, kv, model_dtype=dtype, ssm_dtype=FLOAT32)
     return sum(p.spec.bytes_per_request for p in placements if isinstance(p.spec, RecurrentStateSpec))
 
 

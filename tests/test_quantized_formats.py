@@ -30,6 +30,7 @@ import torch
 
 from app.cli import main
 from app.weights import DummyWeightLoader, ParamSpec, parameter_specs, storage_of
+from kvcache.inputs.dtypes import BFLOAT16, FLOAT16, INT32
 from kvcache.errors import ModelConfigFieldError
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.quantization import PackedIntWeights, Quantization
@@ -52,7 +53,7 @@ def kimi_k25() -> ModelConfig:
 def test_kimi_k25_int4_weights_per_rank_at_tp8_by_hand() -> None:
     model = kimi_k25()
     assert model.weights.quantization.weights == PackedIntWeights(bits=4, group_size=32, symmetric=True)
-    loader = DummyWeightLoader(device=META, dtype=torch.bfloat16, quantization=model.weights.quantization)
+    loader = DummyWeightLoader(device=META, dtype=BFLOAT16, quantization=model.weights.quantization)
     weights = loader.load(parameter_specs(model, tp_size=8))
     routed = 60 * (384 * 512 * 896 * 4 + 384 * 512 * 224 * 2 + 384 * 7168 * 32 * 4 + 384 * 7168 * 8 * 2)
     plain = 2 * (2 * 20_480 * 7168 + 7168 + 61 * (25_888_768 + 14_336) + 3 * 2304 * 7168
@@ -67,14 +68,14 @@ def test_kimi_k25_int4_weights_per_rank_at_tp8_by_hand() -> None:
 def test_asymmetric_and_channel_schemes_by_hand() -> None:
     spec = ParamSpec("w.weight", (4, 256, 1000), True)
     asymmetric = Quantization("compressed-tensors", PackedIntWeights(bits=4, group_size=128, symmetric=False))
-    assert [(t.name, t.shape, t.dtype) for t in storage_of(spec, torch.float16, asymmetric)] == [
-        ("w.weight_packed", (4, 256, 125), torch.int32),  # 1000 x 4 bits = 125 int32 per row
-        ("w.weight_scale", (4, 256, 8), torch.float16),  # ceil(1000 / 128) groups
-        ("w.weight_zero_point", (4, 32, 8), torch.int32),  # 256 rows x 4 bits = 32 int32 per group column
+    assert [(t.name, t.shape, t.dtype) for t in storage_of(spec, FLOAT16, asymmetric)] == [
+        ("w.weight_packed", (4, 256, 125), INT32),  # 1000 x 4 bits = 125 int32 per row
+        ("w.weight_scale", (4, 256, 8), FLOAT16),  # ceil(1000 / 128) groups
+        ("w.weight_zero_point", (4, 32, 8), INT32),  # 256 rows x 4 bits = 32 int32 per group column
     ]
     channel = Quantization("compressed-tensors", PackedIntWeights(bits=8, group_size=None))
-    assert [(t.shape, t.dtype) for t in storage_of(spec, torch.bfloat16, channel)] == [
-        ((4, 256, 250), torch.int32), ((4, 256, 1), torch.bfloat16)]
+    assert [(t.shape, t.dtype) for t in storage_of(spec, BFLOAT16, channel)] == [
+        ((4, 256, 250), INT32), ((4, 256, 1), BFLOAT16)]
 
 
 def _with_quantization(quantization: dict[str, Any]) -> dict[str, Any]:
@@ -145,7 +146,7 @@ def test_packed_int_weights_load_on_the_cpu() -> None:
     """The int32 packed weights and zero points get random bits like the uint8 formats: filling them with
     uniform floats raised (an internal error, exit 1, for `bootstrap --device cpu` of an int4 checkpoint)."""
     model = model_config_from_hf(_with_quantization(_group(symmetric=False)), name="int4")
-    loader = DummyWeightLoader(device=torch.device("cpu"), dtype=torch.bfloat16, quantization=model.weights.quantization)
+    loader = DummyWeightLoader(device=torch.device("cpu"), dtype=BFLOAT16, quantization=model.weights.quantization)
     weights = loader.load(parameter_specs(model, tp_size=1))
     packed = weights.tensors["model.layers.0.mlp.down_proj.weight_packed"]
     zero_points = weights.tensors["model.layers.0.mlp.down_proj.weight_zero_point"]
@@ -159,7 +160,7 @@ def test_the_reference_decode_refuses_packed_int_weights_in_one_line() -> None:
     from kvcache.errors import UnsupportedModelError
 
     model = model_config_from_hf(_with_quantization(INT4), name="int4")
-    loader = DummyWeightLoader(device=META, dtype=torch.bfloat16, quantization=model.weights.quantization)
+    loader = DummyWeightLoader(device=META, dtype=BFLOAT16, quantization=model.weights.quantization)
     weights = loader.load(parameter_specs(model, tp_size=1))
     with pytest.raises(UnsupportedModelError, match="runs unquantized weights; .*_packed is stored as torch.int32"):
         build_decoder(model_config=model, weights=dict(weights.tensors), attention=None)

@@ -20,7 +20,7 @@ from app.cli import main
 from kvcache.byte_units import MiB
 from kvcache.errors import BudgetBelowOneRequestError
 from kvcache.memory.memory_budget import MemoryBudget
-from kvcache.memory.device_buffers import slot_size
+from kvcache.memory.arena_sizes import slot_size
 from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_pool_sizes
 
 SCOUT = "tests/model_corpus/Llama-4-Scout-17B-16E-Instruct.json"

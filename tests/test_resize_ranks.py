@@ -33,6 +33,7 @@ def _resize_on_rank(rank: int, port: int, out_dir: str) -> None:
     from containers import EngineContainer
     from kvcache.errors import KVCacheError
     from kvcache.inputs.parallel import ParallelState, ProcessGroups
+    from kvcache.memory.torch_collectives import TorchRankGroup
     from kvcache.inputs.server_args import ServerArgs
     from kvcache.inputs.sizing_settings import SizingSettings
     from kvcache.testing import FixedMemoryProbe, tiny_model_config
@@ -48,7 +49,7 @@ def _resize_on_rank(rank: int, port: int, out_dir: str) -> None:
     allocator = runner.token_to_kv_pool_allocator
     held = allocator.alloc(64 if rank == 0 else allocator.available_size())
     probe.note_allocation(probe.free_bytes() - 40 * 1024 * 1024)
-    groups = ProcessGroups(agreement=dist.group.WORLD, tp=None, pp=None, attention_tp=None, attention_dp=None)
+    groups = ProcessGroups(agreement=TorchRankGroup(dist.group.WORLD, 2), tp=None, pp=None, attention_tp=None, attention_dp=None)
     ranks = ParallelState(tp_size=2, tp_rank=rank, groups=groups)
     seen = {}
     for scenario in ("live_tokens_in_tail", "release_fails"):

@@ -29,7 +29,7 @@ from kvcache.engines.sglang_multimodal import (
 )
 from kvcache.errors import ConfigError, ModelConfigFieldError, WeightsLeaveNoRoomError
 from kvcache.inputs.cards import card_named
-from kvcache.inputs.dtypes import KV_CACHE_DTYPES
+from kvcache.inputs.dtypes import BFLOAT16, KV_CACHE_DTYPES
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.inputs.sizing_settings import SizingSettings
@@ -259,7 +259,7 @@ def test_the_text_report_says_what_the_cut_keeps(capsys: pytest.CaptureFixture[s
 def _cuda_sizing(name: str, **settings: Any) -> WorkerSizing:
     model = corpus(name)
     return WorkerSizing(settings=SizingSettings(context_length=8192, **settings), model_config=model,
-                        parallel_state=ParallelState(), model_dtype=torch.bfloat16,
+                        parallel_state=ParallelState(), model_dtype=BFLOAT16,
                         kv_cache_dtype=KV_CACHE_DTYPES["bfloat16"], device_type="cuda", engine=engine_rules("sglang"))
 
 

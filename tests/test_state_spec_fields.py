@@ -13,10 +13,9 @@ from typing import Any
 
 import msgspec
 import pytest
-import torch
 
 from app.cli import main
-from kvcache.inputs.dtypes import resolve_kv_cache_dtype
+from kvcache.inputs.dtypes import BFLOAT16, resolve_kv_cache_dtype
 from kvcache.errors import ModelConfigFieldError
 from kvcache.sizing.layer_specs import model_layer_specs
 from kvcache.models.model_config import ModelConfig
@@ -27,8 +26,8 @@ PRESETS = Path(__file__).resolve().parents[1] / "kvcache" / "models" / "presets"
 
 
 def _specs(model: ModelConfig) -> Any:
-    return model_layer_specs(model, ParallelState(), resolve_kv_cache_dtype("auto", torch.bfloat16),
-                             model_dtype=torch.bfloat16)
+    return model_layer_specs(model, ParallelState(), resolve_kv_cache_dtype("auto", BFLOAT16),
+                             model_dtype=BFLOAT16)
 
 
 @pytest.mark.parametrize(

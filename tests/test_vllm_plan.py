@@ -11,14 +11,13 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 from kvcache.engines import vllm_rules
 from kvcache.engines.vllm_answer import vllm_answer, vllm_available_bytes
 from kvcache.engines.vllm_plan import VllmPlan, VllmSettings, plan_vllm, vllm_layer_specs
 from kvcache.errors import BudgetBelowOneRequestError, ConfigError
 from kvcache.byte_units import GiB
-from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
+from kvcache.inputs.dtypes import BFLOAT16, FLOAT32, resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.memory.runtime_reserve import RuntimeShape
 from kvcache.models.hf_config import model_config_from_hf
@@ -90,9 +89,9 @@ def test_mamba_hybrid_grows_the_block_until_a_page_holds_a_state() -> None:
 
 def test_nemotron_h_keeps_its_ssm_state_in_float32() -> None:
     assert vllm_rules.ssm_state_dtype("NemotronHForCausalLM", {"mamba_ssm_cache_dtype": "float32"}, "mamba",
-                                      torch.bfloat16) is torch.float32
-    assert vllm_rules.ssm_state_dtype("BambaForCausalLM", {}, "mamba", torch.bfloat16) is torch.bfloat16
-    assert vllm_rules.ssm_state_dtype("KimiLinearForCausalLM", {}, "kda", torch.bfloat16) is torch.float32
+                                      BFLOAT16) == FLOAT32
+    assert vllm_rules.ssm_state_dtype("BambaForCausalLM", {}, "mamba", BFLOAT16) == BFLOAT16
+    assert vllm_rules.ssm_state_dtype("KimiLinearForCausalLM", {}, "kda", BFLOAT16) == FLOAT32
 
 
 def test_one_request_must_fit_besides_the_null_block() -> None:
@@ -121,8 +120,8 @@ def test_sparse_mla_keeps_the_indexer_key_beside_the_latent_in_one_group(
         name: str, kv_dtype: str, block_size: int | None, cache_layers: int, bytes_per_block: int,
         num_blocks: int) -> None:
     model = model_config_from_hf(CORPUS / f"{name}.json", name=name)
-    layers = vllm_layer_specs(model, ParallelState(), resolve_kv_cache_dtype(kv_dtype, torch.bfloat16),
-                              model_dtype=torch.bfloat16)
+    layers = vllm_layer_specs(model, ParallelState(), resolve_kv_cache_dtype(kv_dtype, BFLOAT16),
+                              model_dtype=BFLOAT16)
     p = plan_vllm(layers, model.layer_kinds, available_bytes=HUNDRED_GIB,
                   settings=VllmSettings(max_model_len=32768, block_size=block_size))
     size = block_size or 64
@@ -150,8 +149,8 @@ def test_sparse_mla_settings_vllm_has_no_kernel_for_are_refused(kv_dtype: str, b
 def test_fp4_is_refused_not_guessed() -> None:
     model = model_config_from_hf(CORPUS / "Qwen3-0.6B.json", name="Qwen3-0.6B")
     with pytest.raises(ConfigError, match="fp4_e2m1 is not modelled for --engine vllm"):
-        vllm_layer_specs(model, ParallelState(), resolve_kv_cache_dtype("fp4_e2m1", torch.bfloat16),
-                         model_dtype=torch.bfloat16)
+        vllm_layer_specs(model, ParallelState(), resolve_kv_cache_dtype("fp4_e2m1", BFLOAT16),
+                         model_dtype=BFLOAT16)
 
 
 def test_budget_is_the_utilized_card_less_what_vllm_measures() -> None:
@@ -166,8 +165,8 @@ def test_answer_on_an_h200_names_the_estimated_runtime() -> None:
     # the runtime estimate is the project's reserve for the card: 512 + 1.5 x 8,192 + 128 + 2 x 256
     # + 8 x 58 prefill graphs = 13,904 MiB = 14,579,400,704 B
     model = model_config_from_hf(CORPUS / "Qwen3-0.6B.json", name="Qwen3-0.6B")
-    answer = vllm_answer(model, ParallelState(), resolve_kv_cache_dtype("auto", torch.bfloat16),
-                         model_dtype=torch.bfloat16, total_bytes=150_109_880_320, weights_bytes=1_193_279_488,
+    answer = vllm_answer(model, ParallelState(), resolve_kv_cache_dtype("auto", BFLOAT16),
+                         model_dtype=BFLOAT16, total_bytes=150_109_880_320, weights_bytes=1_193_279_488,
                          runtime=RuntimeShape(cuda_graphs=True), max_model_len=32768)
     assert (answer.requested_bytes, answer.estimated_runtime_bytes) == (150_109_880_320, 14_579_400_704)
     assert answer.available_bytes == 134_337_200_128 and answer.max_num_batched_tokens == 8192

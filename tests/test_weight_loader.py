@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from kvcache.inputs.dtypes import BFLOAT16, FLOAT16, FLOAT32, UINT8
 from kvcache.byte_units import MiB
 
 import app.weights.loader as loader_module
@@ -35,10 +36,10 @@ def preset(name: str) -> dict[str, Any]:
 
 def test_cpu_load_of_smollm2_has_exact_bytes() -> None:
     specs = parameter_specs(preset("SmolLM2-135M"))
-    weights = DummyWeightLoader(device=CPU, dtype=torch.bfloat16).load(specs)
+    weights = DummyWeightLoader(device=CPU, dtype=BFLOAT16).load(specs)
     assert weights.tensor_bytes == 134_515_008 * 2
     # one allocation: every tensor 512-byte aligned (the 576-value norms take 1,536 B), rounded up to 2 MiB
-    assert weights.total_bytes == 129 * 2 * MiB == bytes_needed(specs, torch.bfloat16)
+    assert weights.total_bytes == 129 * 2 * MiB == bytes_needed(specs, BFLOAT16)
     assert len({t.untyped_storage().data_ptr() for t in weights.tensors.values()}) == 1
     assert weights.parameter_count == 134_515_008
     q = weights.tensors["model.layers.0.self_attn.q_proj.weight"]
@@ -48,7 +49,7 @@ def test_cpu_load_of_smollm2_has_exact_bytes() -> None:
 
 
 def test_loaded_weights_are_read_only() -> None:
-    weights = DummyWeightLoader(device=CPU, dtype=torch.float32).load([ParamSpec("w", (4, 4), False)])
+    weights = DummyWeightLoader(device=CPU, dtype=FLOAT32).load([ParamSpec("w", (4, 4), False)])
     with pytest.raises(dataclasses.FrozenInstanceError):
         weights.total_bytes = 0  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -60,9 +61,9 @@ def test_meta_load_of_deepseek_v3_fp8_allocates_nothing() -> None:
     specs = parameter_specs(model)
     quantization = model.weights.quantization
     assert quantization.weights == Fp8Weights((128, 128))
-    loader = DummyWeightLoader(device=META, dtype=torch.bfloat16, quantization=quantization)
+    loader = DummyWeightLoader(device=META, dtype=BFLOAT16, quantization=quantization)
     weights = loader.load(specs)
-    assert weights.total_bytes == bytes_needed(specs, torch.bfloat16, quantization) == loader.bytes_needed(specs)
+    assert weights.total_bytes == bytes_needed(specs, BFLOAT16, quantization) == loader.bytes_needed(specs)
     assert all(t.is_meta for t in weights.tensors.values())
     experts = weights.tensors["model.layers.3.mlp.experts.gate_up_proj"]
     assert experts.dtype == torch.uint8 and experts.shape == (256, 4096, 7168)
@@ -80,8 +81,8 @@ def test_gpt_oss_mxfp4_experts_are_about_the_checkpoint_size() -> None:
     specs = parameter_specs(model)
     quantization = model.weights.quantization
     assert quantization.weights == Mxfp4Weights()
-    weights = DummyWeightLoader(device=META, dtype=torch.bfloat16, quantization=quantization).load(specs)
-    assert weights.total_bytes == bytes_needed(specs, torch.bfloat16, quantization)
+    weights = DummyWeightLoader(device=META, dtype=BFLOAT16, quantization=quantization).load(specs)
+    assert weights.total_bytes == bytes_needed(specs, BFLOAT16, quantization)
     assert weights.total_bytes == pytest.approx(13.8e9, rel=0.10)
     blocks = weights.tensors["model.layers.0.mlp.experts.down_proj"]
     assert blocks.dtype == torch.uint8 and blocks.shape == (32, 2880, 1440)
@@ -93,23 +94,23 @@ def test_gpt_oss_mxfp4_experts_are_about_the_checkpoint_size() -> None:
 def test_fp8_on_cpu_stores_random_bytes_and_block_scales() -> None:
     specs = [ParamSpec("w", (300, 260), True), ParamSpec("n", (260,), False)]
     fp8 = Quantization(method="fp8", weights=Fp8Weights((128, 128)))
-    weights = DummyWeightLoader(device=CPU, dtype=torch.bfloat16, quantization=fp8).load(specs)
+    weights = DummyWeightLoader(device=CPU, dtype=BFLOAT16, quantization=fp8).load(specs)
     w = weights.tensors["w"]
     assert w.dtype == torch.uint8 and w.unique().numel() > 200
     assert weights.tensors["w_scale_inv"].shape == (3, 3)
     assert weights.tensor_bytes == 300 * 260 + 9 * 4 + 260 * 2
-    assert weights.total_bytes == 10 * MiB == bytes_needed(specs, torch.bfloat16, fp8)  # the smallest arena
+    assert weights.total_bytes == 10 * MiB == bytes_needed(specs, BFLOAT16, fp8)  # the smallest arena
 
 
 def test_fp8_per_tensor_scale_without_blocks() -> None:
-    stored = storage_of(ParamSpec("e", (8, 64, 32), True), torch.bfloat16, Quantization("fp8", Fp8Weights(None)))
-    assert [(t.name, t.shape, t.dtype) for t in stored] == [("e", (8, 64, 32), torch.uint8),
-                                                            ("e_scale_inv", (8,), torch.float32)]
+    stored = storage_of(ParamSpec("e", (8, 64, 32), True), BFLOAT16, Quantization("fp8", Fp8Weights(None)))
+    assert [(t.name, t.shape, t.dtype) for t in stored] == [("e", (8, 64, 32), UINT8),
+                                                            ("e_scale_inv", (8,), FLOAT32)]
 
 
 def test_quantized_storage_only_applies_to_quantized_specs() -> None:
-    stored = storage_of(ParamSpec("norm.weight", (64,), False), torch.float16, Quantization("mxfp4", Mxfp4Weights()))
-    assert [(t.shape, t.dtype) for t in stored] == [((64,), torch.float16)]
+    stored = storage_of(ParamSpec("norm.weight", (64,), False), FLOAT16, Quantization("mxfp4", Mxfp4Weights()))
+    assert [(t.shape, t.dtype) for t in stored] == [((64,), FLOAT16)]
 
 
 @pytest.mark.parametrize(("quantization", "expected"), [
@@ -139,9 +140,9 @@ def test_a_failed_allocation_leaves_nothing(monkeypatch: pytest.MonkeyPatch, err
 
     monkeypatch.setattr(loader_module, "_arena", fail)
     with pytest.raises(WeightsDoNotFitError) as caught:
-        DummyWeightLoader(device=CPU, dtype=torch.bfloat16).load(specs)
+        DummyWeightLoader(device=CPU, dtype=BFLOAT16).load(specs)
     failure = caught.value
-    assert asked == [failure.needed_bytes] == [bytes_needed(specs, torch.bfloat16)]  # one allocation, all or nothing
+    assert asked == [failure.needed_bytes] == [bytes_needed(specs, BFLOAT16)]  # one allocation, all or nothing
     assert failure.allocated_bytes == 0
     assert "0.25 GiB" in str(failure) and "--tp-size" in str(failure)
     assert failure.__cause__ is error
@@ -152,7 +153,7 @@ def test_a_runtime_error_that_is_not_out_of_memory_is_not_called_weights_do_not_
     error = RuntimeError("CUDA error: an illegal memory access was encountered")
     mocker.patch.object(loader_module, "_arena", side_effect=error)
     with pytest.raises(RuntimeError) as caught:
-        DummyWeightLoader(device=CPU, dtype=torch.bfloat16).load(parameter_specs(preset("SmolLM2-135M")))
+        DummyWeightLoader(device=CPU, dtype=BFLOAT16).load(parameter_specs(preset("SmolLM2-135M")))
     assert caught.value is error
 
 

@@ -22,7 +22,10 @@ from types import MappingProxyType
 import torch
 
 from app.weights.shapes import ParamSpec
-from kvcache.memory.device_buffers import Arena, arena_size, slot_size
+from kvcache.inputs.dtypes import DType
+from kvcache.memory.device_buffers import Arena
+from kvcache.memory.arena_sizes import arena_size, slot_size
+from kvcache.memory.torch_dtypes import torch_dtype
 from kvcache.models.quantization import Quantization, StoredTensor
 from kvcache.memory.out_of_memory import is_out_of_memory
 
@@ -46,12 +49,12 @@ class WeightsDoNotFitError(ValueError):
         )
 
 
-def storage_of(spec: ParamSpec, dtype: torch.dtype, quantization: Quantization = NO_QUANTIZATION) -> tuple[StoredTensor, ...]:
+def storage_of(spec: ParamSpec, dtype: DType, quantization: Quantization = NO_QUANTIZATION) -> tuple[StoredTensor, ...]:
     """The tensors that hold one parameter: the quantization format's, or one tensor in `dtype`."""
     return quantization.stored(spec, dtype)
 
 
-def _stored(specs: Sequence[ParamSpec], dtype: torch.dtype, quantization: Quantization) -> list[StoredTensor]:
+def _stored(specs: Sequence[ParamSpec], dtype: DType, quantization: Quantization) -> list[StoredTensor]:
     return [t for spec in specs for t in storage_of(spec, dtype, quantization)]
 
 
@@ -60,7 +63,7 @@ def _arena_bytes(stored: Sequence[StoredTensor]) -> int:
     return arena_size(sum(slot_size(t.nbytes) for t in stored))
 
 
-def bytes_needed(specs: Sequence[ParamSpec], dtype: torch.dtype, quantization: Quantization = NO_QUANTIZATION) -> int:
+def bytes_needed(specs: Sequence[ParamSpec], dtype: DType, quantization: Quantization = NO_QUANTIZATION) -> int:
     """Exact bytes `load` will allocate for these specs, scales included: the one arena."""
     return _arena_bytes(_stored(specs, dtype, quantization))
 
@@ -116,7 +119,7 @@ class DummyWeightLoader:
     """
 
     device: torch.device
-    dtype: torch.dtype
+    dtype: DType
     quantization: Quantization = NO_QUANTIZATION
     seed: int = 0
 
@@ -134,7 +137,7 @@ class DummyWeightLoader:
             if not is_out_of_memory(error):
                 raise  # not out of memory: a bug, reported as one
             raise WeightsDoNotFitError(needed_bytes=needed, allocated_bytes=0, device=self.device) from error
-        tensors = {t.name: arena.take(t.shape, t.dtype, self.device) for t in stored}
+        tensors = {t.name: arena.take(t.shape, torch_dtype(t.dtype), self.device) for t in stored}
         if self.device.type != "meta":
             self._fill_all(tensors)
         return LoadedWeights(tensors=MappingProxyType(tensors), total_bytes=arena.nbytes,

@@ -11,12 +11,10 @@ from __future__ import annotations
 from math import ceil
 
 import msgspec
-import torch
-
 from kvcache.engines import vllm_rules
 from kvcache.engines.vllm_plan import VllmSettings, plan_vllm, vllm_layer_specs
 from kvcache.byte_units import MiB
-from kvcache.inputs.dtypes import KVCacheDtype
+from kvcache.inputs.dtypes import DType, KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.memory.runtime_reserve import RuntimeShape, runtime_reserve_mib
 from kvcache.models.model_config import ModelConfig
@@ -73,7 +71,7 @@ class VllmAnswer(msgspec.Struct, frozen=True, kw_only=True):
     kv_cache_tokens: int
 
 
-def vllm_answer(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDtype, *, model_dtype: torch.dtype,
+def vllm_answer(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDtype, *, model_dtype: DType,
                 total_bytes: int, weights_bytes: int, runtime: RuntimeShape, max_model_len: int,
                 gpu_memory_utilization: float | None = None, block_size: int | None = None,
                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,

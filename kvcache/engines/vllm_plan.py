@@ -30,11 +30,9 @@ from dataclasses import dataclass, replace
 from math import lcm
 
 from kvcache.engines import vllm_rules
-import torch
-
 from kvcache.arithmetic import align_up, ceil_div
 from kvcache.errors import BudgetBelowOneRequestError, ConfigError, UnsupportedModelError
-from kvcache.inputs.dtypes import KVCacheDtype
+from kvcache.inputs.dtypes import DType, KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.layer_specs import (
@@ -150,7 +148,7 @@ class VllmPlan:
 
 
 def vllm_layer_specs(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDtype, *,
-                     model_dtype: torch.dtype) -> tuple[LayerPlacement, ...]:
+                     model_dtype: DType) -> tuple[LayerPlacement, ...]:
     """The project's layer specs of this rank with the recurrent state dtypes vLLM keeps (vllm_rules)."""
     if kv_dtype.bits < 8:
         raise ConfigError(f"--kv-cache-dtype {kv_dtype.name} is not modelled for --engine vllm (vLLM 0.34.0 packs "

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from kvcache.byte_units import GiB
 from kvcache.errors import ConfigError
+from kvcache.inputs.dtypes import FLOAT32, STATE_DTYPES, DType
 
 VLLM_VERSION = "0.34.0"
 
@@ -117,9 +116,6 @@ def mamba_checkpoint(architecture: str, hf_config: dict[str, object]) -> MambaCh
     return MAMBA_CHECKPOINTS.get(architecture, MambaCheckpoint())
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 def default_max_num_batched_tokens(total_bytes: int) -> int:
     """The API server's max_num_batched_tokens by card size (engine/arg_utils.py): 16384 from 160 GiB,
     8192 from 70 GiB (H100/H200; A100 and GB10 are named exceptions we do not model), else 2048."""
@@ -128,17 +124,17 @@ def default_max_num_batched_tokens(total_bytes: int) -> int:
     return 8192 if total_bytes >= 70 * GiB else 2048
 
 
-def ssm_state_dtype(architecture: str, hf_config: dict[str, object], kind: str, model_dtype: torch.dtype) -> torch.dtype:
+def ssm_state_dtype(architecture: str, hf_config: dict[str, object], kind: str, model_dtype: DType) -> DType:
     """The dtype vLLM keeps a recurrent layer's SSM (temporal) state in, by default (see SSM_DTYPE_FIELD)."""
     if kind in FLOAT32_STATE_KINDS:
-        return torch.float32
+        return FLOAT32
     field = SSM_DTYPE_FIELD.get(architecture)
     if field is None:
         return model_dtype
     name, fallback = field
     text = hf_config.get("text_config", hf_config)
     value = (text.get(name) if isinstance(text, dict) else None) or hf_config.get(name) or fallback
-    return _DTYPES.get(str(value), model_dtype) if value else model_dtype
+    return STATE_DTYPES.get(str(value), model_dtype) if value else model_dtype
 
 
 def hybrid_manager_disabled(layer_kinds: tuple[str, ...]) -> bool:

@@ -1,1 +1,1 @@
-"""Inputs: the knobs (ServerArgs, SizingSettings), the rank's place (ParallelState), devices, cards and dtypes."""
+"""Inputs: the knobs (ServerArgs, SizingSettings), the rank's place (ParallelState), cards and dtypes (as data: no torch)."""

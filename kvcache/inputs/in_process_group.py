@@ -32,6 +32,18 @@ class InProcessGroup:
         self._barrier.wait()  # no member writes its next value before every member has read this one
         return gathered
 
+    def gather_int64(self, rank: int, values: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """Every member's int64s (kvcache.inputs.rank_agreement.RankGroup)."""
+        return self.all_gather(rank, values)
+
+    def min_int64(self, rank: int, values: tuple[int, ...]) -> tuple[int, ...]:
+        """The element-wise smallest over the members."""
+        return tuple(min(column) for column in zip(*self.all_gather(rank, values)))
+
+    def gather_objects(self, rank: int, obj: Any) -> list[Any]:
+        """Every member's object."""
+        return self.all_gather(rank, obj)
+
     def abort(self) -> None:
         """A member failed outside a collective: release the others (they raise BrokenBarrierError)."""
         self._barrier.abort()

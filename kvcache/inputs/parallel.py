@@ -25,8 +25,9 @@ from kvcache.inputs.sglang_ratios import SGLANG_MIN_RANK_MEMORY_RATIO
 class ProcessGroups:
     """The torch.distributed groups this rank belongs to (handles made by app.parallel_setup).
 
-    `agreement` is a CPU (gloo) group over every rank: sizing decisions are a few
-    int64s, so they never touch the accelerator's communicator.
+    `agreement` is a RankGroup (kvcache.inputs.rank_agreement) over every rank, a CPU (gloo) group's
+    (kvcache.memory.torch_collectives): sizing decisions are a few int64s, so they never touch the
+    accelerator's communicator.
     """
 
     agreement: Any

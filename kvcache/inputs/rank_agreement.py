@@ -9,6 +9,10 @@ A step that can fail on one rank only (planning a pipeline stage, building its p
 runs through `run_everywhere`: the ranks exchange success or failure before any of
 them goes on, so either all return or all raise the same typed error, and a rank
 whose own step succeeded drops what it built.
+
+The exchange itself is the group's (`RankGroup`): torch.distributed's over processes
+(kvcache.memory.torch_collectives), or a dry run's stages as threads (kvcache.inputs.in_process_group),
+so deciding imports no torch.
 """
 
 from __future__ import annotations
@@ -16,19 +20,30 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Callable, Sequence, TypeVar
-
-import torch
-import torch.distributed as dist
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from kvcache.byte_units import format_bytes
-from kvcache.errors import KVCacheError, RankFailedError, RankLostError, UnbalancedMemoryError
+from kvcache.errors import KVCacheError, RankFailedError, UnbalancedMemoryError
 from kvcache.arithmetic import ceil_div
 from kvcache.inputs.sglang_ratios import SGLANG_MIN_RANK_MEMORY_RATIO
-from kvcache.inputs.in_process_group import InProcessGroup
 
 T = TypeVar("T")
 
+
+class RankGroup(Protocol):
+    """The collectives the ranks agree through; `rank` is the caller's index in the group."""
+
+    def gather_int64(self, rank: int, values: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """Every member's `values`, indexed by member."""
+        ...
+
+    def min_int64(self, rank: int, values: tuple[int, ...]) -> tuple[int, ...]:
+        """The element-wise smallest `values` over the members."""
+        ...
+
+    def gather_objects(self, rank: int, obj: Any) -> list[Any]:
+        """Every member's picklable `obj`, indexed by member."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,9 +89,10 @@ def _failure_of(exc: Exception, rank: int) -> _Failure:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankAgreement:
-    """Collectives over a CPU (gloo) group spanning every rank; `group=None` means this rank is alone."""
+    """Agreement over a group spanning every rank (a CPU gloo group, or a dry run's threads); `group=None` means
+    this rank is alone."""
 
-    group: Any
+    group: RankGroup | None
     rank: int
     world_size: int
     rank_names: tuple[str, ...]
@@ -90,48 +106,19 @@ class RankAgreement:
         """Every rank's `values`, indexed by rank."""
         if self.group is None:
             return (tuple(values),)
-        if isinstance(self.group, InProcessGroup):
-            return tuple(self.group.all_gather(self.rank, tuple(int(v) for v in values)))
-        local = torch.tensor(list(values), dtype=torch.int64)
-        out = [torch.empty_like(local) for _ in range(self.world_size)]
-        self._collective(lambda: dist.all_gather(out, local, group=self.group))
-        return tuple(tuple(int(x) for x in t.tolist()) for t in out)
+        return tuple(self.group.gather_int64(self.rank, tuple(int(v) for v in values)))
 
     def min_int64(self, values: Sequence[int]) -> tuple[int, ...]:
         """The element-wise smallest `values` over the ranks (an int64 MIN all-reduce)."""
         if self.group is None:
             return tuple(values)
-        if isinstance(self.group, InProcessGroup):
-            return tuple(min(column) for column in zip(*self.gather_int64(values)))
-        t = torch.tensor(list(values), dtype=torch.int64)
-        self._collective(lambda: dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group))
-        return tuple(int(x) for x in t.tolist())
-
-    def _collective(self, call: Callable[[], Any]) -> None:
-        """One collective; a peer that went away (gloo: 'Connection closed by peer', raised as soon as the peer's
-        sockets close, which its death or its own failed start does) is RankLostError, the same on every rank."""
-        try:
-            call()
-        except RuntimeError as exc:  # gloo's and NCCL's DistBackendError are RuntimeErrors
-            raise RankLostError(
-                f"the ranks stopped agreeing: another rank failed or was killed during start-up ({self.world_size} "
-                "ranks; the failing rank's own output says why); nothing is left allocated here") from exc
+        return self.group.min_int64(self.rank, tuple(int(v) for v in values))
 
     def gather_objects(self, obj: Any) -> list[Any]:
         """Every rank's picklable `obj`, indexed by rank."""
         if self.group is None:
             return [obj]
-        if isinstance(self.group, InProcessGroup):
-            return self.group.all_gather(self.rank, obj)
-        # Our own byte exchange: torch's all_gather_object needs NumPy, which this engine does not install.
-        payload = pickle.dumps(obj)
-        lengths = [n for (n,) in self.gather_int64((len(payload),))]
-        local = torch.zeros(max(lengths), dtype=torch.uint8)
-        if payload:
-            local[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        out = [torch.empty_like(local) for _ in range(self.world_size)]
-        self._collective(lambda: dist.all_gather(out, local, group=self.group))
-        return [pickle.loads(bytes(t[:n].tolist())) for t, n in zip(out, lengths)]
+        return self.group.gather_objects(self.rank, obj)
 
     def agree_on_memory(self, *, free_before_load: int, free_after_load: int, total_bytes: int) -> AgreedMemory:
         """The MIN of each number over the ranks, after checking free memory before load is balanced."""

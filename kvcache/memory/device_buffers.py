@@ -21,36 +21,8 @@ from typing import Protocol, Sequence
 
 import torch
 
-from kvcache.byte_units import MiB
 from kvcache.errors import PlanMismatchError
-from kvcache.arithmetic import align_up
-
-BLOCK_ROUND = 512
-LARGE_ROUND = 2 * MiB
-SMALL_UP_TO = 1 * MiB
-HOST_MAP_THRESHOLD = 1 * MiB
-OWN_SEGMENT_FROM = 10 * MiB  # the caching allocator's kMinLargeAlloc: requests this big get their own segment
-SLOT_ALIGN = 512
-
-
-def allocation_size(nbytes: int) -> int:
-    """Bytes a buffer of `nbytes` really occupies (the formula every plan uses)."""
-    if nbytes <= 0:
-        return 0
-    rounded = align_up(nbytes, BLOCK_ROUND)
-    return align_up(rounded, LARGE_ROUND) if rounded > SMALL_UP_TO else rounded
-
-
-def arena_size(slot_bytes: int) -> int:
-    """Bytes of one arena holding `slot_bytes` of slots: a 2 MiB multiple, at least 10 MiB (0 for none)."""
-    if slot_bytes <= 0:
-        return 0
-    return max(align_up(slot_bytes, LARGE_ROUND), OWN_SEGMENT_FROM)
-
-
-def slot_size(nbytes: int) -> int:
-    """Bytes a buffer takes inside an arena: packed back to back, each 512-byte aligned."""
-    return align_up(nbytes, SLOT_ALIGN)
+from kvcache.memory.arena_sizes import HOST_MAP_THRESHOLD, slot_size
 
 
 class ArenaBacking(Protocol):

@@ -12,9 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, TypeVar
 
-import torch
-
 from kvcache.errors import ModelConfigFieldError
+from kvcache.inputs.dtypes import TORCH_DTYPE_NAMES
 
 # Bounds no real model comes near; they stop absurd configs before any arithmetic or allocation.
 MAX_LAYERS = 10_000
@@ -244,7 +243,7 @@ class ConfigFields:
         if name == "torch_dtype" and other is not None and other != value:  # transformers 5 renamed it `dtype`
             self.fail("dtype", other, f"the same as torch_dtype ({_shown(value)}), or only one of the two")
         text = value.removeprefix("torch.") if isinstance(value, str) else None
-        if text is None or not isinstance(getattr(torch, text, None), torch.dtype):
+        if text is None or text not in TORCH_DTYPE_NAMES:
             self.fail(name, value, "the name of a torch dtype such as 'bfloat16', 'float16' or 'float32'")
         return text
 

@@ -31,9 +31,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from kvcache.errors import ConfigError
+from kvcache.inputs.dtypes import FLOAT32, INT32, UINT8, DType
 from kvcache.inputs.input_files import parse_json_object, read_input_text
 from kvcache.models.fields import ConfigFields
 from kvcache.models.weight_blocks import ParamSpec
@@ -48,7 +47,7 @@ class StoredTensor:
 
     name: str
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: DType
 
     @property
     def nbytes(self) -> int:
@@ -61,21 +60,21 @@ class Fp8Weights:
 
     block: tuple[int, int] | None = (128, 128)
 
-    def stored(self, spec: ParamSpec, dtype: torch.dtype) -> tuple[StoredTensor, ...]:
+    def stored(self, spec: ParamSpec, dtype: DType) -> tuple[StoredTensor, ...]:
         *lead, rows, cols = spec.shape
         scales = tuple(lead) if self.block is None else (*lead, ceil_div(rows, self.block[0]), ceil_div(cols, self.block[1]))
-        return (StoredTensor(spec.name, spec.shape, torch.uint8),
-                StoredTensor(f"{spec.name}_scale_inv", scales, torch.float32))
+        return (StoredTensor(spec.name, spec.shape, UINT8),
+                StoredTensor(f"{spec.name}_scale_inv", scales, FLOAT32))
 
 
 @dataclass(frozen=True, slots=True)
 class Mxfp4Weights:
     """MXFP4: two e2m1 values a byte, one uint8 exponent per 32 inputs."""
 
-    def stored(self, spec: ParamSpec, dtype: torch.dtype) -> tuple[StoredTensor, ...]:
+    def stored(self, spec: ParamSpec, dtype: DType) -> tuple[StoredTensor, ...]:
         *lead, rows, cols = spec.shape
-        return (StoredTensor(spec.name, (*lead, rows, ceil_div(cols, 2)), torch.uint8),
-                StoredTensor(f"{spec.name}_scales", (*lead, rows, ceil_div(cols, MXFP4_GROUP)), torch.uint8))
+        return (StoredTensor(spec.name, (*lead, rows, ceil_div(cols, 2)), UINT8),
+                StoredTensor(f"{spec.name}_scales", (*lead, rows, ceil_div(cols, MXFP4_GROUP)), UINT8))
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,14 +86,14 @@ class PackedIntWeights:
     group_size: int | None
     symmetric: bool = True
 
-    def stored(self, spec: ParamSpec, dtype: torch.dtype) -> tuple[StoredTensor, ...]:
+    def stored(self, spec: ParamSpec, dtype: DType) -> tuple[StoredTensor, ...]:
         *lead, rows, cols = spec.shape
         groups = 1 if self.group_size is None else ceil_div(cols, self.group_size)
-        out = (StoredTensor(f"{spec.name}_packed", (*lead, rows, ceil_div(cols * self.bits, 32)), torch.int32),
+        out = (StoredTensor(f"{spec.name}_packed", (*lead, rows, ceil_div(cols * self.bits, 32)), INT32),
                StoredTensor(f"{spec.name}_scale", (*lead, rows, groups), dtype))
         if self.symmetric:
             return out
-        return out + (StoredTensor(f"{spec.name}_zero_point", (*lead, ceil_div(rows * self.bits, 32), groups), torch.int32),)
+        return out + (StoredTensor(f"{spec.name}_zero_point", (*lead, ceil_div(rows * self.bits, 32), groups), INT32),)
 
 
 WeightFormat = Fp8Weights | Mxfp4Weights | PackedIntWeights
@@ -121,7 +120,7 @@ class Quantization:
                 return False
         return True
 
-    def stored(self, spec: ParamSpec, dtype: torch.dtype) -> tuple[StoredTensor, ...]:
+    def stored(self, spec: ParamSpec, dtype: DType) -> tuple[StoredTensor, ...]:
         """The tensors that hold one parameter: the format's for a quantized weight, else one in `dtype`."""
         if not spec.quantized or self.weights is None:
             return (StoredTensor(spec.name, spec.shape, dtype),)

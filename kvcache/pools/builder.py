@@ -25,7 +25,8 @@ from kvcache.sizing.layer_specs import MLASpec, TokenSpec
 from kvcache.memory.out_of_memory import is_out_of_memory
 from kvcache.sizing.pool_config import KVPoolPlan, MemoryPoolConfig
 from kvcache.sizing.pool_layout import CacheLayout
-from kvcache.sizing.tensor_plan import PlannedSlot, dtype_name
+from kvcache.memory.torch_dtypes import dtype_name
+from kvcache.sizing.tensor_plan import PlannedSlot
 from kvcache.pools import HybridSWAKVPool, MHATokenToKVPool, MLATokenToKVPool, RecurrentStatePool, ReqToTokenPool
 
 KVPool = MHATokenToKVPool | MLATokenToKVPool | HybridSWAKVPool

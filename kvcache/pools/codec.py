@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import torch
 
 from kvcache.inputs.dtypes import KVCacheDtype
+from kvcache.memory.torch_dtypes import torch_dtype
 
 _E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 FP4_GROUP = 16
@@ -21,14 +22,14 @@ def encode(values: torch.Tensor, dtype: KVCacheDtype) -> tuple[torch.Tensor, tor
     if dtype.scale_group:
         return quantize_fp4(values)
     if dtype.stored_as_bytes:
-        return values.to(dtype.torch_dtype).view(torch.uint8), None
-    return values.to(dtype.storage_dtype), None
+        return values.to(torch_dtype(dtype.element_dtype)).view(torch.uint8), None
+    return values.to(torch_dtype(dtype.storage_dtype)), None
 
 
 def decode_view(storage: torch.Tensor, dtype: KVCacheDtype) -> torch.Tensor:
     """The buffer as kernels read it: FP8 bytes viewed as FP8; other formats as stored."""
     if dtype.stored_as_bytes and not dtype.scale_group:
-        return storage.view(dtype.torch_dtype)
+        return storage.view(torch_dtype(dtype.element_dtype))
     return storage
 
 

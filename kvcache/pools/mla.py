@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from kvcache.sizing.dsa_latent import PackedLatentTensor
+from kvcache.pools.dsa_latent_rows import PackedLatentTensor
 from kvcache.pools.codec import CacheTensor, LayerIndex
 from kvcache.pools.planned_views import PlannedRows, Views, kv_pool_slot, take_views
 from kvcache.sizing.layer_specs import MLASpec

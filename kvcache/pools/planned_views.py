@@ -19,7 +19,8 @@ from kvcache.errors import PlanMismatchError
 from kvcache.memory.device_buffers import Arena
 from kvcache.sizing.layer_specs import TokenSpec
 from kvcache.sizing.pool_config import KVPoolPlan, MemoryPoolConfig
-from kvcache.sizing.tensor_plan import PlannedSlot, PlannedTensor, dtype_name, torch_dtype
+from kvcache.memory.torch_dtypes import dtype_name, torch_dtype
+from kvcache.sizing.tensor_plan import PlannedSlot, PlannedTensor
 
 Views = Mapping[str, torch.Tensor]
 

@@ -15,19 +15,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from kvcache.errors import ConfigError
+from kvcache.inputs.dtypes import BFLOAT16, FLOAT8_E4M3FN, FLOAT32
 
 DSA_FP8_TILE = 128  # nope values per float32 scale
-_SCALE = torch.float32
-_ROPE = torch.bfloat16
-_FP8 = torch.float8_e4m3fn
+_SCALE, _ROPE, _FP8 = FLOAT32, BFLOAT16, FLOAT8_E4M3FN
 
 
 @dataclass(frozen=True, slots=True)
 class DSAFp8Latent:
-    """Byte layout of one token's packed latent: [nope fp8 | nope scales float32 | rope bfloat16]."""
+    """Byte layout of one token's packed latent: [nope fp8 | nope scales float32 | rope bfloat16]
+    (packed and unpacked by kvcache.pools.dsa_latent_rows)."""
 
     kv_lora_rank: int
     qk_rope_head_dim: int
@@ -55,44 +53,3 @@ class DSAFp8Latent:
     def row_bytes(self) -> int:
         """Bytes of one token's latent in one layer (the formula in the module docstring)."""
         return self.nope_bytes + self.scale_bytes + self.rope_bytes
-
-    def pack(self, latent: torch.Tensor) -> torch.Tensor:
-        """[n, 1, kv_lora_rank + rope] values -> [n, 1, row_bytes] uint8 rows (per-tile fp8, scale amax / 448)."""
-        n = latent.shape[0]
-        nope = latent[..., : self.kv_lora_rank].float().reshape(n, -1, DSA_FP8_TILE)
-        scale = nope.abs().amax(dim=-1, keepdim=True) / torch.finfo(_FP8).max
-        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        quantized = (nope / safe).to(_FP8).reshape(n, 1, -1).view(torch.uint8)
-        scales = scale.reshape(n, 1, -1).contiguous().view(torch.uint8)
-        rope = latent[..., self.kv_lora_rank:].to(_ROPE).contiguous().view(torch.uint8)
-        return torch.cat((quantized, scales, rope), dim=-1)
-
-    def unpack(self, rows: torch.Tensor) -> torch.Tensor:
-        """[..., row_bytes] uint8 rows -> [..., kv_lora_rank + rope] float32 values (the inverse of pack)."""
-        lead = rows.shape[:-1]
-        nope = rows[..., : self.nope_bytes].contiguous().view(_FP8).float()
-        cut = self.nope_bytes + self.scale_bytes
-        scales = rows[..., self.nope_bytes: cut].contiguous().view(_SCALE)
-        rope = rows[..., cut:].contiguous().view(_ROPE).float()
-        nope = (nope.reshape(*lead, -1, DSA_FP8_TILE) * scales.unsqueeze(-1)).reshape(*lead, -1)
-        return torch.cat((nope, rope), dim=-1)
-
-
-class PackedLatentTensor:
-    """One layer's packed latent buffer, [rows, 1, row_bytes] uint8, with CacheTensor's interface."""
-
-    __slots__ = ("data", "layout")
-    scales = None  # the scales live inside each row
-
-    def __init__(self, data: torch.Tensor, layout: DSAFp8Latent) -> None:
-        self.data = data
-        self.layout = layout
-
-    def write(self, loc: torch.Tensor, values: torch.Tensor) -> None:
-        """Store whole latents ([n, 1, kv_lora_rank + rope], model dtype) at rows `loc`, packed."""
-        self.data[loc] = self.layout.pack(values)
-
-    def read(self) -> torch.Tensor:
-        """The packed rows, as SGLang 0.5.23 hands them to its fp8 DSA kernels."""
-        return self.data
-

@@ -9,22 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from kvcache.sizing.dsa_latent import DSAFp8Latent
-from kvcache.inputs.dtypes import KVCacheDtype
+from kvcache.inputs.dtypes import FLOAT32, DType, KVCacheDtype
 from kvcache.errors import ConfigError, ModelConfigFieldError, UnsupportedModelError
 from kvcache.models.model_config import INDEX_SCALE_BLOCK, STATE_LAYER_KINDS, ModelConfig
 from kvcache.inputs.parallel import ParallelState
 from kvcache.arithmetic import ceil_div
-from kvcache.sizing.tensor_plan import PlannedTensor, dtype_name, row_bytes, tensor
+from kvcache.sizing.tensor_plan import PlannedTensor, row_bytes, tensor
 
 
 
 
 def cache_row(name: str, heads: int, dim: int, dtype: KVCacheDtype) -> tuple[PlannedTensor, ...]:
     """One token's [heads, dim] cache tensor in a KV dtype: the data, and FP4's scale bytes beside it."""
-    data = tensor(name, (heads, dtype.data_elements(dim)), dtype_name(dtype.storage_dtype))
+    data = tensor(name, (heads, dtype.data_elements(dim)), dtype.storage_dtype.name)
     if not dtype.scale_group:
         return (data,)
     return data, tensor(f"{name}_scales", (heads, dtype.scale_elements(dim)), "uint8")
@@ -121,16 +119,16 @@ class RecurrentStateSpec:
     kind: str
     conv_shape: tuple[int, ...]
     ssm_shape: tuple[int, ...]
-    conv_dtype: torch.dtype
-    ssm_dtype: torch.dtype
+    conv_dtype: DType
+    ssm_dtype: DType
 
     pool_kind = "state"
 
     def slot_tensors(self) -> tuple[PlannedTensor, ...]:
         """One request slot's tensors in one layer: the SSM state first (the wider dtype keeps alignment), then
         the conv window."""
-        return (tensor("ssm", self.ssm_shape, dtype_name(self.ssm_dtype)),
-                tensor("conv", self.conv_shape, dtype_name(self.conv_dtype)))
+        return (tensor("ssm", self.ssm_shape, self.ssm_dtype.name),
+                tensor("conv", self.conv_shape, self.conv_dtype.name))
 
     @property
     def bytes_per_request(self) -> int:
@@ -205,8 +203,8 @@ def model_layer_specs(
     parallel: ParallelState,
     kv_dtype: KVCacheDtype,
     *,
-    model_dtype: torch.dtype,
-    ssm_dtype: torch.dtype = torch.float32,
+    model_dtype: DType,
+    ssm_dtype: DType = FLOAT32,
     layer_ids: range | None = None,
     window_pools: bool = True,
 ) -> tuple[LayerPlacement, ...]:
@@ -229,7 +227,7 @@ def model_layer_specs(
 
 
 def _spec_for(
-    kind: str, m: ModelConfig, p: ParallelState, kv: KVCacheDtype, model_dtype: torch.dtype, ssm_dtype: torch.dtype
+    kind: str, m: ModelConfig, p: ParallelState, kv: KVCacheDtype, model_dtype: DType, ssm_dtype: DType
 ) -> LayerSpec | None:
     heads = p.heads_per_rank(m.num_key_value_heads)
     if kind == "full_attention":
@@ -268,7 +266,7 @@ def _needed(m: ModelConfig, field: str, *, low: int = 1) -> int:
     return value
 
 
-def _gated_delta_net_spec(m: ModelConfig, p: ParallelState, conv_dtype: torch.dtype, ssm_dtype: torch.dtype,
+def _gated_delta_net_spec(m: ModelConfig, p: ParallelState, conv_dtype: DType, ssm_dtype: DType,
                           kind: str) -> RecurrentStateSpec:
     """Delta-rule linear attention (Qwen3-Next's gated delta net, Kimi's KDA): conv over q, k (key heads)
     and v (value heads); state per value head. SGLang 0.5.23 shapes both the same way."""
@@ -285,7 +283,7 @@ def _gated_delta_net_spec(m: ModelConfig, p: ParallelState, conv_dtype: torch.dt
     )
 
 
-def _mamba2_spec(m: ModelConfig, p: ParallelState, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> RecurrentStateSpec:
+def _mamba2_spec(m: ModelConfig, p: ParallelState, conv_dtype: DType, ssm_dtype: DType) -> RecurrentStateSpec:
     """Mamba-2: conv over x (heads x head_dim), B and C (groups x state); SSM state per head."""
     heads = p.split_per_rank(_needed(m, "mamba_num_heads"), "mamba_num_heads")
     head_dim, state = _needed(m, "mamba_head_dim"), _needed(m, "ssm_state_size")

@@ -14,7 +14,7 @@ import msgspec
 
 from kvcache.sizing.allocator_footprint import allocator_index_bytes, allocator_slots
 from kvcache.sizing.tensor_plan import PlannedSlot, PlannedTensor, per_layer, tensor
-from kvcache.memory.device_buffers import arena_size, slot_size
+from kvcache.memory.arena_sizes import arena_size, slot_size
 from kvcache.memory.memory_budget import MemoryBudget
 
 PoolKind = Literal["full", "swa", "mla"]

@@ -12,9 +12,7 @@ from typing import Sequence
 
 from fractions import Fraction
 
-import torch
-
-from kvcache.inputs.dtypes import KVCacheDtype
+from kvcache.inputs.dtypes import STATE_DTYPES, DType, KVCacheDtype
 from kvcache.errors import ConfigError, UnsupportedModelError
 from kvcache.sizing.layer_specs import LayerPlacement, RecurrentStateSpec, SlidingWindowSpec, TokenSpec, model_layer_specs
 from kvcache.models.model_config import KV_LAYER_KINDS, ModelConfig
@@ -23,7 +21,6 @@ from kvcache.inputs.server_args import HybridSwaMemory
 from kvcache.sizing.engine_rules import EngineRules
 from kvcache.sizing.planning import KVPoolDemand, StateDemand
 from kvcache.sizing.pool_config import DRAFT_POOL_PREFIX
-SSM_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,14 +117,14 @@ def _uniform(kind: str, members: list[LayerPlacement]):  # type: ignore[no-untyp
 
 def worker_cache_layout(
     *, model_config: ModelConfig, parallel_state: ParallelState, kv_cache_dtype: KVCacheDtype,
-    model_dtype: torch.dtype, mamba_ssm_dtype: str = "float32", layer_ids: range | None = None, prefix: str = "",
+    model_dtype: DType, mamba_ssm_dtype: str = "float32", layer_ids: range | None = None, prefix: str = "",
     window_pools: bool = True,
 ) -> CacheLayout:
     """One worker's pools: its layer specs (this rank's layers), grouped; sliding layers in a pool of their own
     only with `window_pools` (the engine's rule, EngineRules.window_pools)."""
     placements = model_layer_specs(
         model_config, parallel_state, kv_cache_dtype, model_dtype=model_dtype,
-        ssm_dtype=SSM_DTYPES[mamba_ssm_dtype], layer_ids=layer_ids, window_pools=window_pools,
+        ssm_dtype=STATE_DTYPES[mamba_ssm_dtype], layer_ids=layer_ids, window_pools=window_pools,
     )
     layout = CacheLayout.from_placements(placements, prefix=prefix)
     if not layout.kv_groups and not is_pure_state_space(model_config):  # a hybrid's stage without attention
@@ -160,7 +157,7 @@ def _without_attention(m: ModelConfig, p: ParallelState, layer_ids: range | None
 
 def draft_cache_layout(
     draft_model_config: ModelConfig | None, *, parallel_state: ParallelState, kv_cache_dtype: KVCacheDtype,
-    model_dtype: torch.dtype, mamba_ssm_dtype: str = "float32", engine: EngineRules,
+    model_dtype: DType, mamba_ssm_dtype: str = "float32", engine: EngineRules,
     hybrid_swa_memory: HybridSwaMemory = "auto",
 ) -> CacheLayout | None:
     """The draft worker's pools, named with DRAFT_POOL_PREFIX, as its target pays for them; None without a draft."""

@@ -4,7 +4,8 @@ Layer specs (kvcache.sizing.layer_specs) emit the tensors of one row (a token's 
 key) or one slot (a request's conv and SSM state); the plan repeats them per layer over its rows, adds
 the request table and the allocator's index buffers, and groups them in arena slots: a `PlannedSlot` is
 one `slot_size`-rounded stretch of the arena holding its tensors back to back. A buffer's planned bytes
-(MemoryPoolConfig.worker_buffers) are the sum of its slots. JSON-encodable: dtypes are torch's names.
+(MemoryPoolConfig.worker_buffers) are the sum of its slots. JSON-encodable: dtypes are torch's names
+(kvcache.inputs.dtypes), turned into torch dtypes only where the builder carves them.
 """
 
 from __future__ import annotations
@@ -12,32 +13,9 @@ from __future__ import annotations
 from math import prod
 
 import msgspec
-import torch
 
-from kvcache.memory.device_buffers import slot_size
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """torch.bfloat16 -> 'bfloat16' (the attribute of `torch` that names it)."""
-    return str(dtype).removeprefix("torch.")
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """'bfloat16' -> torch.bfloat16 (the inverse of dtype_name)."""
-    dtype = getattr(torch, name)
-    assert isinstance(dtype, torch.dtype), name
-    return dtype
-
-
-_ITEMSIZE: dict[str, int] = {}
-
-
-def itemsize(name: str) -> int:
-    """Bytes of one element of the torch dtype named `name`."""
-    size = _ITEMSIZE.get(name)
-    if size is None:
-        size = _ITEMSIZE[name] = torch_dtype(name).itemsize
-    return size
+from kvcache.inputs.dtypes import dtype_named
+from kvcache.memory.arena_sizes import slot_size
 
 
 class PlannedTensor(msgspec.Struct, frozen=True, array_like=True):
@@ -55,7 +33,7 @@ class PlannedTensor(msgspec.Struct, frozen=True, array_like=True):
 
 def tensor(name: str, shape: tuple[int, ...], dtype: str) -> PlannedTensor:
     """A planned tensor, its bytes computed from its shape and dtype."""
-    return PlannedTensor(name, shape, dtype, prod(shape) * itemsize(dtype))
+    return PlannedTensor(name, shape, dtype, prod(shape) * dtype_named(dtype).itemsize)
 
 
 class PlannedSlot(msgspec.Struct, frozen=True, array_like=True):

@@ -12,10 +12,9 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import msgspec
-import torch
 
 from kvcache.errors import ConfigError, DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
-from kvcache.inputs.dtypes import KV_CACHE_DTYPES, KVCacheDtype
+from kvcache.inputs.dtypes import KV_CACHE_DTYPES, DType, KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.inputs.speculative_defaults import default_max_running_requests
@@ -62,7 +61,7 @@ class WorkerSizing:
     settings: SizingSettings
     model_config: ModelConfig
     parallel_state: ParallelState
-    model_dtype: torch.dtype
+    model_dtype: DType
     kv_cache_dtype: KVCacheDtype
     device_type: str  # "cuda", "cpu" or "meta": CUDA graphs, post-capture resize and CPU advice depend on it
     engine: EngineRules  # the engine whose rules the plan follows (kvcache.engines holds them)
