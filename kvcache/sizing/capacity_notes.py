@@ -20,6 +20,7 @@ import msgspec
 
 from kvcache.errors import DoesNotFitError
 from kvcache.byte_units import format_bytes
+from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
 
@@ -104,16 +105,25 @@ def _token_slots_bind(sizing: WorkerSizing, plan: MemoryPoolConfig) -> CapacityN
     held = slots // context
     if held >= requests:
         return None
-    wanted = requests * context
-    fixes: tuple[str, ...] = ()
-    with_slots = replace(sizing, settings=sizing.settings.replace(max_total_tokens=wanted))
-    try:
-        replanned = with_slots.engine.plan(with_slots.plan_request(with_slots.layout(), plan.budget))
-    except DoesNotFitError:
-        replanned = None
-    if replanned is not None and replanned.max_total_num_tokens // context >= replanned.max_running_requests:
-        fixes = (f"--max-total-tokens {wanted}",)
-    return CapacityNote(cap="token_slots", tokens=wanted - held * context, bytes=0, fixes=fixes, message=(
+    wanted = _all_running_at_full_length(sizing, plan.budget, requests * context, context)
+    fixes = (f"--max-total-tokens {wanted}",) if wanted is not None else ()
+    return CapacityNote(cap="token_slots", tokens=requests * context - held * context, bytes=0, fixes=fixes, message=(
         f"the {slots:,} token slots ({sizing.engine.label}'s default without per-token KV: the context length; they "
         f"hold no bytes) fit {held:,} request{'' if held == 1 else 's'} of {context:,} tokens at once, while "
         f"{requests:,} may run" + (f"; for all of them at full length: {fixes[0]}" if fixes else "")))
+
+
+def _all_running_at_full_length(sizing: WorkerSizing, budget: MemoryBudget, tokens: int, context: int) -> int | None:
+    """The --max-total-tokens whose plan holds all its running requests at full length, or None where none fits:
+    more token slots may raise the running-request cap too (SGLang's clamp(T * 512 // context, 2048, 4096)), so
+    plan again with the slots the new cap needs until they agree (a few rounds: the cap is bounded)."""
+    for _ in range(4):
+        with_slots = replace(sizing, settings=sizing.settings.replace(max_total_tokens=tokens))
+        try:
+            replanned = with_slots.engine.plan(with_slots.plan_request(with_slots.layout(), budget))
+        except DoesNotFitError:
+            return None
+        if replanned.max_total_num_tokens // context >= replanned.max_running_requests:
+            return tokens
+        tokens = replanned.max_running_requests * context
+    return None
