@@ -279,7 +279,7 @@ def markdown(rows: list[Row], gpu: bool) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_reference_src_argument(parser, "sglang/ and vllm/ (SGLang 0.5.23's and vLLM 0.34.0's sources)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (or cuda:N)")
@@ -287,7 +287,7 @@ def main() -> None:
     parser.add_argument("--page-sizes", nargs="+", type=int, default=[1, 16, 64])
     parser.add_argument("--trials", type=int, default=3, help="report the best trial's mean")
     parser.add_argument("--json", type=Path, help="also write the rows here")
-    ns = parser.parse_args()
+    ns = parser.parse_args(argv)
     device = torch.device(ns.device)
     rows, checks = measure([int(s) for s in ns.sizes], ns.page_sizes, ns.trials, device, ns.reference_src)
     print(describe(device))

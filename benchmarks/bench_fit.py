@@ -72,14 +72,14 @@ def process(args: list[str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def main_bench() -> None:
+def main_bench(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--skip-plan-loop", action="store_true")
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     first, first_built, cells = one_sweep()
-    runs = [one_sweep() for _ in range(opts.repeat)]
+    runs = [one_sweep() for _ in range(opts.repeat)] or [(first, first_built, cells)]
     total = statistics.median(r[0] for r in runs)
     built = statistics.median(r[1] for r in runs)
     print(f"default sweep, {cells} cells: first {first:.2f} s (building {first_built:.2f} s); "
@@ -90,7 +90,7 @@ def main_bench() -> None:
         print(f"the same cells as {cells} in-process `plan` runs: {loop:.2f} s ({loop / cells * 1e3:.0f} ms per cell)")
     for label, args in (("python -m app fit (default sweep)", FIT_ARGS),
                         ("python -m app fit --plot", [*FIT_ARGS, "--plot", "/tmp/bench_fit.png"]),
-                        ("python -m app --help (start-up alone)", ["--help"])):
+                        ("python -m app --help (start-up alone)", ["--help"])) if opts.processes else ():
         measured = [process(args) for _ in range(opts.processes)]
         print(f"{label}: wall {statistics.median(m[0] for m in measured):.2f} s, "
               f"CPU {statistics.median(m[1] for m in measured):.2f} s")

@@ -78,12 +78,13 @@ def process_seconds(args: list[str], processes: int) -> float:
     return statistics.median(times)
 
 
-def main_bench() -> None:
+def main_bench(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--processes", type=int, default=3)
-    opts = parser.parse_args()
-    cases = [[name] for name in preset_names()] + HEAVY
+    parser.add_argument("--models", nargs="+", help="only these presets, without the heavy cases")
+    opts = parser.parse_args(argv)
+    cases = [[name] for name in opts.models] if opts.models else [[name] for name in preset_names()] + HEAVY
     print(f"{'case (plan --gpu H200)':78} rc  first ms  median ms  planner ms (plan_cost calls)  advice ms")
     for case in cases:
         argv = ["plan", "--model", *case, "--gpu", "H200"]
@@ -92,6 +93,8 @@ def main_bench() -> None:
         print(f"{' '.join(case):78} {rc}  {first * 1e3:8.1f}  {median * 1e3:9.1f}  "
               f"{p['plan_pool_sizes'][1] * 1e3:10.1f} ({p['plan_cost'][0]:5d})  {p['suggest_fixes'][1] * 1e3:9.1f}")
     heavy = ["-m", "app", "plan", "--model", *HEAVY[0], "--gpu", "H200"]
+    if not opts.processes:
+        return
     print(f"\nprocess `python -c 'import app.cli'`: {process_seconds(['-c', 'import app.cli'], opts.processes):.2f} s")
     print(f"process `python {' '.join(heavy)}`: {process_seconds(heavy, opts.processes):.2f} s")
 

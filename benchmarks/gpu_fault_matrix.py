@@ -84,7 +84,8 @@ def start(argv: list[str], injector: FaultInjector, census: ArenaCensus | None =
 RESIZES_EXPECTED = {"cuda + graphs + resize": 1, "cuda + graphs + measured": 2}
 
 
-def walk(device: str, name: str, argv: list[str]) -> list[dict[str, Any]]:
+def walk(device: str, name: str, argv: list[str], max_hits: int | None = None) -> list[dict[str, Any]]:
+    """Fail each hit of each fault point a clean start meets (the first `max_hits` of each, when given)."""
     counter = FaultInjector()
     code, line = start(argv, counter)
     if code != 0:
@@ -95,7 +96,7 @@ def walk(device: str, name: str, argv: list[str]) -> list[dict[str, Any]]:
     for point, hits in sorted(counter.hits.items()):
         if point == "collective":
             continue  # one process: no collectives (tests/test_rank_faults.py walks them on two ranks)
-        for at in range(1, hits + 1):
+        for at in range(1, min(hits, max_hits or hits) + 1):
             before = allocated(device)
             injector, census = FaultInjector(point=point, at=at), ArenaCensus()  # type: ignore[arg-type]
             code, line = start(argv, injector, census)
@@ -153,18 +154,19 @@ def fresh_process_check(argv: list[str]) -> dict[str, Any]:
             f"after each later start {', '.join(f'{f:,}' for f in later)} B (baseline {baseline:,})"}
 
 
-def main_() -> int:
+def main_(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--model", default=None, help="a preset or config.json (default: a 3-layer tiny Llama)")
     parser.add_argument("--json", help="also write the rows to this file")
-    args = parser.parse_args()
+    parser.add_argument("--max-hits", type=int, help="fail only the first N hits of each point (a quick walk)")
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:
             model = str(Path(tmp, "config.json"))
             Path(model).write_text(json.dumps({**TINY_MODEL_HF_CONFIG, "num_hidden_layers": 3}))
-        rows = [row for name, argv in configurations(args.device, model).items() for row in walk(args.device, name, argv)]
+        rows = [row for name, argv in configurations(args.device, model).items() for row in walk(args.device, name, argv, args.max_hits)]
         if args.device == "cuda":
             rows.append(fresh_process_check(configurations("cuda", model)["cuda"]))
     print(f"{'configuration':<32} {'fault':<18} {'exit':>4} {'left (B)':>10} {'arenas':>6}  result  error line")

@@ -39,8 +39,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def one_case(model: str, extra: dict[str, Any], card_name: str) -> dict[str, Any]:
-    """Bootstrap one case on CUDA (this process's first CUDA work), then its dry run on meta."""
+def one_case(model: str, extra: dict[str, Any], card_name: str, device_kind: str = "cuda") -> dict[str, Any]:
+    """Bootstrap one case on CUDA (this process's first CUDA work), then its dry run on meta. `device_kind` meta
+    bootstraps the first part on the meta device too, the named card's (CI's smoke test, torch.cuda faked)."""
     import torch
 
     from containers import EngineContainer
@@ -48,10 +49,11 @@ def one_case(model: str, extra: dict[str, Any], card_name: str) -> dict[str, Any
     from kvcache.models.presets import load_model_config
     from kvcache.inputs.server_args import ServerArgs
 
-    device = torch.device("cuda", 0)
+    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device(device_kind)
     free_at_context, total = (int(x) for x in torch.cuda.mem_get_info(device))
-    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cuda", **extra}),
-                             model_config=load_model_config(model))
+    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": device_kind, **extra}),
+                             model_config=load_model_config(model),
+                             **({"card": card_named(card_name)} if device_kind == "meta" else {}))
     runtime = engine.engine()
     allocated0 = torch.cuda.memory_allocated(device)
     for worker in runtime.workers:
@@ -91,15 +93,16 @@ def one_case(model: str, extra: dict[str, Any], card_name: str) -> dict[str, Any
                 dry_free_after_load=dry_plan.budget.free_after_load_bytes)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--card", default="H200")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "meta"], help=argparse.SUPPRESS)  # meta: CI
     parser.add_argument("--json", type=Path)
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child process: run case N, print JSON
-    ns = parser.parse_args()
+    ns = parser.parse_args(argv)
     if ns.one is not None:
         model, extra = CASES[ns.one]
-        print(json.dumps(one_case(model, extra, ns.card)))
+        print(json.dumps(one_case(model, extra, ns.card, ns.device)))
         return
     rows = []
     for i, (model, extra) in enumerate(CASES):

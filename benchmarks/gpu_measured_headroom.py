@@ -51,17 +51,24 @@ def outside_reading() -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {"error": done.stderr[-2000:]}
 
 
-def measured(model: str, steps: int, mixed_chunk: bool = False) -> dict[str, Any]:
-    import torch
-
-    from app.report import build_report
+def engine_for(model: Any, settings: dict[str, Any]) -> Any:
+    """An EngineContainer on CUDA for a preset name (or a ModelConfig, as the CI smoke test passes) with these
+    server args on top (the smoke test's: the CPU, a small card)."""
     from containers import EngineContainer
     from kvcache.inputs.server_args import ServerArgs
     from kvcache.models.presets import load_model_config
 
+    config = load_model_config(model) if isinstance(model, str) else model
+    return EngineContainer(server_args=ServerArgs.from_mapping({"device": "cuda", **settings}), model_config=config)
+
+
+def measured(model: Any, steps: int, mixed_chunk: bool = False, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    import torch
+
+    from app.report import build_report
+
     total = int(torch.cuda.mem_get_info()[1])
-    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cuda", "enable_mixed_chunk": mixed_chunk}),
-                             model_config=load_model_config(model))
+    engine = engine_for(model, {**(settings or {}), "enable_mixed_chunk": mixed_chunk})
     runtime = engine.engine()
     t0 = time.perf_counter()
     runtime.bootstrap()
@@ -102,7 +109,7 @@ def measured(model: str, steps: int, mixed_chunk: bool = False) -> dict[str, Any
             step.run(name)
         else:  # the largest decode batch, a graph replayed where one holds it, sampled with logprobs
             rows = requests.add(bs)
-            sample_with_logprobs(runner.decode(requests.step(rows, torch.randint(0, vocab, (bs,), device="cuda"))))
+            sample_with_logprobs(runner.decode(requests.step(rows, torch.randint(0, vocab, (bs,), device=runner.device))))
             requests.release(rows)
         f = free_now(torch)
         lowest_after = min(lowest_after, f)
@@ -118,16 +125,10 @@ def measured(model: str, steps: int, mixed_chunk: bool = False) -> dict[str, Any
     return out
 
 
-def static(model: str, mixed_chunk: bool = False) -> dict[str, Any]:
+def static(model: Any, mixed_chunk: bool = False, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
 
-    from containers import EngineContainer
-    from kvcache.inputs.server_args import ServerArgs
-    from kvcache.models.presets import load_model_config
-
-    engine = EngineContainer(server_args=ServerArgs.from_mapping({"device": "cuda", "kv_headroom": "fraction",
-                                                                  "enable_mixed_chunk": mixed_chunk}),
-                             model_config=load_model_config(model))
+    engine = engine_for(model, {**(settings or {}), "kv_headroom": "fraction", "enable_mixed_chunk": mixed_chunk})
     runtime = engine.engine()
     runtime.bootstrap()
     plan = runtime.target.memory_pool_config
@@ -155,7 +156,7 @@ def dry(model: str, card: str, mixed_chunk: bool = False) -> dict[str, Any]:
                 prediction=data.get("measured_prediction"))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path)
     parser.add_argument("--models", nargs="+", default=MODELS)
@@ -163,7 +164,7 @@ def main() -> None:
     parser.add_argument("--card", default="H200")
     parser.add_argument("--mixed-chunk", action="store_true")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # child: KIND MODEL
-    ns = parser.parse_args()
+    ns = parser.parse_args(argv)
     if ns.one:
         kind, model = ns.one
         try:

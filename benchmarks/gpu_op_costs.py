@@ -28,34 +28,39 @@ from kvcache.allocators import paged_kernels  # noqa: E402
 CHUNK, CHUNKS = 200, 25
 
 
-def cost_us(call: Callable[[], object]) -> float:
-    """Median host microseconds per call over CHUNKS chunks of CHUNK calls."""
+def cost_us(call: Callable[[], object], chunk: int = CHUNK, chunks: int = CHUNKS) -> float:
+    """Median host microseconds per call over `chunks` chunks of `chunk` calls."""
     for _ in range(20):
         call()
     torch.cuda.synchronize()
     per_call = []
-    for _ in range(CHUNKS):
+    for _ in range(chunks):
         start = time.perf_counter()
-        for _ in range(CHUNK):
+        for _ in range(chunk):
             call()
-        per_call.append((time.perf_counter() - start) / CHUNK)
+        per_call.append((time.perf_counter() - start) / chunk)
         torch.cuda.synchronize()
     return statistics.median(per_call) * 1e6
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path)
-    ns = parser.parse_args()
-    dev = torch.device("cuda")
+    parser.add_argument("--chunk", type=int, default=CHUNK)
+    parser.add_argument("--chunks", type=int, default=CHUNKS)
+    # cpu: CI's smoke test (torch.cuda faked), without the pinned copies and the kernels, which need CUDA
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help=argparse.SUPPRESS)
+    ns = parser.parse_args(argv)
+    dev = torch.device(ns.device)
+    cuda = dev.type == "cuda"
     log = torch.arange(2_000_000, dtype=torch.int64, device=dev)
     ids = torch.arange(256, dtype=torch.int64, device=dev)
     free_list = torch.arange(500_000, dtype=torch.int64, device=dev)
-    pinned = torch.empty(256, dtype=torch.int64).pin_memory()
+    pinned = torch.empty(256, dtype=torch.int64).pin_memory() if cuda else None
     host = torch.arange(256, dtype=torch.int64)
     index = torch.arange(0, 256, 16, device=dev)
-    kernels = paged_kernels.load()
-    assert kernels is not None
+    kernels = paged_kernels.load() if cuda else None
+    assert kernels is not None or not cuda
     ps = 16
     seq = (torch.arange(256) * 7 + 129).to(dev)
     last = (torch.arange(256) * 64 + (torch.arange(256) * 7 + 127) % ps).to(dev)
@@ -72,7 +77,7 @@ def main() -> None:
         @triton.jit
         def nop(x_ptr, n):
             tl.store(x_ptr, n)
-        trivial = lambda: nop[(1,)](out, 3)  # noqa: E731
+        trivial = (lambda: nop[(1,)](out, 3)) if cuda else None  # noqa: E731
     except ImportError:
         trivial = None
 
@@ -88,16 +93,19 @@ def main() -> None:
         "ids + 1": lambda: ids + 1,
         "index_copy_ (16 of 256)": lambda: out.index_copy_(0, index, ids[:16]),
         "index_select (16 of 256)": lambda: torch.index_select(ids, 0, index),
-        "pin_memory() + to(non_blocking)": lambda: host.pin_memory().to(dev, non_blocking=True),
-        "persistent pinned -> device copy_": lambda: out.copy_(pinned, non_blocking=True),
         "host: (seq_cpu % 16 == 1) count": lambda: int(torch.count_nonzero(host % 16 == 1)),
-        "our decode kernel (256 requests)": lambda: kernels.alloc_decode(seq, last, log, 5000, out, ps),
-        "our extend kernel (8 x 256 tokens)": lambda: kernels.alloc_extend(prefix, ext_seq, ext_last, log, 5000,
-                                                                         ext_out, ps),
     }
+    if cuda:
+        ops.update({
+            "pin_memory() + to(non_blocking)": lambda: host.pin_memory().to(dev, non_blocking=True),
+            "persistent pinned -> device copy_": lambda: out.copy_(pinned, non_blocking=True),
+            "our decode kernel (256 requests)": lambda: kernels.alloc_decode(seq, last, log, 5000, out, ps),
+            "our extend kernel (8 x 256 tokens)": lambda: kernels.alloc_extend(prefix, ext_seq, ext_last, log, 5000,
+                                                                             ext_out, ps),
+        })
     if trivial is not None:
         ops["trivial Triton launch (2 args)"] = trivial
-    results = {name: round(cost_us(call), 2) for name, call in ops.items()}
+    results = {name: round(cost_us(call, ns.chunk, ns.chunks), 2) for name, call in ops.items()}
     print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}")
     for name, value in results.items():
         print(f"{value:8.2f} us  {name}")

@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 from containers import EngineContainer  # noqa: E402
 from kvcache.byte_units import GiB  # noqa: E402
+from kvcache.inputs.cards import card_named  # noqa: E402
 from kvcache.models.presets import load_model_config  # noqa: E402
 from kvcache.inputs.server_args import ServerArgs  # noqa: E402
 
@@ -50,9 +51,11 @@ def memset_bandwidth(device: torch.device, nbytes: int = 8 * GiB, repeat: int = 
     return nbytes / seconds
 
 
-def build_case(model: str, extra: dict, budget: int) -> dict:
-    args = ServerArgs.from_mapping(dict(device="cuda", kv_cache_memory=budget, **extra))
-    container = EngineContainer(server_args=args, model_config=load_model_config(model))
+def build_case(model: str, extra: dict, budget: int, device_kind: str = "cuda") -> dict:
+    """One case's pools built with a fixed KV budget; on the meta device (CI's smoke test) on an H200's numbers."""
+    args = ServerArgs.from_mapping(dict(device=device_kind, kv_cache_memory=budget, **extra))
+    container = EngineContainer(server_args=args, model_config=load_model_config(model),
+                                **({"card": card_named("H200")} if device_kind == "meta" else {}))
     configurator = container.target.configurator()
     device = configurator.device
     torch.cuda.synchronize(device)
@@ -77,19 +80,21 @@ def build_case(model: str, extra: dict, budget: int) -> dict:
     return row
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", type=Path)
     parser.add_argument("--budget-gib", type=int, default=40)
-    ns = parser.parse_args()
-    device = torch.device("cuda", 0)
+    parser.add_argument("--memset-gib", type=int, default=8)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "meta"], help=argparse.SUPPRESS)  # meta: CI
+    ns = parser.parse_args(argv)
+    device = torch.device("cuda", 0) if ns.device == "cuda" else torch.device(ns.device)
     torch.cuda.init()
     torch.zeros(1, device=device)
     free, total = torch.cuda.mem_get_info(device)
     context = dict(device=torch.cuda.get_device_name(device), total_bytes=total, free_after_context_bytes=free,
                    context_bytes=total - free, torch=torch.__version__)
-    bandwidth = memset_bandwidth(device)
-    rows = [build_case(model, extra, ns.budget_gib * GiB) for model, extra in CASES]
+    bandwidth = memset_bandwidth(device, ns.memset_gib * GiB)
+    rows = [build_case(model, extra, ns.budget_gib * GiB, ns.device) for model, extra in CASES]
     print(json.dumps(context))
     print(f"memset bandwidth: {bandwidth / 1e9:.0f} GB/s")
     print("| model | kv dtype | page | planned bytes | memory_allocated delta | exact | build ms | memset floor ms |")

@@ -36,13 +36,39 @@ def free_now() -> int:
     return int(torch.cuda.mem_get_info()[0])
 
 
-def smoke() -> dict[str, Any]:
-    """The kernel against the torch reference on random pools, and a VMM allocation released in part."""
-    from app.forward.paged_attention import paged_decode_attention_torch
-    from app.forward.triton_decode import paged_decode_attention_triton
+def smoke(device: str = "cuda", memory: Any = None, unit: int = 1 << 20) -> dict[str, Any]:
+    """The kernel against the torch reference on random pools (CUDA only), and a VMM allocation of 256 units
+    (MiB) released in part (`memory`: the driver, CUDA's unless a fake is given)."""
     from kvcache.memory.vmm_storage import VmmAllocation
 
     out: dict[str, Any] = {}
+    if device == "cuda":
+        out.update(kernel_vs_reference())
+    before = free_now()
+    alloc = VmmAllocation(256 * unit, torch.device(device), chunk_bytes=64 * unit, memory=memory)
+    mapped = before - free_now()
+    view = alloc.view(0, 256 * unit)
+    view.copy_(torch.arange(256 * unit, device=device, dtype=torch.int64).remainder(251).to(torch.uint8))
+    keep = [(0, 70 * unit), (128 * unit, 131 * unit + 5)]
+    expected = [view[s:e].clone() for s, e in keep]
+    released = alloc.keep_only(keep)
+    same = all(bool(torch.equal(alloc.view(s, e - s), x)) for (s, e), x in zip(keep, expected))
+    out.update(vmm_granularity=alloc.granularity, vmm_mapped_delta=mapped, vmm_released=released,
+               vmm_kept_bytes_intact=same,
+               vmm_blocks_after=[(b.offset, b.size) for b in alloc.blocks])
+    del view, alloc
+    gc.collect()
+    torch.cuda.empty_cache()
+    out["vmm_free_after_close_vs_before"] = free_now() - before
+    return out
+
+
+def kernel_vs_reference() -> dict[str, float]:
+    """The Triton decode kernel against the torch reference on random CUDA pools: the largest difference per case."""
+    from app.forward.paged_attention import paged_decode_attention_torch
+    from app.forward.triton_decode import paged_decode_attention_triton
+
+    out: dict[str, float] = {}
     g = torch.Generator(device="cuda").manual_seed(0)
     for name, heads, kvh, dk, dv, fp8, mla in [("gqa_bf16", 32, 8, 128, 128, False, False),
                                                ("gqa_fp8", 32, 8, 128, 128, True, False),
@@ -59,28 +85,19 @@ def smoke() -> dict[str, Any]:
         a = paged_decode_attention_triton(q, k, v, table, rows_idx, seq, dk ** -0.5).float()
         b = paged_decode_attention_torch(q.float(), k, v, table, rows_idx, seq, dk ** -0.5).float()
         out[f"kernel_{name}_max_abs_diff"] = float((a - b).abs().max())
-    before = free_now()
-    alloc = VmmAllocation(256 << 20, torch.device("cuda"), chunk_bytes=64 << 20)
-    mapped = before - free_now()
-    view = alloc.view(0, 256 << 20)
-    view.copy_(torch.arange(256 << 20, device="cuda", dtype=torch.int64).remainder(251).to(torch.uint8))
-    keep = [(0, 70 << 20), (128 << 20, (128 << 20) + (3 << 20) + 5)]
-    expected = [view[s:e].clone() for s, e in keep]
-    released = alloc.keep_only(keep)
-    same = all(bool(torch.equal(alloc.view(s, e - s), x)) for (s, e), x in zip(keep, expected))
-    out.update(vmm_granularity=alloc.granularity, vmm_mapped_delta=mapped, vmm_released=released,
-               vmm_kept_bytes_intact=same,
-               vmm_blocks_after=[(b.offset, b.size) for b in alloc.blocks])
-    del view, alloc
-    gc.collect()
-    torch.cuda.empty_cache()
-    out["vmm_free_after_close_vs_before"] = free_now() - before
     return out
 
 
-def bootstrap(model: str, **args: Any) -> tuple[EngineContainer, Any]:
-    settings = {"device": "cuda", "cuda_graph_max_bs": 256, "max_running_requests": 256, **args}
-    engine = EngineContainer(server_args=ServerArgs.from_mapping(settings), model_config=load_model_config(model))
+def engine_for(model: Any, settings: dict[str, Any]) -> EngineContainer:
+    """An EngineContainer for a preset name (or a ModelConfig, as the CI smoke test passes) with these server args."""
+    config = load_model_config(model) if isinstance(model, str) else model
+    return EngineContainer(server_args=ServerArgs.from_mapping(settings), model_config=config)
+
+
+def bootstrap(model: Any, settings: dict[str, Any] | None = None, **args: Any) -> tuple[EngineContainer, Any]:
+    """Weights and pools on CUDA with graphs up to bs 256 (`settings` on top: the smoke test's CPU and small card)."""
+    engine = engine_for(model, {"device": "cuda", "cuda_graph_max_bs": 256, "max_running_requests": 256,
+                                **(settings or {}), **args})
     runner = engine.engine().target
     runner.load_weights()  # the phases one by one: Engine.bootstrap would capture and resize by itself
     runner.init_memory_pool()
@@ -94,8 +111,8 @@ def release(engine: EngineContainer) -> None:
     torch.cuda.empty_cache()
 
 
-def static_run(model: str) -> dict[str, Any]:
-    engine, runner = bootstrap(model)
+def static_run(model: Any, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    engine, runner = bootstrap(model, settings)
     plan = runner.memory_pool_config
     capture = runner.capture_decode_graphs()
     out = dict(fraction=plan.budget.mem_fraction_static, tokens=plan.max_total_num_tokens,
@@ -108,21 +125,21 @@ def static_run(model: str) -> dict[str, Any]:
     return out
 
 
-def resized_run(model: str, steps: int) -> dict[str, Any]:
+def resized_run(model: Any, steps: int, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
-    engine, runner = bootstrap(model, enable_post_capture_kv_resize=True)
+    engine, runner = bootstrap(model, settings, enable_post_capture_kv_resize=True)
     out: dict[str, Any] = dict(bootstrap_s=time.perf_counter() - t0, timings=dict(runner.timings))
     plan = runner.memory_pool_config
     out.update(fraction=plan.budget.mem_fraction_static, tokens_before=plan.max_total_num_tokens,
                kv_total_before=plan.total_bytes, vmm_allocations=len(runner._vmm_backing.allocations))
     requests = runner.decode_requests()
     vocab = runner.model_config.vocab_size
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=runner.device).manual_seed(0)
     groups = {bs: requests.add(bs) for bs in (64, 13)}
     for _ in range(24):  # some history in the pools, eagerly
         for rows in groups.values():
-            runner.forward_decode(requests.step(rows, torch.randint(0, vocab, (len(rows),), device="cuda", generator=g)))
-    batches = {bs: requests.step(rows, torch.randint(0, vocab, (len(rows),), device="cuda", generator=g))
+            runner.forward_decode(requests.step(rows, torch.randint(0, vocab, (len(rows),), device=runner.device, generator=g)))
+    batches = {bs: requests.step(rows, torch.randint(0, vocab, (len(rows),), device=runner.device, generator=g))
                for bs, rows in groups.items()}
     eager = {bs: runner.forward_decode(b).clone() for bs, b in batches.items()}
     capture = runner.capture_decode_graphs()
@@ -145,7 +162,7 @@ def resized_run(model: str, steps: int) -> dict[str, Any]:
     # 1,000 replayed decode steps of 64 new requests on the resized pools
     requests = runner.decode_requests()
     rows = requests.add(64)
-    ids = torch.randint(0, vocab, (64,), device="cuda", generator=g)
+    ids = torch.randint(0, vocab, (64,), device=runner.device, generator=g)
     free_series, t1 = [], time.perf_counter()
     for step in range(steps):
         ids = runner.decode_graphs.replay(requests.step(rows, ids)).argmax(-1)
@@ -158,12 +175,12 @@ def resized_run(model: str, steps: int) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--models", nargs="+", default=["Llama-3.1-8B-Instruct", "DeepSeek-V2-Lite"])
     parser.add_argument("--steps", type=int, default=1000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     result: dict[str, Any] = {"torch": torch.__version__, "device": torch.cuda.get_device_name(),
                               "total_bytes": int(torch.cuda.mem_get_info()[1])}
 

@@ -93,12 +93,12 @@ def one_case(name: str, model: str, extra: dict[str, Any], device_kind: str) -> 
         del extra_buffer
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_MODEL} for every case (a CPU check of the script)")
     parser.add_argument("--out", type=Path, default=Path("."))
-    ns = parser.parse_args()
+    ns = parser.parse_args(argv)
     if ns.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # torchrun's: one GPU per process
     dist.init_process_group("nccl" if ns.device == "cuda" else "gloo")

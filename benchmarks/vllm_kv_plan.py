@@ -247,8 +247,9 @@ def sglang_plan(name: str, gpu: str, context_length: int) -> tuple[int, dict[str
     return None
 
 
-def print_side_by_side(vllm: SimpleNamespace, gpu: str, max_model_len: int) -> None:
-    """One row per corpus model: bytes per token, SGLang's tokens and requests, vLLM's blocks and concurrency."""
+def print_side_by_side(vllm: SimpleNamespace, gpu: str, max_model_len: int, models: list[str] | None = None) -> None:
+    """One row per corpus model (or those of `models`): bytes per token, SGLang's tokens and requests, vLLM's
+    blocks and concurrency."""
     total = KNOWN_CARDS[gpu]
     print(f"card {gpu} ({total:,} B); vLLM {vllm_rules.VLLM_VERSION}: gpu_memory_utilization "
           f"{vllm_rules.DEFAULT_GPU_MEMORY_UTILIZATION}, KV = card x utilization - weights - estimated runtime "
@@ -258,7 +259,7 @@ def print_side_by_side(vllm: SimpleNamespace, gpu: str, max_model_len: int) -> N
             "blocks ours", "blocks vLLM", "conc ours", "conc vLLM", "vLLM tokens")
     print(" | ".join(head))
     print(" | ".join("---" for _ in head))
-    for name in sorted(p.stem for p in CORPUS.glob("*.json")):
+    for name in models or sorted(p.stem for p in CORPUS.glob("*.json")):
         try:
             model, _ = corpus_layers(name)
         except UnsupportedModelError as e:
@@ -294,8 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     add_reference_src_argument(parser, "vllm/ (vLLM 0.34.0's sources)")
     parser.add_argument("--gpu", default="H200")
     parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("--models", nargs="+", help="only these corpus models (tests/model_corpus, by file stem)")
     args = parser.parse_args(argv)
-    print_side_by_side(load_vllm_planner(args.reference_src), args.gpu, args.max_model_len)
+    print_side_by_side(load_vllm_planner(args.reference_src), args.gpu, args.max_model_len, args.models)
     return 0
 
 

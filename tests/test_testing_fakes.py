@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kvcache.byte_units import GiB
@@ -42,3 +43,17 @@ def test_tiny_model_takes_overrides() -> None:
 def test_plugin_fixtures(tiny_model: ModelConfig, one_gib_card: FixedMemoryProbe) -> None:
     assert tiny_model.name == "tiny-llama" and tiny_model.num_key_value_heads == 2
     assert one_gib_card.total_bytes() == one_gib_card.free_bytes() == GiB
+
+
+def test_fake_cuda_readings_answer_for_a_simulated_card_and_give_torch_its_own_back() -> None:
+    from kvcache.testing import FakeCudaReadings
+
+    own = torch.cuda.mem_get_info
+    readings = FakeCudaReadings(total_bytes=2 * GiB, free_bytes=GiB)
+    with readings.installed():
+        assert torch.cuda.mem_get_info() == (GiB, 2 * GiB) and torch.cuda.memory_allocated() == 0
+        torch.cuda.synchronize()
+    assert torch.cuda.mem_get_info is own and readings.calls == {"mem_get_info": 1, "memory_allocated": 1,
+                                                                 "synchronize": 1}
+    with pytest.raises(ValueError, match="must lie within the card's"):
+        FakeCudaReadings(total_bytes=GiB, free_bytes=2 * GiB)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from app.cli import main
 from app.forward.worst_case import ReferenceWorstCaseStep
