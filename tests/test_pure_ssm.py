@@ -168,3 +168,24 @@ def test_fit_counts_the_requests_the_token_slots_hold(extra: list[str], held: in
     main(argv)
     [row] = json.loads(capsys.readouterr().out)["rows"]
     assert row["requests_at_context"] == held
+
+
+def test_the_token_slot_fix_plans_until_the_running_cap_agrees(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A tiny Mamba-2 (2 layers of 8 heads x 64, state 16: 2 x ((512 + 32) x 3 x 2 + 8 x 64 x 16 x 4) = 72,064 B a
+    slot) on 8 GiB: 56,462 slots serve 18,820 requests; the default 2,048 token slots run 1,024 (2,048 // 2). At
+    1,024 x 2,048 slots SGLang's cap rises to 4,096 (clamp(T x 512 // 2,048, 2048, 4096)), so the fix is
+    4,096 x 2,048 = 8,388,608 slots, under which all 4,096 run at full length."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({
+        "architectures": ["Mamba2ForCausalLM"], "model_type": "mamba2", "hidden_size": 256, "num_hidden_layers": 2,
+        "vocab_size": 1000, "num_heads": 8, "head_dim": 64, "expand": 2, "n_groups": 1, "state_size": 16,
+        "conv_kernel": 4, "torch_dtype": "bfloat16"}))
+    argv = ["plan", "--model", str(path), "--gpu", "H200", "--kv-cache-memory", "8GiB"]
+    d = plan_json(argv, capsys)
+    assert (8 * GiB * 9 // 19) // 72_064 == 56_462 == d["plan"]["state_pool"]["num_slots"]
+    assert d["max_running_requests"] == 1024
+    [note] = [n for n in d["capacity_notes"] if n["cap"] == "token_slots"]
+    assert note["fixes"] == ["--max-total-tokens 8388608"]
+    d = plan_json([*argv, "--max-total-tokens", "8388608"], capsys)
+    assert d["max_running_requests"] == 4096 == d["max_total_num_tokens"] // 2048
