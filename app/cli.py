@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     card.add_argument("--gpu", help=f"a named card: {', '.join(KNOWN_CARDS)}")
     fit = sub.add_parser("fit", help="which card, TP size and KV dtype serve N requests of C tokens (a plan per cell)",
                          epilog=SIZE_UNITS_HELP + ".")
-    _add_common(fit, leave_out=BOOTSTRAP_ONLY_FIELDS | SWEPT_FIELDS | VLLM_ONLY)
+    _add_common(fit, leave_out=BOOTSTRAP_ONLY_FIELDS | SWEPT_FIELDS)
     add_fit_flags(fit)
     sub.add_parser("presets", help="list the shipped model configs")
     return parser
@@ -143,9 +143,6 @@ def run(ns: argparse.Namespace) -> int:
     if command == "fit":
         from_file: dict[str, Any] = sizes_read(read_settings_file(ns.config)) if ns.config is not None else {}
         flags = server_args_values(ns)
-        if {**from_file, **flags}.get("engine") == VLLM.name:
-            raise UsageError("fit sweeps this engine's (SGLang's) plans; vLLM's answer is one card at a time: "
-                             "use plan --engine vllm --gpu NAME")
         return run_fit(ns, load_model_config(ns.model), from_file=from_file, flags=flags)
     card = _card(ns) if command == "plan" else None
     server_args = server_args_from(ns, device="meta" if command == "plan" else None)

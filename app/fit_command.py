@@ -16,6 +16,7 @@ from app.failures import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, Failure
 from app.fit_plot import MISSING, have_matplotlib, plot_destination, write_plot
 from app.fit_report import FIT_SCHEMA, FitResult, FitSpace, render_table
 from app.fit_sweep import FitSweep, FitTarget, closest, ordered, run_sweep
+from app.fit_vllm import VllmFitSweep
 from app.server_args_flags import server_args_fields
 from app.settings_file import checked_server_args
 from kvcache.errors import ConfigError
@@ -92,14 +93,17 @@ def _cards(text: str) -> list[SimulatedCard]:
 
 
 def fit_target(ns: argparse.Namespace, settings: dict[str, Any]) -> FitTarget:
-    """The one target the flags name; --requests needs --context-length."""
+    """The one target the flags name; --requests needs the request length (--context-length, vLLM's
+    --max-model-len under --engine vllm)."""
+    field = "max_model_len" if settings.get("engine") == "vllm" else "context_length"
+    flag = "--" + field.replace("_", "-")
     if (ns.requests is None) == (ns.tokens is None):
-        raise ConfigError("fit needs one target: --requests N --context-length C (N requests of C tokens at once) "
-                          "or --tokens T (T tokens in all), e.g. --requests 64 --context-length 32768")
-    if ns.requests is not None and settings.get("context_length") is None:
-        raise ConfigError(f"--requests {ns.requests} needs --context-length C, the tokens each request may reach "
-                          "(e.g. --context-length 32768)")
-    return FitTarget(requests=ns.requests, tokens=ns.tokens, context_length=settings.get("context_length"))
+        raise ConfigError(f"fit needs one target: --requests N {flag} C (N requests of C tokens at once) "
+                          f"or --tokens T (T tokens in all), e.g. --requests 64 {flag} 32768")
+    if ns.requests is not None and settings.get(field) is None:
+        raise ConfigError(f"--requests {ns.requests} needs {flag} C, the tokens each request may reach "
+                          f"(e.g. {flag} 32768)")
+    return FitTarget(requests=ns.requests, tokens=ns.tokens, context_length=settings.get(field))
 
 
 class Progress:
@@ -140,7 +144,6 @@ def run_fit(ns: argparse.Namespace, model: ModelConfig, *, from_file: dict[str, 
     file's values (its swept fields restrict the sweep), `flags` the ServerArgs flags given, which override them."""
     flags = {k: v for k, v in flags.items() if k not in SWEPT_FIELDS}
     settings = {**from_file, **flags}
-    target = fit_target(ns, settings)
     cards = _cards(ns.gpu)
     tp_sizes = _sizes(swept_text(ns, "tp_size", from_file), "--tp-size")
     pp_sizes = _sizes(swept_text(ns, "pp_size", from_file), "--pp-size")
@@ -151,7 +154,9 @@ def run_fit(ns: argparse.Namespace, model: ModelConfig, *, from_file: dict[str, 
     checked_server_args({**fixed, "device": "meta", "tp_size": tp_sizes[0], "pp_size": pp_sizes[0],  # exit 2 before
                          "kv_cache_dtype": dtypes[0]}, from_file=from_file, flags=flags,
                         path=ns.config)  # the sweep, a file's bad value in the file's words
-    sweep = FitSweep(model=model, settings=fixed, target=target)
+    target = fit_target(ns, settings)  # after the check: the length is named as --engine's rules name it
+    sweep_class = VllmFitSweep if settings.get("engine") == "vllm" else FitSweep  # whose rules answer each cell
+    sweep = sweep_class(model=model, settings=fixed, target=target)
     progress = Progress(sys.stderr)
     try:
         rows = ordered(run_sweep(sweep, cards, tp_sizes, pp_sizes, dtypes, on_cell=progress))

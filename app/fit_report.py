@@ -14,7 +14,7 @@ from kvcache.byte_units import GiB
 
 FIT_SCHEMA = "kvcache-fit/1"  # bump when a key changes meaning or goes away
 TOKENS_BY = {"static_plan": "static plan", "prediction_calibrated": "measured", "prediction_uncalibrated": "uncalibrated",
-             "prediction_extrapolated": "extrapolated"}  # the `tokens by` column: where `max tokens` comes from
+             "prediction_extrapolated": "extrapolated", "vllm_answer": "vLLM 0.34"}  # where `max tokens` comes from
 CLOSEST_SHOWN = 5  # rows that miss the target, shown beside those that meet it (all of them with --all)
 
 
@@ -88,7 +88,11 @@ def render_table(result: FitResult, *, show_all: bool) -> str:
                  "weights": "do not hold the weights", "invalid": "cannot be laid out"}
         out.append(f"({len(hidden)} more rows: " + ", ".join(f"{n} {words[o]}" for o, n in why.items() if n)
                    + "; --all lists them)")
-    if any(r.tokens_source not in (None, "static_plan") for r in shown):
+    if any(r.tokens_source == "vllm_answer" for r in shown):
+        out.append("max tokens: vLLM 0.34.0's KV cache size (its blocks' requests of max_model_len tokens), its start-up "
+                   "measurements estimated as in plan --engine vllm; reqs: whole requests its blocks hold besides the "
+                   "null block, at most --max-num-seqs")
+    elif any(r.tokens_source not in (None, "static_plan") for r in shown):
         out.append("max tokens: what a bootstrap with these flags holds: SGLang's static plan, or where the card's start "
                    "measures its headroom (--kv-headroom auto) the measured bootstrap's prediction, and how it was made")
     if result.cheapest is not None:

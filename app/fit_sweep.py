@@ -1,14 +1,13 @@
 """The operator's question: which card, TP size and KV dtype serve a target, one plan per cell.
 
-A cell is (card, --tp-size, --pp-size, --kv-cache-dtype). Every cell is planned by the planner
-`plan` uses, on the meta device, in this process: the EngineContainer wires the worker exactly as
-`plan` does (page size, speculative defaults, draft pools, parallel state), the card's
-FixedMemoryProbe is debited by each worker's weights as ModelRunner.load_weights debits it, and
-the configurator's WorkerSizing (kvcache.sizing.worker_sizing, the one planning entry point)
-makes the budget and the planner's request for `plan_pool_sizes`. What a dry run need not do for
-a yes/no answer is skipped: the weights' meta tensors, the pools' meta tensors, and the advice a
-refused plan would search for. One container (and one weight count) serves every card of a
-(TP, PP, KV dtype) combination, which is what makes a 96-cell sweep take well under a second.
+A cell is (card, --tp-size, --pp-size, --kv-cache-dtype). Every cell is planned by the planner `plan` uses,
+on the meta device, in this process: the EngineContainer wires the worker exactly as `plan` does (page size,
+speculative defaults, draft pools, parallel state), the card's FixedMemoryProbe is debited by each worker's
+weights as ModelRunner.load_weights debits it, and the configurator's WorkerSizing (kvcache.sizing.worker_sizing,
+the one planning entry point) makes the budget and the planner's request for `plan_pool_sizes`. What a dry run
+need not do for a yes/no answer is skipped: the weights' and pools' meta tensors, and the advice a refused plan
+would search for. One container (and one weight count) serves every card of a (TP, PP, KV dtype) combination,
+which is what makes a 96-cell sweep take well under a second. (Under --engine vllm: app/fit_vllm.py.)
 """
 
 from __future__ import annotations
@@ -115,16 +114,26 @@ class FitSweep:
     _combinations: dict[tuple[int, int, str, int | None], _Combination | ConfigError] = field(default_factory=dict)
     _weights: dict[tuple[int, int, int], tuple[int, ...]] = field(default_factory=dict)
 
+    def row_start(self, card: SimulatedCard, tp: int, pp: int, dtype: str, context: int | None) -> dict[str, Any]:
+        """A cell's FitRow values known before it plans."""
+        return dict(card=card.name, card_bytes=card.total_bytes, tp_size=tp, pp_size=pp, gpus=tp * pp,
+                    kv_cache_dtype=dtype, context_length=context or self.model.context_length(None))
+
+    def cell_server_args(self, tp: int, pp: int, dtype: str, context: int | None) -> ServerArgs:
+        """The ServerArgs of a cell: the shared settings with the swept values (and the request length, under the
+        engine's name for it); a bad flag value is bad input for every cell: exit 2."""
+        values = {**self.settings, "device": "meta", "tp_size": tp, "pp_size": pp, "kv_cache_dtype": dtype}
+        if context is not None:
+            values["max_model_len" if self.settings.get("engine") == "vllm" else "context_length"] = context
+        return ServerArgs.from_mapping(values)
+
     def combination(self, card: SimulatedCard, tp: int, pp: int, dtype: str,
                     context: int | None) -> _Combination | ConfigError:
         """The worker wiring for these values, or why the model cannot be laid out so (cached: every card of a
         combination shares it; the container's probe is `card`'s, which no cell asks, each makes its own)."""
         key = (tp, pp, dtype, context)
         if key not in self._combinations:
-            values = {**self.settings, "device": "meta", "tp_size": tp, "pp_size": pp, "kv_cache_dtype": dtype}
-            if context is not None:
-                values["context_length"] = context
-            server_args = ServerArgs.from_mapping(values)  # a bad flag value is bad input for every cell: exit 2
+            server_args = self.cell_server_args(tp, pp, dtype, context)
             try:
                 self._combinations[key] = _Combination(tuple(self._stage(server_args, card, s) for s in range(pp)))
             except ConfigError as exc:
@@ -145,7 +154,7 @@ class FitSweep:
             layout = sizing.layout()  # refuses a TP size the heads do not divide, a dtype the head dims do not pack
             key = (server_args.tp_size, server_args.pp_size, stage)
             if key not in self._weights:  # the KV dtype and the context change no weight
-                self._weights[key] = tuple(_weight_bytes(runner) for runner in engine.workers)
+                self._weights[key] = tuple(weight_bytes(runner) for runner in engine.workers)
             return _Stage(sizing=sizing, layout=layout, weights=self._weights[key])
         finally:
             container.shutdown_resources()
@@ -156,10 +165,9 @@ class FitSweep:
         free memory, then keeps the smallest stage's tokens."""
         context = self.target.context_length if context is None else context
         combination = self.combination(card, tp, pp, dtype, context)
-        row = dict(card=card.name, card_bytes=card.total_bytes, tp_size=tp, pp_size=pp, gpus=tp * pp,
-                   kv_cache_dtype=dtype, context_length=context or self.model.context_length(None))
+        row = self.row_start(card, tp, pp, dtype, context)
         if isinstance(combination, ConfigError):
-            return _refused(row, "invalid", str(combination).splitlines()[0])
+            return refused(row, "invalid", str(combination).splitlines()[0])
         stages = combination.stages
         row["kv_cache_dtype_resolved"] = stages[0].sizing.kv_cache_dtype.name
         row["weights_bytes"] = max(stage.weights[0] for stage in stages)
@@ -169,7 +177,7 @@ class FitSweep:
             free_before = probe.free_bytes()
             for weights in stage.weights:  # ModelRunner.load_weights' check and debit, worker by worker
                 if weights > probe.free_bytes():
-                    return _refused(row, "weights", f"weights {_gib(weights)} per GPU, {_gib(probe.free_bytes())} free",
+                    return refused(row, "weights", f"weights {gib(weights)} per GPU, {gib(probe.free_bytes())} free",
                                     needed_bytes=weights, available_bytes=probe.free_bytes())
                 probe.note_allocation(weights)
             memories.append(WorkerMemory(total_bytes=probe.total_bytes(), free_before_load=free_before,
@@ -181,14 +189,14 @@ class FitSweep:
             planned = [(plan, request) if plan.max_total_num_tokens <= tokens else
                        _replanned(request, tokens) for plan, request in planned]
         except (WeightsLeaveNoRoomError, KVCacheMemoryTooLargeError) as exc:
-            return _refused(row, "weights", f"{exc.what} (needed {_gib(exc.needed_bytes)}, "
-                            f"available {_gib(exc.available_bytes)})",
+            return refused(row, "weights", f"{exc.what} (needed {gib(exc.needed_bytes)}, "
+                            f"available {gib(exc.available_bytes)})",
                             needed_bytes=exc.needed_bytes, available_bytes=exc.available_bytes)
         except DoesNotFitError as exc:
-            return _refused(row, "one_request", exc.what, budget_bytes=exc.available_bytes,
+            return refused(row, "one_request", exc.what, budget_bytes=exc.available_bytes,
                             needed_bytes=exc.needed_bytes, available_bytes=exc.available_bytes)
         except ConfigError as exc:
-            return _refused(row, "invalid", str(exc).splitlines()[0])
+            return refused(row, "invalid", str(exc).splitlines()[0])
         static_tokens, source = tokens, "static_plan"
         static = min((p for p, _ in planned), key=lambda p: p.budget.budget_bytes)  # the tightest stage's
         running = min(p.max_running_requests for p, _ in planned)
@@ -198,32 +206,35 @@ class FitSweep:
             planned = [(predicted[1], planned[0][1])]  # the same pools and context, re-planned
             tokens, source = predicted[0].tokens, f"prediction_{predicted[0].basis}"
         held = min(requests_at_context(request, plan) for plan, request in planned)
-        headroom, why = self._against_target(planned[0][0] if predicted is not None else static, held)
+        against = planned[0][0] if predicted is not None else static
+        headroom, why = self.against_target(
+            held=held, tokens=against.max_total_num_tokens, context=against.context_length,
+            running_cap=against.max_running_requests, cap_flag="--max-running-requests",
+            note="" if against.kv_pools else (f"; without per-token KV its {against.max_total_num_tokens:,} token slots "
+                                              "hold the requests' tokens (--max-total-tokens)"))
         return FitRow(**row, fits=not why, outcome="target" if why else "fits", why_not=why,
                       needed_bytes=None, available_bytes=None, static_plan_tokens=static_tokens, tokens_source=source,
                       budget_bytes=static.budget.budget_bytes, max_total_tokens=tokens,  # the budget is `plan`'s
-                      max_running_requests=running,
-                      requests_at_context=held, headroom=headroom)
+                      max_running_requests=running, requests_at_context=held, headroom=headroom)
 
-    def _against_target(self, plan: MemoryPoolConfig, held: int) -> tuple[float, str]:
-        """(what the plan holds over the target, why it falls short or "")."""
+    def against_target(self, *, held: int, tokens: int, context: int, running_cap: int, cap_flag: str,
+                       note: str = "") -> tuple[float, str]:
+        """(over the target, why short or ""), for `held` requests of `context` at once, `tokens` in all (`note`:
+        said where those tokens hold fewer than the requests')."""
         t = self.target
         if t.requests is not None:
             headroom = held / t.requests
             if held >= t.requests:
                 return headroom, ""
-            cap = (f"; the running-request cap is {plan.max_running_requests:,} (--max-running-requests)"
-                   if plan.max_running_requests < t.requests else "")
-            if not plan.kv_pools and plan.max_total_num_tokens < t.requests * plan.context_length:
-                cap += (f"; without per-token KV its {plan.max_total_num_tokens:,} token slots hold the requests' "
-                        "tokens (--max-total-tokens)")
-            return headroom, (f"holds {held:,} request{'s' if held != 1 else ''} of {plan.context_length:,} tokens, "
+            cap = f"; the running-request cap is {running_cap:,} ({cap_flag})" if running_cap < t.requests else ""
+            cap += note if tokens < t.requests * context else ""
+            return headroom, (f"holds {held:,} request{'s' if held != 1 else ''} of {context:,} tokens, "
                               f"{t.requests:,} wanted{cap}")
         assert t.tokens is not None
-        headroom = plan.max_total_num_tokens / t.tokens
-        if plan.max_total_num_tokens >= t.tokens:
+        headroom = tokens / t.tokens
+        if tokens >= t.tokens:
             return headroom, ""
-        return headroom, f"holds {plan.max_total_num_tokens:,} tokens, {t.tokens:,} wanted"
+        return headroom, f"holds {tokens:,} tokens, {t.tokens:,} wanted"
 
 
 def plan_without_advice(sizing: WorkerSizing, layout: CacheLayout,
@@ -242,23 +253,22 @@ def _replanned(request: PlanRequest, at_most_tokens: int) -> tuple[MemoryPoolCon
     return plan_pool_sizes(request), request
 
 
-def _weight_bytes(runner: Any) -> int:
+def weight_bytes(runner: Any) -> int:
     """The bytes ModelRunner.load_weights checks against free memory for this worker (its loader, its specs)."""
     loader = DummyWeightLoader(device=runner.device, dtype=runner.model_dtype,
                                quantization=runner.model_config.weights.quantization)
     return loader.bytes_needed(runner.weight_specs())
 
 
-def _refused(row: dict[str, Any], outcome: Outcome, why: str, **known: Any) -> FitRow:
+def refused(row: dict[str, Any], outcome: Outcome, why: str, **known: Any) -> FitRow:
     """A row that does not fit: the numbers it got as far as (`known`), the rest None."""
     unknown = dict.fromkeys(("kv_cache_dtype_resolved", "weights_bytes", "budget_bytes", "max_total_tokens",
-                             "static_plan_tokens", "tokens_source",
-                             "max_running_requests", "requests_at_context", "headroom", "needed_bytes",
-                             "available_bytes"))
+                             "static_plan_tokens", "tokens_source", "max_running_requests", "requests_at_context",
+                             "headroom", "needed_bytes", "available_bytes"))
     return FitRow(**{**unknown, **row, **known}, fits=False, outcome=outcome, why_not=why)
 
 
-def _gib(n: int) -> str:
+def gib(n: int) -> str:
     return f"{n / GiB:.2f} GiB"
 
 

@@ -6,6 +6,7 @@ measures at start-up; the report says which number is estimated (kvcache.engines
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -14,6 +15,11 @@ from app.report_header import report_header
 from kvcache.byte_units import format_bytes
 from kvcache.engines import vllm_rules
 from kvcache.engines.vllm_answer import VllmAnswer, vllm_answer
+from kvcache.inputs.dtypes import DType, KVCacheDtype
+from kvcache.inputs.parallel import ParallelState
+from kvcache.inputs.server_args import ServerArgs
+from kvcache.memory.runtime_reserve import RuntimeShape
+from kvcache.models.model_config import ModelConfig
 
 ESTIMATED_NOTE = ("ESTIMATED: vLLM measures its activation peak, non-torch memory and CUDA graphs at start-up; "
                   "a dry run takes the project's runtime reserve for the card")
@@ -54,27 +60,51 @@ def vllm_report(answer: VllmAnswer, *, model: str, device: str, card: str | None
                       vllm=answer)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VllmCase:
+    """What vLLM's answer reads from one wiring, the card and the weights aside (a `fit` sweep reuses it per card)."""
+
+    args: ServerArgs
+    model: ModelConfig
+    parallel: ParallelState
+    kv_dtype: KVCacheDtype
+    model_dtype: DType
+    max_model_len: int
+    runtime: RuntimeShape  # what the estimate of vLLM's start-up measurements is sized for
+
+
+def vllm_case(container: Any) -> VllmCase:
+    """The flags, model, rank and formats of an EngineContainer as vLLM reads them (its max_model_len checked)."""
+    args, model = container.server_args(), container.model_config()
+    max_model_len = vllm_rules.max_model_len(model.name, model.max_position_embeddings, args.max_model_len,
+                                             allow_long=args.allow_long_context)
+    sizing = container.target.configurator().sizing
+    # the runtime estimate's prefill chunk is vLLM's step (--max-num-batched-tokens; None: the card's default)
+    runtime = msgspec.structs.replace(sizing.runtime_shape(), chunked_prefill_size=args.max_num_batched_tokens)
+    return VllmCase(args=args, model=model, parallel=container.parallel_state(), kv_dtype=container.kv_cache_dtype(),
+                    model_dtype=container.model_dtype(), max_model_len=max_model_len, runtime=runtime)
+
+
+def answer_on_card(case: VllmCase, *, total_bytes: int, weights_bytes: int) -> VllmAnswer:
+    """vLLM's answer for this case on a card of `total_bytes` holding `weights_bytes` of weights."""
+    a = case.args
+    return vllm_answer(
+        case.model, case.parallel, case.kv_dtype, model_dtype=case.model_dtype, total_bytes=total_bytes,
+        weights_bytes=weights_bytes, runtime=case.runtime, max_model_len=case.max_model_len,
+        gpu_memory_utilization=a.gpu_memory_utilization, block_size=a.block_size, max_num_seqs=a.max_num_seqs,
+        max_num_batched_tokens=a.max_num_batched_tokens, enable_prefix_caching=a.enable_prefix_caching,
+    )
+
+
 def plan_for_vllm(container: Any, *, card: str | None) -> VllmReport:
     """Load the target's dummy weights (the one number a dry run measures) and ask vLLM's rules the rest.
 
     `container` is an EngineContainer (app does not import containers); nothing else is built."""
-    args, model = container.server_args(), container.model_config()
-    max_model_len = vllm_rules.max_model_len(model.name, model.max_position_embeddings, args.max_model_len,
-                                             allow_long=args.allow_long_context)
+    case = vllm_case(container)
     weights = container.target.model_runner().load_weights()
-    sizing = container.target.configurator().sizing
-    # the runtime estimate's prefill chunk is vLLM's step (--max-num-batched-tokens; None: the card's default)
-    runtime = msgspec.structs.replace(sizing.runtime_shape(), chunked_prefill_size=args.max_num_batched_tokens)
-    answer = vllm_answer(
-        model, container.parallel_state(), container.kv_cache_dtype(), model_dtype=container.model_dtype(),
-        total_bytes=container.memory_probe().total_bytes(), weights_bytes=weights.total_bytes, runtime=runtime,
-        max_model_len=max_model_len, gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_caching=args.enable_prefix_caching,
-    )
-    return vllm_report(answer, model=model.name, device=str(container.device()), card=card,
-                       model_dtype=container.model_dtype().name,
-                       kv_cache_dtype=container.kv_cache_dtype().name)
+    answer = answer_on_card(case, total_bytes=container.memory_probe().total_bytes(), weights_bytes=weights.total_bytes)
+    return vllm_report(answer, model=case.model.name, device=str(container.device()), card=card,
+                       model_dtype=case.model_dtype.name, kv_cache_dtype=case.kv_dtype.name)
 
 
 def render_vllm_text(r: VllmReport) -> str:

@@ -246,12 +246,47 @@ def test_the_readmes_fit_example_is_what_fit_prints(capsys: pytest.CaptureFixtur
     assert capsys.readouterr().out == printed
 
 
-def test_another_engines_answer_is_not_swept_as_sglangs(capsys: pytest.CaptureFixture[str]) -> None:
-    """--engine reaches fit like any ServerArgs flag; vLLM's answer is not swept (app/cli.py refuses it rather than
-    answer with SGLang's plans), and --engine sglang is the sweep as without it."""
-    assert main(["fit", "--model", "SmolLM2-135M", "--gpu", "L4", "--tokens", "10", "--engine", "vllm"]) == 2
-    assert "fit sweeps this engine's (SGLang's) plans" in capsys.readouterr().err
+def test_engine_sglang_is_the_sweep_as_without_it(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fit", "--model", "SmolLM2-135M", "--gpu", "L4", "--tokens", "10", "--engine", "sglang", "--json"]) == 0
     with_flag = json.loads(capsys.readouterr().out)["rows"]
     assert main(["fit", "--model", "SmolLM2-135M", "--gpu", "L4", "--tokens", "10", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == with_flag
+
+
+@pytest.mark.parametrize(("model", "card", "tp", "dtype", "length"), [
+    ("Qwen3-8B", "H200", 1, "fp8", 32768),
+    ("Nemotron-H-56B-Base-8K", "H200", 2, "auto", 8192),  # Mamba groups in align mode (prefix caching on)
+    ("DeepSeek-V2-Lite", "H100-80GB", 2, "auto", 16384),  # MLA
+])
+def test_a_vllm_cell_is_plan_engine_vllms_answer(model: str, card: str, tp: int, dtype: str, length: int,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """fit --engine vllm answers each cell with vLLM 0.34.0's rules, the numbers `plan --engine vllm` prints: its
+    budget and KV cache size; the requests held are its whole requests besides the null block, at most max_num_seqs."""
+    flags = ["--engine", "vllm", "--tp-size", str(tp), "--kv-cache-dtype", dtype, "--max-model-len", str(length)]
+    assert main(["plan", "--model", model, "--gpu", card, "--json", *flags]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert main(["fit", "--model", model, "--gpu", card, "--requests", "1", "--json", *flags]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    a = report["vllm"]
+    assert (row["budget_bytes"], row["max_total_tokens"], row["weights_bytes"], row["max_running_requests"]) == \
+        (report["budget_bytes"], report["max_total_num_tokens"], report["weights_bytes"], report["max_running_requests"])
+    assert row["requests_at_context"] == min((a["num_gpu_blocks"] - 1) // a["blocks_per_request"], a["max_num_seqs"])
+    assert (row["tokens_source"], row["fits"], row["context_length"]) == ("vllm_answer", True, length)
+
+
+def test_fit_engine_vllm_sweeps_with_vllms_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    # Qwen3-8B at 32,768 tokens on an H200: a request of fp8 KV at TP 1 is 73,728 B x 32,768 = 2.25 GiB, and about
+    # 111 GiB of KV memory hold 49 of them; at TP 2 each rank holds half the heads (1.125 GiB a request), 105: the
+    # cheapest cell that holds 64 is 2 GPUs with fp8
+    argv = ["fit", "--model", "Qwen3-8B", "--gpu", "H200", "--engine", "vllm", "--requests", "64", "--json"]
+    assert main([*argv, "--max-model-len", "32768"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["rows"]) == 8 and all(r["tokens_source"] == "vllm_answer" for r in result["rows"])
+    cheapest = result["cheapest"]
+    assert (cheapest["gpus"], cheapest["kv_cache_dtype"], cheapest["requests_at_context"]) == (2, "fp8_e4m3", 105)
+    one_gpu = [r for r in result["rows"] if r["gpus"] == 1 and r["kv_cache_dtype"] == "fp8_e4m3"]
+    assert [(r["requests_at_context"], r["outcome"]) for r in one_gpu] == [(49, "target")]
+    assert main([*argv, "--context-length", "32768"]) == 2  # SGLang's name, under vLLM's rules
+    assert "--context-length (use --max-model-len)" in capsys.readouterr().err
+    assert main(argv) == 2
+    assert "--requests 64 needs --max-model-len C" in capsys.readouterr().err
