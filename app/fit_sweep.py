@@ -6,9 +6,8 @@ speculative defaults, draft pools, parallel state), the card's FixedMemoryProbe 
 weights as ModelRunner.load_weights debits it, and the configurator's WorkerSizing (kvcache.sizing.worker_sizing,
 the one planning entry point) makes the budget and the planner's request for `plan_pool_sizes`. What a dry run
 need not do for a yes/no answer is skipped: the weights' and pools' meta tensors, and the advice a refused plan
-would search for. One container (and one weight count) serves every card of a (TP, PP, KV dtype) combination,
-which is what makes a 96-cell sweep take well under a second. (Under --engine vllm: app/fit_vllm.py.)
-"""
+would search for. One container (and one weight count) serves every card of a (TP, PP, KV dtype) combination:
+a 96-cell sweep takes well under a second. (Under --engine vllm: app/fit_vllm.py.)"""
 
 from __future__ import annotations
 
@@ -72,7 +71,7 @@ class FitRow(msgspec.Struct, frozen=True, kw_only=True):
     budget_bytes: int | None  # the KV budget per GPU
     max_total_tokens: int | None  # what a bootstrap with these flags holds (`plan`'s headline: tokens_source says how)
     static_plan_tokens: int | None  # SGLang's static plan (its fraction's budget)
-    tokens_source: str | None  # static_plan, or prediction_<calibrated|uncalibrated|extrapolated> (a measured bootstrap)
+    tokens_source: str | None  # static_plan, prediction_<calibrated|uncalibrated|extrapolated>, vllm_answer (fit_vllm)
     max_running_requests: int | None  # the plan's running-request cap
     context_length: int  # the context every request of the target may reach
     requests_at_context: int | None  # requests of context_length tokens the plan holds at once
@@ -120,8 +119,7 @@ class FitSweep:
                     kv_cache_dtype=dtype, context_length=context or self.model.context_length(None))
 
     def cell_server_args(self, tp: int, pp: int, dtype: str, context: int | None) -> ServerArgs:
-        """The ServerArgs of a cell: the shared settings with the swept values (and the request length, under the
-        engine's name for it); a bad flag value is bad input for every cell: exit 2."""
+        """A cell's ServerArgs (the request length under --engine's name); a bad value is bad input: exit 2."""
         values = {**self.settings, "device": "meta", "tp_size": tp, "pp_size": pp, "kv_cache_dtype": dtype}
         if context is not None:
             values["max_model_len" if self.settings.get("engine") == "vllm" else "context_length"] = context
@@ -219,8 +217,7 @@ class FitSweep:
 
     def against_target(self, *, held: int, tokens: int, context: int, running_cap: int, cap_flag: str,
                        note: str = "") -> tuple[float, str]:
-        """(over the target, why short or ""), for `held` requests of `context` at once, `tokens` in all (`note`:
-        said where those tokens hold fewer than the requests')."""
+        """(over the target, why short or "") for `held` requests of `context` at once, `tokens` in all."""
         t = self.target
         if t.requests is not None:
             headroom = held / t.requests
@@ -262,9 +259,7 @@ def weight_bytes(runner: Any) -> int:
 
 def refused(row: dict[str, Any], outcome: Outcome, why: str, **known: Any) -> FitRow:
     """A row that does not fit: the numbers it got as far as (`known`), the rest None."""
-    unknown = dict.fromkeys(("kv_cache_dtype_resolved", "weights_bytes", "budget_bytes", "max_total_tokens",
-                             "static_plan_tokens", "tokens_source", "max_running_requests", "requests_at_context",
-                             "headroom", "needed_bytes", "available_bytes"))
+    unknown = dict.fromkeys(f for f in FitRow.__struct_fields__ if f not in ("fits", "outcome", "why_not", "cheapest"))
     return FitRow(**{**unknown, **row, **known}, fits=False, outcome=outcome, why_not=why)
 
 
