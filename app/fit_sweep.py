@@ -136,6 +136,12 @@ class FitSweep:
                 self._combinations[key] = _Combination(tuple(self._stage(server_args, card, s) for s in range(pp)))
             except ConfigError as exc:
                 self._combinations[key] = exc
+            else:  # a value the engine refuses at start-up (--context-length 1) is bad input for every cell too
+                sizing = self._combinations[key].stages[0].sizing  # type: ignore[union-attr]
+                refusal = sizing.engine.startup_refusal(self.model.context_length(
+                    server_args.context_length, allow_long_context=server_args.allow_long_context), sizing.settings)
+                if refusal is not None:
+                    raise ConfigError(refusal)
         return self._combinations[key]
 
     def _stage(self, server_args: ServerArgs, card: SimulatedCard, stage: int) -> _Stage:

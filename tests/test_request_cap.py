@@ -18,6 +18,7 @@ import pytest
 
 from app.cli import main
 from kvcache.byte_units import MiB
+from kvcache.engines.sglang_minimums import SGLANG_MINIMUMS
 from kvcache.errors import BudgetBelowOneRequestError
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.memory.arena_sizes import slot_size
@@ -55,10 +56,11 @@ def test_a_pool_shorter_than_one_request_plans_with_each_request_capped() -> Non
 def test_a_pool_of_one_token_is_refused_as_sglang_refuses_it() -> None:
     # 4 MiB a token: T = 1 costs a pool slot of 2 x 4 MiB, a 512 B table slot (two rows of 4 int32) and 2 x 512 B
     # of allocator index, 8,390,144 B in the 10 MiB arena; T = 2 needs a 12 MiB pool. max_req_len = 1 - 1 = 0.
-    req = request(10 * MiB, (full(4 * MiB),), context=4, below_one_request="cap")
-    with pytest.raises(BudgetBelowOneRequestError, match="holds 1 token: a request may hold the pool less one"):
+    req = request(10 * MiB, (full(4 * MiB),), context=4, below_one_request="cap", minimums=SGLANG_MINIMUMS)
+    with pytest.raises(BudgetBelowOneRequestError, match="budget holds 1 token, below the 2 the engine starts with"):
         plan_pool_sizes(req)
-    two = plan_pool_sizes(request(10 * MiB, (full(3 * MiB),), context=4, below_one_request="cap"))
+    two = plan_pool_sizes(request(10 * MiB, (full(3 * MiB),), context=4, below_one_request="cap",
+                                  minimums=SGLANG_MINIMUMS))
     assert (two.max_total_num_tokens, two.request_token_cap) == (2, 1)  # 3 x 3 MiB + 512 + 1,024 B fit
 
 

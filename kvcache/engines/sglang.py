@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvcache.arithmetic import align_down
 from kvcache.engines.sglang_config_forms import sglang_config_form_refusal
 from kvcache.engines.sglang_hybrid_swa import architectures, is_hybrid_swa_model, one_full_pool_override
+from kvcache.engines.sglang_minimums import SGLANG_MINIMUMS, draft_step_refusal
 from kvcache.engines.sglang_multimodal import sglang_multimodal_memory, sglang_served_model
 from kvcache.engines.sglang_request_table import sglang_request_table_width
 from kvcache.inputs.server_args import HybridSwaMemory
@@ -27,6 +28,11 @@ class SGLangRules(EngineRules):
     # A pool shorter than one full-context request runs: TpModelWorker.get_worker_info (srt/managers/tp_worker.py)
     # warns and caps each request at the pool less one token; only a pool of one token is refused there.
     below_one_request = "cap"
+    minimums = SGLANG_MINIMUMS  # kvcache.engines.sglang_minimums, each citing SGLang's source
+
+    def startup_refusal(self, context_length: int, settings: SizingSettings) -> str | None:
+        """The minimums' refusal, then a draft step too long for one request (kvcache.engines.sglang_minimums)."""
+        return super().startup_refusal(context_length, settings) or draft_step_refusal(context_length, settings)
 
     def window_pools(self, model: ModelConfig, switch: HybridSwaMemory) -> WindowPools:
         """Separate sliding-window pools only for is_hybrid_swa_model's architectures, not overridden

@@ -392,4 +392,7 @@ def _cross_field_problems(a: ServerArgs) -> list[str]:
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:
-    return max(d for d in range(1, limit + 1) if n % d == 0)
+    """The largest divisor of n not above limit: the divisors come in pairs (d, n // d) with d <= isqrt(n), so at
+    most isqrt(n) candidates are tried, however large limit is (a --dp-size of 2**31 - 1 answers at once)."""
+    pairs = ((d, n // d) for d in range(1, math.isqrt(n) + 1) if n % d == 0)
+    return max(x for pair in pairs for x in pair if x <= limit)

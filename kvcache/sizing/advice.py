@@ -86,14 +86,16 @@ def with_context(req: PlanRequest, context: int) -> PlanRequest:
 
 
 def longest_fitting_context(req: PlanRequest) -> int | None:
-    """The longest context_length (a page multiple) that plans with everything else unchanged."""
+    """The longest context_length (a page multiple, at least the engine's start-up minimum) that plans with
+    everything else unchanged."""
     page = req.page_size
     top = max(1, (req.context_length - 1) // page)
+    lowest = align_up(req.minimums.context_length, page) // page
 
     def ok_from_top(k: int) -> bool:  # counts pages down from the top, so the search runs "false then true"
         return fits(with_context(req, (top + 1 - k) * page))
 
-    k = smallest_passing(1, top, ok_from_top)
+    k = smallest_passing(1, top + 1 - lowest, ok_from_top)
     return None if k is None else (top + 1 - k) * page
 
 
@@ -314,12 +316,12 @@ def suggest_fixes(
         out.append(f"a host with more memory: --memory-limit {beyond_host // MiB}MiB is the least that holds the "
                    f"weights, the runtime's reserve and one full-length request; this host has {host_memory // MiB}MiB")
     if not out:
-        out.append("a host with more memory" if on_host or fraction_for_limit is not None else
-                   "a larger --tp-size (or --pp-size) to spread weights and KV over more devices, or a bigger card")
+        out.append("a host with more memory" if on_host or fraction_for_limit is not None else MORE_DEVICES)
     return tuple(out)
 
 
 SHORTEST_SUGGESTED_CONTEXT = 1024
+MORE_DEVICES = "a larger --tp-size (or --pp-size) to spread weights and KV over more devices, or a bigger card"
 
 
 def round_shorter_contexts(req: PlanRequest) -> list[int]:

@@ -19,7 +19,7 @@ from kvcache.inputs.server_args import HybridSwaMemory
 from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.memory.memory_budget import MIN_DERIVED_FRACTION
 from kvcache.models.model_config import ModelConfig
-from kvcache.sizing.planning import BelowOneRequest, PlanRequest, plan_pool_sizes
+from kvcache.sizing.planning import BelowOneRequest, PlanRequest, StartupMinimums, plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
 
 
@@ -82,6 +82,7 @@ class EngineRules(ABC):
     version: ClassVar[str]
     below_one_request: ClassVar[BelowOneRequest] = "refuse"  # a pool shorter than one full-context request
     plans_pools: ClassVar[bool] = True  # False: the engine's answer is its own (vLLM's blocks), not these pools
+    minimums: ClassVar[StartupMinimums] = StartupMinimums()  # what its start-up checks refuse below
 
     @property
     def label(self) -> str:
@@ -120,6 +121,15 @@ class EngineRules(ABC):
     def request_table_width(self, context_length: int, settings: SizingSettings) -> int:
         """Token slots per request-table row: the context, plus what one verify step writes past it."""
         return context_length + settings.speculative_num_draft_tokens
+
+    def startup_refusal(self, context_length: int, settings: SizingSettings) -> str | None:
+        """Why the engine would refuse to start with these settings before sizing anything (one line naming the
+        flag and a value it starts with), or None."""
+        least = self.minimums.context_length
+        if context_length < least:
+            return (f"--context-length {context_length} is below the {least} tokens {self.label} starts with; "
+                    f"use --context-length {least} or more")
+        return None
 
     def plan(self, request: PlanRequest) -> MemoryPoolConfig:
         """The pools for a budget: the project's planner unless an engine sizes them its own way."""

@@ -33,7 +33,6 @@ from kvcache.arithmetic import align_down, align_up
 from kvcache.inputs.sglang_ratios import SGLANG_SWA_FULL_TOKENS_RATIO
 
 DEFAULT_REQUESTS_PER_CONTEXT = 512
-SMALLEST_SERVING_POOL = 2  # SGLang 0.5.23 serves requests of at most the pool less one token (tp_worker.py's max_req_len)
 
 # What a pool holding fewer tokens than one full-context request means: "refuse" it (the project's strict answer,
 # the one advice and `fit` search against), or "cap" each request at the pool less one token and plan it (SGLang
@@ -83,6 +82,14 @@ class StateDemand(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+class StartupMinimums(msgspec.Struct, frozen=True, kw_only=True):
+    """The least an engine's own start-up checks accept; below it the engine refuses to start, so nothing is
+    planned or suggested there. Each engine states its own once, citing its source (kvcache.engines)."""
+
+    context_length: int = 1  # tokens one request may reach
+    pool_tokens: int = 1  # KV tokens the pool holds
+
+
 class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the planner needs, as plain numbers."""
 
@@ -98,6 +105,7 @@ class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
     attention_dp_size: int = 1
     below_one_request: BelowOneRequest = "refuse"
     request_table_requests: int | None = None  # a table already built with this many rows (MemoryPoolConfig's)
+    minimums: StartupMinimums = StartupMinimums()  # the engine's (EngineRules.minimums)
 
 
 def _pool_tokens(req: PlanRequest, pool: KVPoolDemand, tokens: int) -> int:
@@ -205,14 +213,17 @@ def _refuse_below_one_request(req: PlanRequest, tokens: int, one_request: int, s
     """A pool of `tokens` shorter than one full-context request: refused (the strict rule), or, where the engine
     caps each request at the pool less one token, refused only when that leaves no token."""
     budget = req.budget.budget_bytes
+    capped = req.max_total_tokens is not None and tokens == align_down(req.max_total_tokens, req.page_size)
     if req.below_one_request == "cap":
-        if tokens < SMALLEST_SERVING_POOL:
+        smallest = req.minimums.pool_tokens
+        if tokens < smallest:
+            fix = (max_total_tokens_fix(one_request),) if capped and plan_cost(req, one_request, slots) <= budget else ()
             raise BudgetBelowOneRequestError(
-                f"the KV budget holds {tokens} token: a request may hold the pool less one token, so none can run",
-                needed_bytes=plan_cost(req, SMALLEST_SERVING_POOL, slots), available_bytes=budget,
+                f"the KV {'pool' if capped else 'budget'} holds {tokens} token{'s' if tokens != 1 else ''}, "
+                f"below the {smallest} the engine starts with (a request holds the pool less one token)",
+                needed_bytes=plan_cost(req, smallest, slots), available_bytes=budget, suggestions=fix,
             )
         return
-    capped = req.max_total_tokens is not None and tokens == align_down(req.max_total_tokens, req.page_size)
     if capped and plan_cost(req, one_request, slots) <= budget:
         raise BudgetBelowOneRequestError(
             f"--max-total-tokens {req.max_total_tokens} is below one request of --context-length "

@@ -22,7 +22,7 @@ from kvcache.memory.host_memory import host_memory_bytes
 from kvcache.memory.memory_budget import MemoryBudget, compute_budget, derive_mem_fraction_static
 from kvcache.memory.runtime_reserve import RuntimeShape, default_mem_fraction_static
 from kvcache.models.model_config import ModelConfig
-from kvcache.sizing.advice import KeptFree, fits, suggest_fixes, suggest_kv_cache_memory
+from kvcache.sizing.advice import MORE_DEVICES, KeptFree, fits, suggest_fixes, suggest_kv_cache_memory
 from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory
 from kvcache.sizing.planning import PlanRequest, max_total_tokens_fix, whole_request_tokens
 from kvcache.sizing.pool_config import MemoryPoolConfig
@@ -82,8 +82,10 @@ class WorkerSizing:
             return self.engine.plan(request)
         except DoesNotFitError as exc:
             fraction = request.budget.mem_fraction_static
-            raise exc.with_suggestions(exc.suggestions + self._suggestions(
-                layout, request, self.budget_for(memory) if fraction else None)) from None
+            more = self._suggestions(layout, request, self.budget_for(memory) if fraction else None)
+            if exc.suggestions:  # the planner named the value that works: more devices is no fix then
+                more = tuple(s for s in more if s != MORE_DEVICES)
+            raise exc.with_suggestions(exc.suggestions + more) from None
 
     def full_request_fixes(self, memory: WorkerMemory) -> tuple[str, ...]:
         """Where the engine runs a pool shorter than one full-context request (capping each request): values that
@@ -171,6 +173,8 @@ class WorkerSizing:
         """The planner's input for this layout and budget (and the draft's pools, if any)."""
         a = self.settings
         context = self.model_config.context_length(a.context_length, allow_long_context=a.allow_long_context)
+        if (refusal := self.engine.startup_refusal(context, a)) is not None:
+            raise ConfigError(refusal)
         draft = draft_layout or self.draft_layout
         groups = layout.kv_groups + (draft.kv_groups if draft else ())
         state = None
@@ -188,6 +192,7 @@ class WorkerSizing:
             max_total_tokens=a.max_total_tokens,
             max_running_requests=default_max_running_requests(a.max_running_requests, a.speculative_algorithm),
             attention_dp_size=self.parallel_state.attention_dp_size, below_one_request=self.engine.below_one_request,
+            minimums=self.engine.minimums,
         )
 
     # ---- internals -----------------------------------------------------------

@@ -15,6 +15,7 @@ from kvcache.models.generic import attention_block, text_model_type
 from kvcache.models.weight_blocks import GatedMLP, MoE
 
 _NOPE_INTERVAL = 4
+_LAYER_TYPES: dict[str, LayerKind] = {"full_attention": "full_attention", "chunked_attention": "chunked_attention"}
 
 
 def read_llama4(src: ModelSource) -> ModelConfig:
@@ -29,6 +30,10 @@ def read_llama4(src: ModelSource) -> ModelConfig:
     chunk = t.optional_int("attention_chunk_size", high=MAX_POSITIONS)
     kinds: tuple[LayerKind, ...] = tuple(
         "chunked_attention" if rope and chunk is not None else "full_attention" for rope in uses_rope)
+    listed = t.mapped_list("layer_types", table=_LAYER_TYPES, length=n)  # transformers 5 writes both; it refuses
+    if listed is not None and listed != kinds:  # a list of another length, and so does this reader
+        t.fail("layer_types", list(t.raw["layer_types"]), "chunked_attention exactly on the RoPE layers of "
+               "no_rope_layers (full_attention on the NoPE ones, or everywhere without attention_chunk_size)")
     hidden = heads.hidden
     inter = t.int("intermediate_size")
     count = t.int("num_local_experts", high=MAX_EXPERTS)

@@ -1,0 +1,42 @@
+"""SGLang 0.5.23's start-up minimums: what its own checks refuse before it serves, each citing its source file.
+
+Below them SGLang stops at start-up, so no plan is made there and no suggestion goes there.
+- srt/managers/tp_worker.py (TpModelWorker, after the pools are built): max_req_len = min(context_len - 1,
+  pool tokens - 1) and `assert max_req_len > 0, "Memory pool size is too small"`: a request must hold at least one
+  token after the one reserved, so the context and the pool are each at least 2 tokens.
+- One decode step of a draft allocates its KV slots in each request (get_alloc_len_per_decode,
+  kvcache.engines.sglang_request_table): a step that takes more slots than a request of the context holds cannot
+  run even once, and its request-table rows alone outgrow any card (2e9 steps: a 104 GiB table for 25 tokens).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from kvcache.engines.sglang_request_table import decode_allocation_per_request
+from kvcache.inputs.sizing_settings import SizingSettings
+from kvcache.sizing.planning import StartupMinimums
+
+SGLANG_MINIMUMS = StartupMinimums(context_length=2, pool_tokens=2)  # tp_worker.py: assert max_req_len > 0
+DEFAULT_CHAIN = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}  # SGLang's
+# EAGLE defaults without any given (a chain of 3 steps verifying 4 tokens)
+
+
+def draft_step_refusal(context_length: int, settings: SizingSettings) -> str | None:
+    """A draft whose one decode step allocates more KV slots per request than a request of the context holds;
+    the fix is SGLang's default chain where it fits the context (checked with the same rule), else a context."""
+    if not settings.speculative:
+        return None
+    slots = decode_allocation_per_request(settings)
+    if slots < context_length:
+        return None
+    chain = msgspec.structs.replace(settings, **DEFAULT_CHAIN)
+    if decode_allocation_per_request(chain) < context_length:
+        fix = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in DEFAULT_CHAIN.items() if getattr(settings, k) != v)
+        fix += " (SGLang's default chain)"
+    else:
+        fix = f"--context-length {slots + 1} or more, or no --speculative-algorithm"
+    return (f"a draft step of --speculative-num-steps {settings.speculative_num_steps} x --speculative-eagle-topk "
+            f"{settings.speculative_eagle_topk} (--speculative-num-draft-tokens {settings.speculative_num_draft_tokens}) "
+            f"allocates {slots:,} KV slots per request, not fewer than one request of --context-length "
+            f"{context_length:,} holds; use {fix}")
