@@ -20,6 +20,7 @@ import torch
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
+from kvcache.engines.sglang_minimums import SGLANG_MINIMUMS
 from kvcache.sizing.allocator_footprint import allocator_index_bytes
 from kvcache.byte_units import GiB, KiB, MiB
 from kvcache.configurator import KVCacheConfigurator
@@ -49,6 +50,8 @@ LARGE_BUDGETS = st.integers(min_value=8 * GiB, max_value=400 * GiB)
 BUDGETS = st.one_of(SMALL_BUDGETS, MID_BUDGETS, MID_BUDGETS, LARGE_BUDGETS, LARGE_BUDGETS)
 PRESET_BUDGETS = st.one_of(st.integers(16 * MiB, 8 * GiB), LARGE_BUDGETS)
 CONTEXTS = st.one_of(st.integers(1, 8192), st.integers(1, 262_144))
+
+LEAST_CONTEXT = SGLANG_MINIMUMS.context_length  # a context of 1 is refused before planning
 
 
 def memory_budget(budget_bytes: int) -> MemoryBudget:
@@ -153,8 +156,8 @@ def preset_requests(draw: st.DrawFn) -> PlanRequest:
     args: dict[str, Any] = {
         "device": "meta",
         "page_size": page,
-        "context_length": draw(st.integers(1, min(8192, model.max_position_embeddings))
-                               | st.integers(1, model.max_position_embeddings)),
+        "context_length": draw(st.integers(LEAST_CONTEXT, min(8192, model.max_position_embeddings))  # SGLang's
+                               | st.integers(LEAST_CONTEXT, model.max_position_embeddings)),  # start-up minimum
         "kv_cache_dtype": draw(st.sampled_from(["auto", "fp8_e4m3", "float32"])),
         "tp_size": draw(st.sampled_from([t for t in (1, 2, 8) if fits_tp(model, t)])),
         "swa_full_tokens_ratio": draw(st.sampled_from([0.01, 0.1, 0.5, 0.8, 1.0])),
