@@ -24,11 +24,13 @@ from typing import Any
 import pytest
 import torch
 from reference_sources import reference_src_holding
+from test_forward_decode import TINY_MLA
 
 import app.model_runner as model_runner
 from app.forward.graphs import GraphCapture
 from kvcache.byte_units import GiB
 from kvcache.memory.vmm_storage import VmmBacking
+from kvcache.models.hf_config import model_config_from_hf
 from kvcache.sizing import worker_sizing
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.testing import TINY_MODEL_HF_CONFIG, FakeCudaReadings, tiny_model_config
@@ -101,10 +103,16 @@ def test_gpu_measured_headroom(fake_gpu: FakeCudaReadings, monkeypatch: pytest.M
     b = bench("gpu_measured_headroom")
     monkeypatch.setattr(b, "outside_reading", lambda: {"outside": "not read in CI"})  # a process of its own
     on_the_card(monkeypatch, b)
-    for mixed in (False, True):
+    for mixed in (False, True):  # the bootstrap measures the mixed chunk when the flag is on, and the run cycles it
         out = b.measured(tiny_model_config(), steps=3, mixed_chunk=mixed, settings=SMALL)
-        assert out["measured_headroom"] is not None and out["steps"] == 3
+        steps = ["prefill_chunk", "mixed_chunk", "alternating"] if mixed else ["prefill_chunk"]  # 8 requests: graphs
+        assert list(out["measured_headroom"]["steps"]) == steps and out["steps"] == 3
         assert out["cycle"] == ["prefill_chunk", "decode", *["mixed_chunk"] * mixed]
+    # an MLA model whose context holds SGLang's 8,192-token threshold beyond the 64-token chunk: its context step
+    mla = model_config_from_hf({**TINY_MLA, "max_position_embeddings": 8300}, name="tiny-mla")
+    out = b.measured(mla, steps=3, settings=SMALL)
+    assert list(out["measured_headroom"]["steps"]) == ["prefill_chunk", "mla_context", "alternating"]
+    assert out["cycle"] == ["prefill_chunk", "decode", "mla_context"]
     static = b.static(tiny_model_config(), settings=SMALL)
     assert static["tokens"] > 0 and static["device"] == fake_gpu.name
 
