@@ -11,6 +11,8 @@ is given the fields its model class reads from the config (cited per case). Skip
 
 from __future__ import annotations
 
+import __future__
+
 import importlib.util
 import json
 import sys
@@ -167,3 +169,76 @@ def _vllm_state(v: SimpleNamespace, name: str, tp: int) -> int:
 @pytest.mark.parametrize("name", NAMES)
 def test_state_bytes_equal_vllms_own_code(vllm_state: SimpleNamespace, name: str, tp: int) -> None:
     assert _ours(name, tp, "vllm") == _vllm_state(vllm_state, name, tp)
+
+
+def _method_from(path: Path, cls: str, name: str, namespace: dict[str, Any]) -> Any:
+    """One method of a class in a source file, executed on its own as a plain function (its module imports half the
+    runtime); `namespace` holds what its body names."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    node = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == name)
+    node.decorator_list = []
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec", flags=__future__.annotations.compiler_flag),
+         namespace)
+    return namespace[name]
+
+
+# The budget, in GiB as SGLang 0.5.23 profiles it (rest_memory), and whether the model's radix cache keeps SGLang's
+# extra-buffer tracking slots (Granite-4: its arch is in the mamba radix-cache branch and supports them).
+SIZING = {"Mamba-Codestral-7B-v0.1": False, "falcon-mamba-7b": False, "GraniteMoeHybrid-default-transformers5": True}
+
+
+@pytest.mark.parametrize("budget_gib", (8, 37, 60))
+@pytest.mark.parametrize("name", sorted(SIZING))
+def test_state_slots_and_running_requests_equal_sglangs_own_code(sglang_mamba_utils: ModuleType, name: str,
+                                                                 budget_gib: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """KVCacheConfigurator._handle_max_mamba_cache (the state slots from --mamba-full-memory-ratio's share),
+    _calculate_mamba_ratio and resolve_max_num_reqs (srt/mem_cache/kv_cache_configurator.py), run on their own with
+    SGLang 0.5.23's defaults, given the token capacity its DefaultPoolConfigurator gives a model without per-token
+    KV (`_zero_kv_max_tokens`: the context length, 2,048 here): equal to our plan's slots and running requests."""
+    from app.cli import main
+
+    root = reference_src_holding("sglang/srt/mem_cache/kv_cache_configurator.py", "SGLang 0.5.23")
+    sys.path.insert(0, str(BENCHMARKS))
+    from reference_allocators import _definition_from
+
+    sys.path.remove(str(BENCHMARKS))
+    source = root / "sglang/srt/mem_cache/kv_cache_configurator.py"
+    hf = _hf(name)
+    schedule = SimpleNamespace(max_mamba_cache_size=None, mamba_full_memory_ratio=0.9, max_running_requests=None,
+                               disable_overlap_schedule=False)
+    extra = SIZING[name]
+    names: dict[str, Any] = {
+        "get_schedule": lambda: schedule, "get_memory": lambda: SimpleNamespace(disable_radix_cache=False),
+        "get_exec": lambda: SimpleNamespace(mamba=SimpleNamespace(
+            enable_linear_replayssm_spec=False, enable_mamba_extra_buffer=extra, enable_mamba_extra_buffer_lazy=False)),
+        "get_context": lambda: SimpleNamespace(override=lambda key, **values: vars(schedule).update(values)),
+        "envs": SimpleNamespace(SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=SimpleNamespace(get=lambda: False)),
+        "_pd_prefill_skips_mamba_spec_state": lambda: False, "logger": SimpleNamespace(warning=lambda *a: None),
+    }
+    for constant in ("MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO", "MAMBA_CACHE_BASE_RATIO_DROP_ON_SKIP",
+                     "MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_BUFFER"):
+        _definition_from(source, constant, names)
+    _definition_from(root / "sglang/srt/mem_cache/allocation_sizing.py", "get_mamba_tracking_slots", names)
+    handle = _method_from(source, "KVCacheConfigurator", "_handle_max_mamba_cache", names)
+    ratio = _method_from(source, "KVCacheConfigurator", "_calculate_mamba_ratio", names)
+    resolve = _method_from(source, "KVCacheConfigurator", "resolve_max_num_reqs", names)
+    mu = sglang_mamba_utils
+    per_req = _sglang_state(mu, name, 1) // hf["num_hidden_layers"]  # the params' bytes are per layer x layers
+    params = SimpleNamespace(layers=list(range(hf["num_hidden_layers"])),
+                             mamba_cache_per_req=per_req * hf["num_hidden_layers"])
+    kvc = SimpleNamespace(mambaish_config=SimpleNamespace(mamba2_cache_params=params), pp_size=1,
+                          fused_entry_bytes=lambda pool: None, spec_algorithm=SimpleNamespace(is_none=lambda: True),
+                          hybrid_gdn_config=None, hybrid_kda_config=None, extra_mamba_cache_bytes_per_req=0,
+                          attn_dp_size=1, model_config=SimpleNamespace(context_len=2048))
+    kvc._calculate_mamba_ratio = lambda: ratio(kvc)
+    handle(kvc, float(budget_gib))
+    theirs = (schedule.max_mamba_cache_size + 1, resolve(kvc, 2048))
+
+    assert main(["plan", "--model", str(CORPUS / f"{name}.json"), "--gpu", "H200", "--kv-cache-memory",
+                 f"{budget_gib}GiB", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert (d["plan"]["state_pool"]["num_slots"], d["max_running_requests"]) == theirs
+    assert d["max_total_num_tokens"] == 2048
