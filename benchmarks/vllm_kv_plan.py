@@ -273,7 +273,8 @@ def print_side_by_side(vllm: SimpleNamespace, gpu: str, max_model_len: int, mode
         tp, sglang = found
         model, layers = corpus_layers(name, tp)
         dtype = resolve_model_dtype("auto", model.checkpoint_dtype)
-        sgl = f"{tp} | {sglang['bytes_per_token']:,} | {sglang['max_total_num_tokens']:,} | {sglang['max_running_requests']:,}"
+        sgl = " | ".join([str(tp), *(f"{sglang[k]:,}" if sglang[k] is not None else "-"  # none: a pure state-space model
+                                     for k in ("bytes_per_token", "max_total_num_tokens", "max_running_requests"))])
         try:
             answer = vllm_answer(model, ParallelState(tp_size=tp), resolve_kv_cache_dtype("auto", dtype),
                                  model_dtype=dtype, total_bytes=total, weights_bytes=sglang["weights_bytes"],
