@@ -84,8 +84,9 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         "--engine vllm: tokens one scheduler step takes (at least --max-num-seqs); default 16384 from 160 GiB cards, "
         "8192 from 70 GiB, else 2048")] | None = None
     enable_prefix_caching: Annotated[bool, _doc(
-        "--engine vllm: prefix caching, on by default in vLLM 0.34.0 (it puts hybrid models' Mamba layers in "
-        "mamba_cache_mode align: 3 blocks a request per Mamba group); --no-enable-prefix-caching turns it off")] | None = None
+        "--engine vllm: prefix caching, on by default in vLLM 0.34.0 but for attention-free models (it puts hybrid "
+        "models' Mamba layers in mamba_cache_mode align: 3 blocks a request per Mamba group); "
+        "--no-enable-prefix-caching turns it off")] | None = None
     # memory budget
     mem_fraction_static: Annotated[Fraction01, _doc(
         "share of the card for weights + KV cache; derived from the card's size (SGLang's rule) when not given")] | None = None
@@ -103,7 +104,9 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         "kvcache.models.model_page_size)")] | None = None
     # formats
     dtype: Annotated[ModelDtypeName, _doc("model dtype; auto takes the checkpoint's torch_dtype")] = "auto"
-    kv_cache_dtype: Annotated[KVCacheDtypeName, _doc("KV cache dtype; auto is the model dtype, bf16 is bfloat16")] = "auto"
+    kv_cache_dtype: Annotated[KVCacheDtypeName, _doc(
+        "KV cache dtype; auto is the model dtype, bf16 is bfloat16; with --engine vllm vLLM's own values (fp8 is "
+        "fp8_e4m3)")] = "auto"
     # runtime reserve inputs (they set the derived mem_fraction_static)
     chunked_prefill_size: Annotated[PositiveInt, _doc(
         "prefill chunk in tokens (sets the activation reserve); default by card size")] | None = None
