@@ -47,17 +47,18 @@ class VllmReport(msgspec.Struct, frozen=True, kw_only=True):
     weights_bytes: int
     estimated: tuple[str, ...]  # the keys of `vllm` a dry run estimates instead of measuring
     vllm: VllmAnswer
+    engine_notes: tuple[str, ...] = ()  # what vLLM does otherwise for this model (an architecture it has no class for)
 
 
 def vllm_report(answer: VllmAnswer, *, model: str, device: str, card: str | None, model_dtype: str,
-                kv_cache_dtype: str) -> VllmReport:
+                kv_cache_dtype: str, engine_notes: tuple[str, ...] = ()) -> VllmReport:
     return VllmReport(model=model, engine="vllm", engine_version=answer.version, device=device, card=card,
                       model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype, page_size=answer.block_size,
                       context_length=answer.max_model_len, bytes_per_token=answer.bytes_per_token,
                       max_total_num_tokens=answer.kv_cache_tokens, max_running_requests=answer.max_num_seqs,
                       budget_bytes=answer.available_bytes, total_memory_bytes=answer.total_bytes,
                       weights_bytes=answer.weights_bytes, estimated=("estimated_runtime_bytes",),
-                      vllm=answer)
+                      vllm=answer, engine_notes=engine_notes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,7 +105,8 @@ def plan_for_vllm(container: Any, *, card: str | None) -> VllmReport:
     weights = container.target.model_runner().load_weights()
     answer = answer_on_card(case, total_bytes=container.memory_probe().total_bytes(), weights_bytes=weights.total_bytes)
     return vllm_report(answer, model=case.model.name, device=str(container.device()), card=card,
-                       model_dtype=case.model_dtype.name, kv_cache_dtype=case.kv_dtype.name)
+                       model_dtype=case.model_dtype.name, kv_cache_dtype=case.kv_dtype.name,
+                       engine_notes=container.engine_rules().config_notes(case.model))
 
 
 def render_vllm_text(r: VllmReport) -> str:
@@ -134,6 +136,7 @@ def render_vllm_text(r: VllmReport) -> str:
             f"num_gpu_blocks      {a.num_gpu_blocks:,}",
             f"blocks a request    {a.blocks_per_request:,}  (at max model len {a.max_model_len:,})",
             f"max concurrency     {a.max_concurrency:.2f}x  (vLLM's KV cache size: {a.kv_cache_tokens:,} tokens)"]),
+        *(f"note: {n}" for n in r.engine_notes),
     ]
     return "\n".join(lines)
 

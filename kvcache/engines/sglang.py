@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvcache.arithmetic import align_down
+from kvcache.engines.model_classes import no_model_class_note
 from kvcache.engines.sglang_config_forms import sglang_config_form_refusal
 from kvcache.engines.sglang_hybrid_swa import architectures, is_hybrid_swa_model, one_full_pool_override
 from kvcache.engines.sglang_minimums import SGLANG_MINIMUMS, draft_step_refusal
@@ -93,9 +94,10 @@ class SGLangRules(EngineRules):
         return sglang_served_model(model, enable_multimodal=enable_multimodal, language_model_only=language_model_only)
 
     def config_notes(self, model: ModelConfig) -> tuple[str, ...]:
-        """A config form SGLang 0.5.23 refuses to load (kvcache.engines.sglang_config_forms)."""
-        refusal = sglang_config_form_refusal(model, self.label)
-        return () if refusal is None else (refusal,)
+        """A config form SGLang 0.5.23 refuses to load (kvcache.engines.sglang_config_forms); an architecture it has
+        no model class for (kvcache.engines.model_classes)."""
+        no_class = no_model_class_note(model.hf_config, engine=self.name, version=self.version, label=self.label)
+        return tuple(filter(None, (sglang_config_form_refusal(model, self.label), no_class)))
 
     def request_table_width(self, context_length: int, settings: SizingSettings) -> int:
         """The context plus SGLang's row headroom for decode over-allocation (kvcache.engines.sglang_request_table)."""

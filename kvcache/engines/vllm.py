@@ -7,8 +7,10 @@ builds no pools: asked for pools, these rules refuse.
 
 from __future__ import annotations
 
+from kvcache.engines.model_classes import no_model_class_note
 from kvcache.engines.vllm_rules import VLLM_VERSION
 from kvcache.errors import ConfigError
+from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.engine_rules import EngineRules
 from kvcache.sizing.planning import PlanRequest
 from kvcache.sizing.pool_config import MemoryPoolConfig
@@ -21,6 +23,11 @@ class VllmRules(EngineRules):
     title = "vLLM"
     version = VLLM_VERSION
     plans_pools = False  # its answer is vLLM's block count (kvcache.engines.vllm_plan)
+
+    def config_notes(self, model: ModelConfig) -> tuple[str, ...]:
+        """An architecture vLLM 0.34.0 has no model class for (kvcache.engines.model_classes)."""
+        note = no_model_class_note(model.hf_config, engine=self.name, version=self.version, label=self.label)
+        return () if note is None else (note,)
 
     def plan(self, request: PlanRequest) -> MemoryPoolConfig:
         raise ConfigError("--engine vllm plans vLLM's own blocks, not this engine's pools: use "
