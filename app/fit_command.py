@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable, TextIO
 
 from app.failures import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, Failure
+from app.fit_advice import fit_fixes
 from app.fit_plot import MISSING, have_matplotlib, plot_destination, write_plot
 from app.fit_report import FIT_SCHEMA, FitResult, FitSpace, render_table
 from app.fit_sweep import FitSweep, FitTarget, closest, ordered, run_sweep
@@ -170,7 +171,7 @@ def run_fit(ns: argparse.Namespace, model: ModelConfig, *, from_file: dict[str, 
                           message=f"no cell of the sweep serves {target.describe(rows[0].context_length)}; closest: "
                                   f"{nearest.gpus} x {nearest.card} (TP {nearest.tp_size}, PP {nearest.pp_size}, KV "
                                   f"{nearest.kv_cache_dtype}): {nearest.why_not}",
-                          suggestions=["more or larger cards (--gpu, --tp-size, --pp-size)"] + (
+                          suggestions=fit_fixes(sweep, rows, cards, tp_sizes, pp_sizes, dtypes) + (
                               ["fp8 KV (--kv-cache-dtype auto,fp8_e4m3)"]
                               if nearest.outcome != "weights" and "fp8_e4m3" not in dtypes else []))
     result = FitResult(schema=FIT_SCHEMA, model=model.name, target=target, context_length=rows[0].context_length,

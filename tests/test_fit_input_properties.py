@@ -6,12 +6,13 @@ Drawn by Hypothesis, derandomized, few examples (each runs the whole command, ab
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from app.cli import main
@@ -139,3 +140,41 @@ def test_a_files_other_bad_value_is_refused_before_the_sweep_in_the_files_words(
     code, out, err = answer([*SWEEP, "--config", str(path)], capsys)
     assert code == 2 and out == "" and err == (f"kvcache: error: config file {path}: page-size = 0 is refused "
                                                "(--page-size, ServerArgs.page_size): expected int >= 1\n")
+
+
+# ---- a sweep where nothing fits names a value that does, and that value, run again, fits -------------------------
+
+def replanned(argv: list[str], fix: str) -> list[str]:
+    """`argv` with the flags of the suggestion `fix` ('--gpu H200 --tp-size 8 (...)') in place of its own."""
+    flags = re.findall(r"(--[a-z-]+) (\S+)", fix.split(" (")[0])
+    named = {flag for flag, _ in flags}
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg in named:
+            skip = True
+            continue
+        out.append(arg)
+    return out + [part for pair in flags for part in pair]
+
+
+@settings(FEW, max_examples=6)
+@given(model=st.sampled_from(["SmolLM2-135M", "Qwen3-8B"]), card=st.sampled_from(["L4", "A10", "H100-80GB"]),
+       requests=st.sampled_from([64, 4_096, 10**6]), context=st.sampled_from([4_096, 8_192]),
+       cap=st.none() | st.sampled_from([1, 8]))
+def test_a_sweep_that_fits_nowhere_names_a_value_that_fits(model: str, card: str, requests: int, context: int,
+                                                           cap: int | None, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["fit", "--model", model, "--gpu", card, "--tp-size", "1", "--kv-cache-dtype", "auto",
+            "--requests", str(requests), "--context-length", str(context)]
+    argv += [] if cap is None else ["--max-running-requests", str(cap)]
+    code, _, err = answer(argv, capsys)
+    if code == 0:
+        return
+    assert code == 3 and "what would work: " in err and "more or larger cards" not in err, err
+    fix = err.split("what would work: ")[1].split("; ")[0]
+    event(fix.split(" (")[0].split(" ")[0])  # which kind of fix (--statistics shows each was drawn)
+    if cap is not None and cap < requests and fix.startswith("--max-running-requests"):
+        assert fix.startswith(f"--max-running-requests {requests} ")  # the cap, lifted to the target, not more cards
+    assert answer(replanned(argv, fix), capsys)[0] == 0, fix
