@@ -79,6 +79,7 @@ def vllm_case(container: Any) -> VllmCase:
     args, model = container.server_args(), container.model_config()
     max_model_len = vllm_rules.max_model_len(model.name, model.max_position_embeddings, args.max_model_len,
                                              allow_long=args.allow_long_context)
+    vllm_rules.check_sparse_mla_spelling(args.kv_cache_dtype, bool(model.index_head_dim))
     sizing = container.target.configurator().sizing
     # the runtime estimate's prefill chunk is vLLM's step (--max-num-batched-tokens; None: the card's default)
     runtime = msgspec.structs.replace(sizing.runtime_shape(), chunked_prefill_size=args.max_num_batched_tokens)

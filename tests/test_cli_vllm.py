@@ -193,3 +193,17 @@ def test_weights_that_do_not_fit_suggest_a_tp_size_for_the_weights_alone(capsys:
     assert err.count("\n") == 1 and err.startswith("kvcache: does not fit: DeepSeek-V2-Lite's target weights (29.26 GiB")
     assert ("what would work: --tp-size 2 (about 14.66 GiB (15,743,320,064 B) per rank, for the weights alone: the "
             "KV cache then needs more)") in err
+
+
+def test_sparse_mla_takes_vllms_fp8_not_its_fp8_e4m3(capsys: pytest.CaptureFixture[str]) -> None:
+    # DeepSeek-V3.2 at TP 8: --kv-cache-dtype fp8 is FlashMLA sparse's fp8_ds_mla row, 132 B of indexer key + 656 B of
+    # latent a token and layer: a 64-token block of 61 layers is 64 x 788 x 61 = 3,076,352 B. Spelled fp8_e4m3, vLLM
+    # picks FlashInfer's sparse backend (plain fp8 rows), which is not modelled: refused naming fp8
+    argv = ["plan", "--model", str(Path(__file__).with_name("model_corpus") / "DeepSeek-V3.2.json"), "--gpu", "H200",
+            "--engine", "vllm",
+            "--tp-size", "8", "--max-model-len", "32768", "--json"]
+    assert main([*argv, "--kv-cache-dtype", "fp8"]) == 0
+    assert json.loads(capsys.readouterr().out)["vllm"]["bytes_per_block"] == 3_076_352
+    assert main([*argv, "--kv-cache-dtype", "fp8_e4m3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "use --kv-cache-dtype fp8 (FlashMLA sparse's fp8_ds_mla row) or auto" in err

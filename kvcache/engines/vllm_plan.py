@@ -197,10 +197,10 @@ def check_sparse_mla_settings(model: ModelConfig, kv_dtype: KVCacheDtype) -> Non
     name = kv_dtype.name
     if name not in vllm_rules.SPARSE_MLA_PLAIN_KV_DTYPES and name != vllm_rules.SPARSE_MLA_FP8_KV_DTYPE:
         raise ConfigError(f"--kv-cache-dtype {name}: vLLM {vllm_rules.VLLM_VERSION} has no sparse MLA backend "
-                          f"for it ({model.architecture}); use --kv-cache-dtype auto, bfloat16 or fp8_e4m3")
+                          f"for it ({model.architecture}); use --kv-cache-dtype auto, bfloat16 or fp8")
     width = (model.kv_lora_rank or 0) + (model.qk_rope_head_dim or 0)
     if name == vllm_rules.SPARSE_MLA_FP8_KV_DTYPE and width != vllm_rules.FP8_DS_MLA_HEAD_SIZE:
-        raise ConfigError(f"--kv-cache-dtype fp8_e4m3: vLLM {vllm_rules.VLLM_VERSION}'s fp8_ds_mla latent holds "
+        raise ConfigError(f"--kv-cache-dtype fp8: vLLM {vllm_rules.VLLM_VERSION}'s fp8_ds_mla latent holds "
                           f"{vllm_rules.FP8_DS_MLA_HEAD_SIZE} values, this model {width}; use --kv-cache-dtype auto")
 
 

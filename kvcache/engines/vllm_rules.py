@@ -198,3 +198,14 @@ def max_model_len(model_name: str, derived: int, requested: int | None, *, allow
                           f"(max_position_embeddings {derived}), which vLLM {VLLM_VERSION} refuses; use "
                           f"--max-model-len {derived}, or --allow-long-context (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
     return requested
+
+
+def check_sparse_mla_spelling(spelling: str, sparse_mla: bool) -> None:
+    """ConfigError for `--kv-cache-dtype fp8_e4m3` on a sparse-MLA model (DeepSeek-V3.2, GLM-5): spelled so, vLLM
+    picks FlashInfer's sparse SM90 backend and its plain 576-byte fp8 rows (platforms/cuda.py tries FlashAttention
+    MLA sparse, then FlashMLA sparse, which takes fp8 and fp8_ds_mla only, then FlashInfer's), not modelled; spelled
+    `fp8` it is FlashMLA sparse's 656-byte fp8_ds_mla row, the one the plan holds (SPARSE_MLA_FP8_KV_DTYPE)."""
+    if sparse_mla and spelling == SPARSE_MLA_FP8_KV_DTYPE:
+        raise ConfigError(f"--kv-cache-dtype {spelling}: on a sparse-attention MLA model vLLM {VLLM_VERSION} picks "
+                          "FlashInfer's sparse backend with plain fp8 rows for this spelling, which is not modelled; "
+                          "use --kv-cache-dtype fp8 (FlashMLA sparse's fp8_ds_mla row) or auto")
