@@ -35,6 +35,7 @@ class RankPlan(msgspec.Struct, frozen=True, kw_only=True):
     free_now_bytes: int  # after bootstrap: what the runtime has left on this rank
     memory_allocated_bytes: int | None  # torch.cuda.memory_allocated on this rank's GPU (CUDA only)
     headline_tokens: int  # what this rank's report leads with (a dry run's measured prediction, or its plan)
+    state_bytes_per_request: int | None = None  # a rank without per-token KV (a pure state-space model): its state
 
 
 def rank_plan(engine: Engine, report: BootstrapReport) -> RankPlan:
@@ -52,7 +53,15 @@ def rank_plan(engine: Engine, report: BootstrapReport) -> RankPlan:
         free_after_load_bytes=target.kv_cache.own_memory.free_after_load, free_now_bytes=target.memory_probe.free_bytes(),
         memory_allocated_bytes=int(torch.cuda.memory_allocated(target.device)) if target.device.type == "cuda" else None,
         headline_tokens=report.max_total_num_tokens,
+        state_bytes_per_request=None if plan.kv_pools else report.state_bytes_per_request,
     )
+
+
+def _cache_of(r: RankPlan) -> str:
+    """What a rank's cache costs: bytes a token, or, without per-token KV, its state a request."""
+    if r.state_bytes_per_request is not None:
+        return f"state {format_bytes(r.state_bytes_per_request)} a request"
+    return f"{r.bytes_per_token:,} B/token"
 
 
 def agreed_headline(report: BootstrapReport, plans: list[RankPlan]) -> BootstrapReport:
@@ -94,7 +103,7 @@ def render_ranks(plans: list[RankPlan], *, tp_size: int, pp_size: int) -> str:
     lines = [f"ranks: tp {tp_size} x pp {pp_size}; {agreed}"]
     for r in plans:
         lines.append(
-            f"  {r.name}  layers {r.layers[0]}-{r.layers[1] - 1}  {r.bytes_per_token:,} B/token  "
+            f"  {r.name}  layers {r.layers[0]}-{r.layers[1] - 1}  {_cache_of(r)}  "
             f"planned {format_bytes(r.planned_bytes)}  allocated {format_bytes(r.allocated_bytes)}  "
             f"weights {format_bytes(r.weights_bytes)}  free now {format_bytes(r.free_now_bytes)}"
             + (f"  memory_allocated {format_bytes(r.memory_allocated_bytes)}" if r.memory_allocated_bytes is not None else "")
@@ -115,7 +124,7 @@ def render_stages(plans: list[RankPlan], *, tp_size: int) -> str:
     for s, r in enumerate(plans):
         idle = r.budget_bytes - r.planned_bytes
         lines.append(
-            f"  stage {s}  layers {r.layers[0]}-{r.layers[1] - 1}  {r.bytes_per_token:,} B/token  "
+            f"  stage {s}  layers {r.layers[0]}-{r.layers[1] - 1}  {_cache_of(r)}  "
             f"weights {format_bytes(r.weights_bytes)}  free after load {format_bytes(r.free_after_load_bytes)}  "
             f"own plan {r.own_max_total_num_tokens:,} tokens  "
             f"planned {format_bytes(r.planned_bytes)}  idle {format_bytes(idle)}"

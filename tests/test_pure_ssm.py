@@ -199,3 +199,10 @@ def test_the_token_slot_fix_plans_until_the_running_cap_agrees(tmp_path: Path,
     assert note["fixes"] == ["--max-total-tokens 8388608"]
     d = plan_json([*argv, "--max-total-tokens", "8388608"], capsys)
     assert d["max_running_requests"] == 4096 == d["max_total_num_tokens"] // 2048
+
+
+def test_pipeline_stages_say_their_state_not_bytes_per_token(capsys: pytest.CaptureFixture[str]) -> None:
+    # Codestral at --pp-size 2: 32 layers a stage, 3 slots a request: 3 x 32 x 4,255,744 = 408,551,424 B
+    assert main(["plan", "--model", str(CORPUS / f"{CODESTRAL}.json"), "--gpu", "H200", "--pp-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("state 0.38 GiB (408,551,424 B) a request") == 2 and "B/token" not in out
