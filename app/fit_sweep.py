@@ -185,7 +185,8 @@ class FitSweep:
                                     needed_bytes=weights, available_bytes=probe.free_bytes())
                 probe.note_allocation(weights)
             memories.append(WorkerMemory(total_bytes=probe.total_bytes(), free_before_load=free_before,
-                                         free_after_load=probe.free_bytes()))
+                                         free_after_load=probe.free_bytes(),
+                                         reported_total_bytes=probe.device_capacity_bytes()))
         memory = WorkerMemory.smallest(memories)
         try:
             planned = [plan_without_advice(stage.sizing, stage.layout, memory) for stage in stages]

@@ -200,7 +200,7 @@ class ModelRunner:
         the runtime reserve's own rule (0 with --disable-cuda-graph or a cap of 0); at most max_running_requests."""
         s = self._configurator_factory().settings
         if max_bs is None:
-            max_bs = decode_cuda_graph_max_bs(self.memory_probe.total_bytes(), RuntimeShape(
+            max_bs = decode_cuda_graph_max_bs(self.memory_probe.device_capacity_bytes(), RuntimeShape(
                 cuda_graphs=not s.disable_cuda_graph, decode_cuda_graphs=not s.disable_decode_cuda_graph,
                 cuda_graph_max_bs=s.cuda_graph_max_bs,
                 tp_size=self.parallel_state.tp_size, max_running_requests=self.max_running_requests))
@@ -318,7 +318,8 @@ class ModelRunner:
         """Before filling the weights (a CPU fills 15 GiB of dummy weights in ~26 s): plan with the most memory they
         could leave free; a KV cache that does not plan with that does not plan after loading either."""
         free = self.pre_model_load_memory or 0
-        best = WorkerMemory(total_bytes=self.memory_probe.total_bytes(), free_before_load=free, free_after_load=free - weights)
+        best = WorkerMemory(total_bytes=self.memory_probe.total_bytes(), free_before_load=free, free_after_load=free - weights,
+                            reported_total_bytes=self.memory_probe.device_capacity_bytes())
         try:
             self.sizing.plan(best)
         except (WeightsLeaveNoRoomError, BudgetBelowOnePageError, BudgetBelowOneRequestError) as exc:
@@ -333,6 +334,7 @@ class ModelRunner:
         engine_plans = self.sizing.engine.plans_pools  # vLLM's blocks are its own: its TP is checked for weights alone
         found = tp_size_that_fits(  # a card's context grows by its kernels as the weights are filled
             self.sizing, free_before_load=self.pre_model_load_memory or 0, total_bytes=self.memory_probe.total_bytes(),
+            device_capacity_bytes=self.memory_probe.device_capacity_bytes(),
             weights_for=lambda state: loader.bytes_needed(self.weight_specs(state)),
             context_growth=CUDA_KERNEL_LOAD_BYTES, check_kv_cache=self.role == "target" and engine_plans)
         if found is None:

@@ -9,8 +9,9 @@ import msgspec
 from app.engine import Engine
 from app.model_runner import ModelRunner
 from app.report_header import report_header
-from kvcache.byte_units import GiB, format_bytes
+from kvcache.byte_units import GiB, MiB, format_bytes
 from kvcache.engines import EngineRules
+from kvcache.inputs.cards import KNOWN_CARDS
 from kvcache.memory.memory_budget import MemoryBudget, headroom_bytes
 from kvcache.sizing.capacity_notes import CapacityNote, capacity_notes
 from kvcache.sizing.worker_sizing import WorkerMemory
@@ -53,7 +54,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     mem_fraction_static: float | None
     free_before_load_bytes: int  # this rank's own readings, beside its own weights
     free_after_load_bytes: int
-    total_memory_bytes: int
+    total_memory_bytes: int  # cudaMemGetInfo's total (the budget's free memory comes from it)
     weights_bytes: int
     vision_weights: str  # "none", "counted", "not_counted" (the config lacks its shapes) or "not_loaded" (not built)
     buffers: dict[str, int]
@@ -74,6 +75,9 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     # (SGLang 0.5.23's MIN over every rank, pipeline stages included); None when they are this rank's
     ranks_smallest_memory: dict[str, int] | None = None
     state_bytes_per_request: int | None = None  # a state pool's bytes for one running request (its slots, all layers)
+    # the card as SGLang's get_device_memory_capacity reads it (nvidia-smi's total), which its derived fraction is for
+    device_capacity_bytes: int | None = None
+    card_total_measured: bool | None = None  # a named card: False where nvidia-smi's total stands in for cudaMemGetInfo's
 
 
 def _worker(runner: ModelRunner) -> WorkerReport:
@@ -129,6 +133,8 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         ranks_smallest_memory=_ranks_smallest_memory(kv.own_memory, budget),
         state_bytes_per_request=(plan.state_pool.bytes_per_slot * plan.state_pool.slots_per_request
                                  if plan.state_pool else None),
+        device_capacity_bytes=budget.device_capacity_bytes,
+        card_total_measured=KNOWN_CARDS[card].cuda_total_measured if card in KNOWN_CARDS else None,
     )
 
 
@@ -161,7 +167,7 @@ def _multimodal(target: ModelRunner) -> dict[str, Any]:
                            "fraction": budget.mem_fraction_static, "kept_by_fraction_bytes": 0,
                            "reserve_bytes": budget.reserved_bytes}  # what the budget kept (none with --kv-cache-memory)
     if rule.on and budget.mem_fraction_static is not None and sizing.settings.mem_fraction_static is None:
-        before = sizing.derived_fraction_before_multimodal_cut(budget.total_bytes)
+        before = sizing.derived_fraction_before_multimodal_cut(budget.device_capacity_bytes)
         out["cut_by"] = rule.cut_by(post_capture=sizing.post_capture_resize().active)
         out["fraction_before_cut"] = before
         out["kept_by_fraction_bytes"] = (headroom_bytes(budget.free_before_load_bytes, budget.mem_fraction_static)
@@ -282,6 +288,13 @@ def _token_lines(r: BootstrapReport) -> list[str]:
             f"{r.engine} {r.engine_version} sizes them as --max-total-tokens, else the context length)"]
 
 
+def _total_source(r: BootstrapReport) -> str:
+    """Which total the memory line is, where a card reports two: cudaMemGetInfo's, measured or stood in for."""
+    if r.card_total_measured is False:
+        return " by cudaMemGetInfo (not measured on this card: nvidia-smi's total stands in)"
+    return " by cudaMemGetInfo" if r.device_capacity_bytes not in (None, r.total_memory_bytes) else ""
+
+
 def render_text(report: BootstrapReport) -> str:
     """The report for a terminal: one fact per line, GiB beside exact bytes."""
     r = report
@@ -290,7 +303,10 @@ def render_text(report: BootstrapReport) -> str:
                        card=r.card, model_dtype=r.model_dtype, kv_cache_dtype=r.kv_cache_dtype),
         f"context length      {r.context_length:,}   page size {r.page_size}"
         + (f"  ({r.page_size_note})" if r.page_size_note else ""),
-        f"memory              total {format_bytes(r.total_memory_bytes)}",
+        f"memory              total {format_bytes(r.total_memory_bytes)}" + _total_source(r),
+        *([f"                    nvidia-smi's total {r.device_capacity_bytes // MiB:,} MiB: the card SGLang's "
+           "default mem_fraction_static is derived for"]
+          if r.device_capacity_bytes not in (None, r.total_memory_bytes) else []),
         f"                    free before load {format_bytes(r.free_before_load_bytes)}",
         f"                    free after load  {format_bytes(r.free_after_load_bytes)}",
         *([f"                    the ranks' smallest, which the budget reads: free before load "

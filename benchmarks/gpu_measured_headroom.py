@@ -91,7 +91,8 @@ def measured(model: Any, steps: int, mixed_chunk: bool = False, settings: dict[s
     from app.forward.worst_case import sample_with_logprobs
     from kvcache.memory.runtime_reserve import default_chunked_prefill_size
 
-    chunk = runner.sizing.settings.chunked_prefill_size or default_chunked_prefill_size(total)  # as the engine's step
+    chunk = runner.sizing.settings.chunked_prefill_size or default_chunked_prefill_size(
+        runner.memory_probe.device_capacity_bytes())  # as the engine's step, which reads nvidia-smi's card
     bs = runner.max_running_requests
     step = runner._worst_case_step_factory(runner=runner, chunked_prefill_size=chunk, decode_batch=bs,
                                            largest_graph_batch=runner.graph_capture.max_bs if runner.graph_capture else 0,

@@ -250,7 +250,7 @@ def sglang_plan(name: str, gpu: str, context_length: int) -> tuple[int, dict[str
 def print_side_by_side(vllm: SimpleNamespace, gpu: str, max_model_len: int, models: list[str] | None = None) -> None:
     """One row per corpus model (or those of `models`): bytes per token, SGLang's tokens and requests, vLLM's
     blocks and concurrency."""
-    total = KNOWN_CARDS[gpu]
+    total = KNOWN_CARDS[gpu].budget_total_bytes  # cudaMemGetInfo's, which vLLM's utilization multiplies
     print(f"card {gpu} ({total:,} B); vLLM {vllm_rules.VLLM_VERSION}: gpu_memory_utilization "
           f"{vllm_rules.DEFAULT_GPU_MEMORY_UTILIZATION}, KV = card x utilization - weights - estimated runtime "
           f"(activation peak + non-torch + CUDA graphs, estimated as the project's runtime reserve); "

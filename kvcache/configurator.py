@@ -151,12 +151,13 @@ class KVCacheConfigurator:
         rank's tokens (the plan, this rank's own tokens before agreeing, and its own memory readings).
         `plan --pp-size` agrees the same way."""
         ranks = self.parallel_state.agreement
-        own = WorkerMemory(total_bytes=self.memory_probe.total_bytes(), free_before_load=free_before,
-                           free_after_load=self.memory_probe.free_bytes())
+        probe = self.memory_probe
+        own = WorkerMemory(total_bytes=probe.total_bytes(), free_before_load=free_before,
+                           free_after_load=probe.free_bytes(), reported_total_bytes=probe.device_capacity_bytes())
         agreed = ranks.agree_on_memory(free_before_load=own.free_before_load, free_after_load=own.free_after_load,
-                                       total_bytes=own.total_bytes)
+                                       total_bytes=own.total_bytes, device_capacity_bytes=own.device_capacity_bytes)
         memory = WorkerMemory(total_bytes=agreed.total, free_before_load=agreed.free_before_load,
-                              free_after_load=agreed.free_after_load)
+                              free_after_load=agreed.free_after_load, reported_total_bytes=agreed.device_capacity)
         plan = ranks.run_everywhere(lambda: sizing.plan(memory))
         (tokens,) = ranks.min_int64((plan.max_total_num_tokens,))
         capped = ranks.run_everywhere(  # every rank, re-planning or not

@@ -9,7 +9,7 @@ import pytest
 
 from app.cli import main
 
-H200_MIB = 150_109_880_320 / 2**20  # SGLang reads the card's capacity in MiB
+H200_MIB = 143_771  # SGLang reads the card's capacity as nvidia-smi prints it, in MiB
 KIMI_LINEAR = str(Path(__file__).parent / "model_corpus" / "Kimi-Linear-48B-A3B-Instruct.json")
 # SGLang 0.5.23's reserve on an H200 at TP 1 without prefill graphs (MiB): 512 + 1.5 x the 8,192-token chunk +
 # TP x PP / 8 GiB + 2 x the 256 decode graphs; above the 10 GiB floor
@@ -24,13 +24,13 @@ def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
 
 def test_kda_models_reserve_no_prefill_graphs(capsys: pytest.CaptureFixture[str]) -> None:
     """Kimi-Linear's KDA layers: SGLang turns its breakable prefill graphs off, so the 1,536 MiB an MLA model's
-    prefill graphs would keep is not kept (0.895 before this rule)."""
+    prefill graphs would keep is not kept (0.896 with it)."""
     report = _plan(capsys, "--model", KIMI_LINEAR)
-    assert report["mem_fraction_static"] == round((H200_MIB - WITHOUT_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.906
+    assert report["mem_fraction_static"] == round((H200_MIB - WITHOUT_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.907
     assert any("no prefill CUDA graphs for KDA" in n for n in report["engine_notes"])
     # an MLA model without KDA layers keeps the 1,536 MiB
     deepseek = _plan(capsys, "--model", "DeepSeek-V2-Lite", "--kv-headroom", "fraction")["mem_fraction_static"]
-    assert deepseek == round((H200_MIB - WITHOUT_PREFILL_GRAPHS_MIB - MLA_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.895
+    assert deepseek == round((H200_MIB - WITHOUT_PREFILL_GRAPHS_MIB - MLA_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.896
 
 
 def test_a_kda_model_sglang_validated_keeps_its_prefill_graphs(tmp_path: Path,
@@ -41,14 +41,14 @@ def test_a_kda_model_sglang_validated_keeps_its_prefill_graphs(tmp_path: Path,
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     report = _plan(capsys, "--model", str(path))
-    assert report["mem_fraction_static"] == 0.895 and not any("KDA" in n for n in report["engine_notes"])
+    assert report["mem_fraction_static"] == 0.896 and not any("KDA" in n for n in report["engine_notes"])
 
 
 def test_the_flag_drops_the_prefill_graph_reserve(capsys: pytest.CaptureFixture[str]) -> None:
     plain = _plan(capsys, "--model", "Llama-3.1-8B-Instruct", "--kv-headroom", "fraction")
     off = _plan(capsys, "--model", "Llama-3.1-8B-Instruct", "--kv-headroom", "fraction", "--disable-prefill-cuda-graph")
     assert plain["mem_fraction_static"] == 0.903  # 8 MiB for each captured prefill size
-    assert off["mem_fraction_static"] == round((H200_MIB - WITHOUT_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.906
+    assert off["mem_fraction_static"] == round((H200_MIB - WITHOUT_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.907
     assert off["max_total_num_tokens"] > plain["max_total_num_tokens"]
 
 
@@ -83,9 +83,9 @@ def test_without_decode_graphs_their_term_goes_and_dp_attention_still_reads_the_
     dp = ["--model", "DeepSeek-V3", "--tp-size", "8", "--enable-dp-attention", "--dp-size", "8",
           "--kv-headroom", "fraction"]
     no_graphs = _plan(capsys, *dp, "--disable-cuda-graph")["mem_fraction_static"]
-    assert no_graphs == round((H200_MIB - base) / H200_MIB, 3) == 0.775
+    assert no_graphs == round((H200_MIB - base) / H200_MIB, 3) == 0.776
     no_decode = _plan(capsys, *dp, "--disable-decode-cuda-graph")["mem_fraction_static"]
-    assert no_decode == round((H200_MIB - base - MLA_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.764
+    assert no_decode == round((H200_MIB - base - MLA_PREFILL_GRAPHS_MIB) / H200_MIB, 3) == 0.765
     llama = _plan(capsys, "--model", "Llama-3.1-8B-Instruct", "--kv-headroom", "fraction",
                   "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph")["mem_fraction_static"]
     assert llama == round((H200_MIB - (WITHOUT_PREFILL_GRAPHS_MIB - 2 * 256)) / H200_MIB, 3)

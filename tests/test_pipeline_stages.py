@@ -130,7 +130,7 @@ def test_deepseek_v3_pp8_stages_and_agreed_tokens_by_hand(capsys: pytest.Capture
     assert [s["bytes_per_token"] for s in stages] == [7 * 1152] * 3 + [8 * 1152] * 5
     # every stage's memory lines add up: its free before load less its weights less the kernels its first weights
     # load (CUDA_KERNEL_LOAD_BYTES) is its free after load
-    free_before = KNOWN_CARDS["H200"] - CUDA_CONTEXT_BYTES
+    free_before = KNOWN_CARDS["H200"].budget_total_bytes - CUDA_CONTEXT_BYTES  # cudaMemGetInfo's, measured
     assert free_before == 149_458_911_232
     for s in stages:
         assert s["free_before_load_bytes"] == free_before

@@ -198,8 +198,8 @@ def test_a_ratio_of_zero_turns_the_check_off() -> None:
 def test_one_rank_agrees_with_itself_and_raises_its_own_error() -> None:
     alone = RankAgreement.alone()
     assert alone.min_int64((5, 7)) == (5, 7) and alone.gather_int64((5,)) == ((5,),)
-    memory = alone.agree_on_memory(free_before_load=10, free_after_load=8, total_bytes=12)
-    assert (memory.free_before_load, memory.free_after_load, memory.total) == (10, 8, 12)
+    memory = alone.agree_on_memory(free_before_load=10, free_after_load=8, total_bytes=12, device_capacity_bytes=13)
+    assert (memory.free_before_load, memory.free_after_load, memory.total, memory.device_capacity) == (10, 8, 12, 13)
     error = DoesNotFitError("too big", needed_bytes=2, available_bytes=1)
 
     def fail() -> None:

@@ -35,14 +35,15 @@ CUDA = RuntimeShape(cuda_graphs=True)
         # H100-80GB, 81,559 MiB: chunk 8,192, bs 256, 58 prefill sizes: 512 + 12,288 + 128 + 512 + 464 = 13,904;
         # 67,655 / 81,559 = 0.82952 -> 0.830
         ("H100-80GB", 13904, 0.830),
-        # H200 as cudaMemGetInfo reports it, 143,155.875 MiB: 129,251.875 / 143,155.875 = 0.90287 -> 0.903
+        # H200 as nvidia-smi reports it (SGLang's get_device_memory_capacity), 143,771 MiB: 129,867 / 143,771 = 0.90329
+        # -> 0.903 (cudaMemGetInfo's 143,155.875 MiB gives 0.90287, the same after rounding here)
         ("H200", 13904, 0.903),
         # B200, 183,359 MiB: chunk 16,384, bs 512, 74 sizes: 512 + 24,576 + 128 + 1,024 + 592 = 26,832; 0.85366
         ("B200", 26832, 0.854),
     ],
 )
 def test_named_cards_at_tp1(card: str, reserve: int, fraction: float) -> None:
-    total = KNOWN_CARDS[card]
+    total = KNOWN_CARDS[card].nvidia_smi_bytes  # the total SGLang's rule reads
     assert runtime_reserve_mib(total, CUDA) == reserve
     assert default_mem_fraction_static(total, CUDA) == fraction
 

@@ -94,9 +94,10 @@ def size_from_worst_case(runner: Any, configurator: Any, make_step: Callable[...
     capture = runner.capture_decode_graphs()
     total = runner.memory_probe.total_bytes()
     margin = measured_margin_bytes(total)
+    card = runner.memory_probe.device_capacity_bytes()  # SGLang's card-size defaults read nvidia-smi's total
     try:
         step = make_step(runner=runner,
-                         chunked_prefill_size=settings.chunked_prefill_size or default_chunked_prefill_size(total),
+                         chunked_prefill_size=settings.chunked_prefill_size or default_chunked_prefill_size(card),
                          decode_batch=built.max_running_requests,
                          largest_graph_batch=settings.graph_served_batch(capture.max_bs),
                          mixed_chunk=settings.enable_mixed_chunk)

@@ -47,10 +47,10 @@ def apply_post_capture_resize(
     plan = kv_cache.memory_pool_config
     slack = resize_slack_bytes(backing=backing, pool=kv_cache.token_to_kv_pool, plan=plan,
                                allocator=kv_cache.token_to_kv_pool_allocator)  # shrink-only: at most `plan`'s lists
-    total = memory_probe.total_bytes()
+    card = memory_probe.device_capacity_bytes()  # SGLang's reserve reads nvidia-smi's total
     headroom = post_capture_headroom_bytes(
         plan=plan, pre_model_load_bytes=pre_model_load_memory, cuda_graph_max_bs=captured_max_bs,
-        activation_reserve_mib=eager_activation_reserve_mib(settings, parallel_state, total),
+        activation_reserve_mib=eager_activation_reserve_mib(settings, parallel_state, card),
     )
     ranks = parallel_state.agreement  # one rank that cannot resize stops all; all keep the smallest count
     resize = ranks.run_everywhere(lambda: compute_post_capture_kv_resize(

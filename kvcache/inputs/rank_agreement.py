@@ -54,6 +54,7 @@ class AgreedMemory:
     free_after_load: int
     total: int
     free_before_load_by_rank: tuple[int, ...]
+    device_capacity: int  # nvidia-smi's total: SGLang reads every GPU's and keeps the smallest
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,13 +121,15 @@ class RankAgreement:
             return [obj]
         return self.group.gather_objects(self.rank, obj)
 
-    def agree_on_memory(self, *, free_before_load: int, free_after_load: int, total_bytes: int) -> AgreedMemory:
+    def agree_on_memory(self, *, free_before_load: int, free_after_load: int, total_bytes: int,
+                        device_capacity_bytes: int) -> AgreedMemory:
         """The MIN of each number over the ranks, after checking free memory before load is balanced."""
-        by_rank = self.gather_int64((free_before_load, free_after_load, total_bytes))
+        by_rank = self.gather_int64((free_before_load, free_after_load, total_bytes, device_capacity_bytes))
         before = tuple(r[0] for r in by_rank)
         check_memory_balance(before, self.min_rank_memory_ratio, self.rank_names)
         return AgreedMemory(free_before_load=min(before), free_after_load=min(r[1] for r in by_rank),
-                            total=min(r[2] for r in by_rank), free_before_load_by_rank=before)
+                            total=min(r[2] for r in by_rank), free_before_load_by_rank=before,
+                            device_capacity=min(r[3] for r in by_rank))
 
     def run_everywhere(self, step: Callable[[], T]) -> T:
         """`step()` on this rank, returned only when it succeeded on every rank; otherwise every rank

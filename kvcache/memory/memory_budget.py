@@ -28,6 +28,13 @@ class MemoryBudget(msgspec.Struct, frozen=True, kw_only=True):
     mem_fraction_static: float | None
     kv_cache_memory_bytes: int | None
     reserved_bytes: int = 0  # kept out of the budget for buffers allocated after the KV cache is sized
+    reported_total_bytes: int | None = None  # nvidia-smi's total where the card reports one apart from total_bytes
+
+    @property
+    def device_capacity_bytes(self) -> int:
+        """The card as SGLang 0.5.23's get_device_memory_capacity reads it (nvidia-smi's), which its derived
+        mem_fraction_static was computed for; total_bytes (cudaMemGetInfo's) where the card reports one total."""
+        return self.total_bytes if self.reported_total_bytes is None else self.reported_total_bytes
 
     @property
     def weights_and_load_bytes(self) -> int:
@@ -53,6 +60,7 @@ def headroom_bytes(free_before_load: int, mem_fraction_static: float) -> int:
 def compute_budget(
     *, total_bytes: int, free_before_load: int, free_after_load: int,
     mem_fraction_static: float | None, kv_cache_memory: int | None, reserved_bytes: int = 0,
+    reported_total_bytes: int | None = None,
 ) -> MemoryBudget:
     """The KV budget in bytes; raises when the weights leave nothing or kv_cache_memory exceeds what is free."""
     if kv_cache_memory is not None:
@@ -79,5 +87,5 @@ def compute_budget(
     return MemoryBudget(
         budget_bytes=budget, total_bytes=total_bytes, free_before_load_bytes=free_before_load,
         free_after_load_bytes=free_after_load, mem_fraction_static=mem_fraction_static,
-        kv_cache_memory_bytes=kv_cache_memory, reserved_bytes=reserved_bytes,
+        kv_cache_memory_bytes=kv_cache_memory, reserved_bytes=reserved_bytes, reported_total_bytes=reported_total_bytes,
     )

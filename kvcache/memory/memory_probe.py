@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from kvcache.byte_units import MiB
 from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES, SimulatedCard
 from kvcache.errors import ConfigError
 from kvcache.memory.host_memory import check_memory_limit, host_memory_bytes
@@ -26,6 +27,11 @@ class MemoryProbe(Protocol):
     def free_bytes(self) -> int: ...
 
     def total_bytes(self) -> int: ...
+
+    def device_capacity_bytes(self) -> int:
+        """The card's total as its vendor tool reports it (nvidia-smi's memory.total): what SGLang 0.5.23's
+        get_device_memory_capacity reads for its card-size defaults and derived mem_fraction_static."""
+        ...
 
     def note_allocation(self, nbytes: int) -> None: ...
 
@@ -46,6 +52,20 @@ class CudaMemoryProbe:
 
     def total_bytes(self) -> int:
         return int(torch.cuda.mem_get_info(self._device)[1])
+
+    def device_capacity_bytes(self) -> int:
+        """The smallest card's total over every GPU NVML sees, in whole MiB: SGLang 0.5.23 reads nvidia-smi's
+        memory.total of all of them and keeps the minimum. cudaMemGetInfo's where NVML cannot be read (SGLang falls
+        back to torch.cuda.mem_get_info the same way)."""
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            totals = [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
+                      for i in range(pynvml.nvmlDeviceGetCount())]
+            return min(totals) // MiB * MiB
+        except Exception:  # noqa: BLE001 - no NVML (not installed, MIG, a container without it): cudaMemGetInfo's
+            return self.total_bytes()
 
     def note_allocation(self, nbytes: int) -> None:
         """Real allocations show up in free_bytes by themselves."""
@@ -93,6 +113,10 @@ class HostMemoryProbe:
     def total_bytes(self) -> int:
         return self._limit
 
+    def device_capacity_bytes(self) -> int:
+        """A host has one total: its limit."""
+        return self._limit
+
     def note_allocation(self, nbytes: int) -> None:
         """Resident memory shows real allocations by itself."""
 
@@ -105,11 +129,13 @@ class FixedMemoryProbe:
     (kvcache.inputs.cards.CUDA_KERNEL_LOAD_BYTES), and a dry run must see that too.
     """
 
-    def __init__(self, *, total_bytes: int, free_bytes: int | None = None, first_allocation_overhead: int = 0) -> None:
+    def __init__(self, *, total_bytes: int, free_bytes: int | None = None, first_allocation_overhead: int = 0,
+                 device_capacity_bytes: int | None = None) -> None:
         free = total_bytes if free_bytes is None else free_bytes
         if total_bytes <= 0 or not 0 <= free <= total_bytes or first_allocation_overhead < 0:
             raise ConfigError(f"a simulated card needs 0 <= free ({free}) <= total ({total_bytes}) and total > 0")
         self._total = total_bytes
+        self._capacity = total_bytes if device_capacity_bytes is None else device_capacity_bytes  # one total given
         self._free = free
         self._overhead = first_allocation_overhead
 
@@ -118,6 +144,9 @@ class FixedMemoryProbe:
 
     def total_bytes(self) -> int:
         return self._total
+
+    def device_capacity_bytes(self) -> int:
+        return self._capacity
 
     def note_allocation(self, nbytes: int) -> None:
         self._free = max(0, self._free - nbytes - self._overhead)
@@ -139,6 +168,7 @@ def probe_for_device(device: torch.device, *, memory_limit: int | None, card: "S
         if card is None:
             raise ConfigError("a dry run on the meta device needs a card to plan for: --gpu-memory 80GiB or --gpu H100-80GB")
         return FixedMemoryProbe(total_bytes=card.total_bytes, free_bytes=card.free_bytes,
+                                device_capacity_bytes=card.device_capacity_bytes,
                                 first_allocation_overhead=CUDA_KERNEL_LOAD_BYTES)
     if memory_limit is not None:
         check_memory_limit(memory_limit, host_memory_bytes())

@@ -11,13 +11,15 @@ as SGLang reads them from nvidia-smi; the arithmetic is exact (Fractions).
     graphs  = 2 * decode_max_bs                                    (decode CUDA graphs, when captured)
             + 3 * decode_max_bs * dp (+ 1.5 * decode_max_bs * dp above bs 300)  (DP attention: SGLang sets
               decode_max_bs on a GPU whether or not decode graphs are captured, and this term reads it)
-            + 8 * len(prefill graph sizes), or 1536 with MLA       (prefill graphs; none with PP > 1)
+            + 8 * len(prefill graph sizes), or 1536 with MLA       (prefill graphs; none with PP > 1; up to
+              4,096 tokens for a model whose path names Llama-2, SGLang's own workaround)
     at least 10 GiB on cards above 60 GiB;  fraction = round((card - reserve) / card, 3)
 
 Checked against SGLang 0.5.23's own `handle_gpu_memory_settings` (card size stubbed, the
 model lookups stubbed; `tests/test_runtime_reserve.py` holds the numbers): L4 and A10 0.684,
-RTX-4090 0.704, A100-40GB 0.823, H100-80GB 0.830, H200 (143,155 MiB) 0.903, B200 0.854;
-L4 at TP4 0.658, MLA on the H200 at TP4 0.889, TP8 x attention-DP8 on 80 GiB 0.588.
+RTX-4090 0.704, A100-40GB 0.823, H100-80GB 0.830, H200 (nvidia-smi's 143,771 MiB) 0.903, B200 0.854;
+L4 at TP4 0.658, MLA on the H200 at TP4 0.889, TP8 x attention-DP8 on 80 GiB 0.588; and on every card in
+kvcache.inputs.cards for ten setups (tests/test_fraction_vs_sglang.py runs SGLang's code beside this one).
 The rule this project used before (from an older SGLang) added 2 GiB (6 GiB for STANDALONE)
 for a draft model, had no prefill-graph term and gave 20-35 GiB cards chunked prefill 2048
 and batch 24 (L4 0.837); 0.5.23 has none of these.
@@ -35,6 +37,7 @@ from kvcache.memory.memory_budget import derive_mem_fraction_static
 GiB_IN_MIB = 1024
 MLA_PREFILL_GRAPH_RESERVE_MIB = 1536
 PREFILL_GRAPH_MIB_PER_SIZE = 8
+LLAMA2_PREFILL_GRAPH_MAX_TOKENS = 4096  # SGLang 0.5.23 caps the prefill graphs of a model path naming llama-2
 
 
 class RuntimeShape(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,6 +55,13 @@ class RuntimeShape(msgspec.Struct, frozen=True, kw_only=True):
     max_total_tokens: int | None = None
     max_running_requests: int | None = None
     prefill_cuda_graphs: bool = True  # False where the engine captures none for the model (SGLang: some multimodal)
+    prefill_graph_max_tokens: int | None = None  # a cap on the largest prefill graph (prefill_graph_token_cap)
+
+
+def prefill_graph_token_cap(model_path: str) -> int | None:
+    """SGLang 0.5.23 captures prefill graphs of at most 4,096 tokens for a model whose path names Llama-2 ("a
+    workaround until fixed", memory_hook.py), case-insensitively; no cap for any other."""
+    return LLAMA2_PREFILL_GRAPH_MAX_TOKENS if "llama-2" in model_path.lower() else None
 
 
 def _card_mib(total_bytes: int) -> Fraction:
@@ -118,6 +128,8 @@ def prefill_graph_reserve_mib(total_bytes: int, shape: RuntimeShape) -> int:
     max_tokens = shape.chunked_prefill_size or default_chunked_prefill_size(total_bytes)
     if shape.max_total_tokens is not None:
         max_tokens = min(max_tokens, shape.max_total_tokens)
+    if shape.prefill_graph_max_tokens is not None:
+        max_tokens = min(max_tokens, shape.prefill_graph_max_tokens)
     return PREFILL_GRAPH_MIB_PER_SIZE * prefill_cuda_graph_count(max_tokens)
 
 

@@ -253,9 +253,10 @@ def predict_measured_plan(*, sizing: object, memory: object,
     calibration = calibration_for(card_name, m.name)
     single = cuda.parallel_state.tp_size * cuda.parallel_state.pp_size == 1
     total = memory.total_bytes  # type: ignore[attr-defined]
+    card = memory.device_capacity_bytes  # type: ignore[attr-defined]  # SGLang's card-size defaults read nvidia-smi's
     shape = cuda.runtime_shape()
     basis: Basis
-    chunk = s.chunked_prefill_size or default_chunked_prefill_size(total)
+    chunk = s.chunked_prefill_size or default_chunked_prefill_size(card)
     added = added_step_bytes(sizing=cuda, static=static, chunk=chunk, decode_batch=built.max_running_requests)
     if calibration is not None and defaults and single and s.page_size == 1 and cuda.kv_cache_dtype.bits == 16:
         where = f"{calibration.card} ({calibration.source})"
@@ -263,7 +264,7 @@ def predict_measured_plan(*, sizing: object, memory: object,
         peak = calibration.alternating_bytes
         if not calibration.sampled:
             extra = sampler_bytes(vocab=m.vocab_size, chunk=chunk, decode_batch=built.max_running_requests,
-                                  graph_bs=decode_cuda_graph_max_bs(total, shape))
+                                  graph_bs=decode_cuda_graph_max_bs(card, shape))
             kept, basis, peak = kept + extra, "uncalibrated", peak + extra
             source = (f"a recorded run without the sampler's logprobs, plus {extra:,} B for them by formula (an upper "
                       f"bound until re-measured): {where}")
@@ -278,8 +279,8 @@ def predict_measured_plan(*, sizing: object, memory: object,
         kept = extrapolated_kept_free_bytes(
             hidden=m.hidden_size, vocab=m.vocab_size, layers=m.num_hidden_layers, moe=_is_moe(m.hf_config),
             chunk=chunk, decode_batch=built.max_running_requests,
-            graph_bs=decode_cuda_graph_max_bs(total, shape), total_bytes=total,
-            graph_served_bs=s.graph_served_batch(decode_cuda_graph_max_bs(total, shape)),
+            graph_bs=decode_cuda_graph_max_bs(card, shape), total_bytes=total,
+            graph_served_bs=s.graph_served_batch(decode_cuda_graph_max_bs(card, shape)),
             added_steps=tuple(added.values()))
         basis, source = "extrapolated", "from the model's shapes, coefficients fitted on " + fitted_on()
         if added:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from kvcache.arithmetic import ceil_div
 from kvcache.byte_units import GiB, MiB
-from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES, KNOWN_CARDS, SimulatedCard
+from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES, KNOWN_CARDS, card_named
 from kvcache.sizing.advice import HOST_LIMIT_STEP, smallest_passing
 from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
 
@@ -68,9 +68,10 @@ def card_fixes(sizing: WorkerSizing, *, weights_bytes: int, dry_run: bool) -> tu
     whose answer is its own block plan (vLLM) is checked for the weights alone."""
     pools = sizing.engine.plans_pools
     held = "the runtime's reserve and one full-length request" if pools else "(the engine's own blocks need more)"
-    for name, total in sorted(KNOWN_CARDS.items(), key=lambda item: item[1]):
-        free = SimulatedCard(name=name, total_bytes=total).free_bytes
-        memory = WorkerMemory(total_bytes=total, free_before_load=free,
+    for name in sorted(KNOWN_CARDS, key=lambda known: KNOWN_CARDS[known].budget_total_bytes):
+        card = card_named(name)
+        total, free = card.total_bytes, card.free_bytes
+        memory = WorkerMemory(total_bytes=total, free_before_load=free, reported_total_bytes=card.device_capacity_bytes,
                               free_after_load=free - weights_bytes - CUDA_KERNEL_LOAD_BYTES)
         if holds_a_full_request(sizing, memory) if pools else memory.free_after_load > 0:
             why = f"{total / GiB:.0f} GiB, the smallest known card that holds the weights{', ' if pools else ' '}{held} " \

@@ -26,7 +26,7 @@ class TensorParallelFit(msgspec.Struct, frozen=True, kw_only=True):
     request_token_cap: int | None = None  # the KV cache plans, each request capped below the context (SGLang runs so)
 
 
-def tp_size_that_fits(sizing: WorkerSizing, *, free_before_load: int, total_bytes: int,
+def tp_size_that_fits(sizing: WorkerSizing, *, free_before_load: int, total_bytes: int, device_capacity_bytes: int,
                       weights_for: Callable[[ParallelState], int], context_growth: int,
                       check_kv_cache: bool) -> TensorParallelFit | None:
     """The smallest attention-TP multiple above the current --tp-size (heads must split) with which this worker
@@ -44,11 +44,12 @@ def tp_size_that_fits(sizing: WorkerSizing, *, free_before_load: int, total_byte
             continue
         at_tp = replace(sizing, parallel_state=state)
         after = max(0, free_before_load - weights - context_growth)
-        memory = WorkerMemory(total_bytes=total_bytes, free_before_load=free_before_load, free_after_load=after)
+        memory = WorkerMemory(total_bytes=total_bytes, free_before_load=free_before_load, free_after_load=after,
+                              reported_total_bytes=device_capacity_bytes)
         plan = at_tp.plan_or_none(memory) if check_kv_cache else None
         if plan is not None:
             return TensorParallelFit(tp_size=tp, weights_bytes=weights, kv_cache_plans=True,
                                      request_token_cap=plan.request_token_cap)
-        if weights_alone is None and at_tp.budget_for(memory)(at_tp.mem_fraction_static(total_bytes)) > 0:
+        if weights_alone is None and at_tp.budget_for(memory)(at_tp.mem_fraction_static(device_capacity_bytes)) > 0:
             weights_alone = TensorParallelFit(tp_size=tp, weights_bytes=weights, kv_cache_plans=not check_kv_cache)
     return weights_alone

@@ -20,7 +20,7 @@ from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.inputs.speculative_defaults import default_max_running_requests
 from kvcache.memory.host_memory import host_memory_bytes
 from kvcache.memory.memory_budget import MemoryBudget, compute_budget, derive_mem_fraction_static
-from kvcache.memory.runtime_reserve import RuntimeShape, default_mem_fraction_static
+from kvcache.memory.runtime_reserve import RuntimeShape, default_mem_fraction_static, prefill_graph_token_cap
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.advice import MORE_DEVICES, KeptFree, fits, suggest_fixes, suggest_kv_cache_memory
 from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory
@@ -36,22 +36,30 @@ from kvcache.sizing.state_slots import state_slots_per_request
 class WorkerMemory(msgspec.Struct, frozen=True, kw_only=True):
     """What a worker's device holds and has free around loading its weights (bytes)."""
 
-    total_bytes: int
+    total_bytes: int  # cudaMemGetInfo's total
     free_before_load: int
     free_after_load: int
+    reported_total_bytes: int | None = None  # nvidia-smi's total where the card reports one apart from total_bytes
+
+    @property
+    def device_capacity_bytes(self) -> int:
+        """The card as SGLang 0.5.23's get_device_memory_capacity reads it (nvidia-smi's): what its card-size
+        defaults and derived mem_fraction_static read; total_bytes where the card reports one total."""
+        return self.total_bytes if self.reported_total_bytes is None else self.reported_total_bytes
 
     @classmethod
     def of_budget(cls, budget: MemoryBudget) -> "WorkerMemory":
         """The readings a plan's budget was computed from (to plan again for the same memory)."""
         return cls(total_bytes=budget.total_bytes, free_before_load=budget.free_before_load_bytes,
-                   free_after_load=budget.free_after_load_bytes)
+                   free_after_load=budget.free_after_load_bytes, reported_total_bytes=budget.reported_total_bytes)
 
     @classmethod
     def smallest(cls, memories: "list[WorkerMemory] | tuple[WorkerMemory, ...]") -> "WorkerMemory":
         """What ranks plan with: the smallest of each reading (SGLang's MIN over the ranks)."""
         return cls(total_bytes=min(m.total_bytes for m in memories),
                    free_before_load=min(m.free_before_load for m in memories),
-                   free_after_load=min(m.free_after_load for m in memories))
+                   free_after_load=min(m.free_after_load for m in memories),
+                   reported_total_bytes=min(m.device_capacity_bytes for m in memories))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,7 +127,8 @@ class WorkerSizing:
 
     def mem_fraction_static(self, total_bytes: int) -> float:
         """The user's value, or SGLang's rule for a card of `total_bytes` (kvcache.memory.runtime_reserve), cut
-        for a multimodal model by the engine's rule (`multimodal()`)."""
+        for a multimodal model by the engine's rule (`multimodal()`). `total_bytes` is the card as SGLang reads
+        it: nvidia-smi's total (WorkerMemory.device_capacity_bytes), not cudaMemGetInfo's."""
         if self.settings.mem_fraction_static is not None:
             return self.settings.mem_fraction_static
         return self.multimodal().cut_fraction(self.derived_fraction_before_multimodal_cut(total_bytes), total_bytes,
@@ -150,6 +159,7 @@ class WorkerSizing:
             max_total_tokens=s.max_total_tokens, max_running_requests=s.max_running_requests,
             prefill_cuda_graphs=(self.multimodal().prefill_cuda_graphs and not s.disable_prefill_cuda_graph
                                  and not self.engine.no_prefill_graphs_reason(self.model_config)),
+            prefill_graph_max_tokens=prefill_graph_token_cap(self.model_config.name),
         )
 
     def post_capture_resize(self) -> PostCaptureEligibility:
@@ -164,8 +174,9 @@ class WorkerSizing:
         s = self.settings
         return compute_budget(
             total_bytes=memory.total_bytes, free_before_load=memory.free_before_load,
-            free_after_load=memory.free_after_load,
-            mem_fraction_static=None if s.kv_cache_memory is not None else self.mem_fraction_static(memory.total_bytes),
+            free_after_load=memory.free_after_load, reported_total_bytes=memory.reported_total_bytes,
+            mem_fraction_static=None if s.kv_cache_memory is not None else self.mem_fraction_static(
+                memory.device_capacity_bytes),
             kv_cache_memory=s.kv_cache_memory, reserved_bytes=self.multimodal().reserve_bytes,
         )
 
@@ -204,7 +215,8 @@ class WorkerSizing:
             free = memory.free_after_load
             limit = MemoryBudget(budget_bytes=free, total_bytes=memory.total_bytes,
                                  free_before_load_bytes=memory.free_before_load, free_after_load_bytes=free,
-                                 mem_fraction_static=None, kv_cache_memory_bytes=free)
+                                 mem_fraction_static=None, kv_cache_memory_bytes=free,
+                                 reported_total_bytes=memory.reported_total_bytes)
             raise exc.with_suggestions(suggest_kv_cache_memory(
                 self.plan_request(layout, limit), free, kv_cache_memory=self.settings.kv_cache_memory,
                 host_total_bytes=memory.total_bytes if self.device_type == "cpu" else None,
@@ -213,7 +225,8 @@ class WorkerSizing:
             empty = MemoryBudget(budget_bytes=0, total_bytes=memory.total_bytes,
                                  free_before_load_bytes=memory.free_before_load,
                                  free_after_load_bytes=memory.free_after_load,
-                                 mem_fraction_static=self.mem_fraction_static(memory.total_bytes), kv_cache_memory_bytes=None)
+                                 mem_fraction_static=self.mem_fraction_static(memory.device_capacity_bytes),
+                                 kv_cache_memory_bytes=None, reported_total_bytes=memory.reported_total_bytes)
             raise exc.with_suggestions(self._suggestions(
                 layout, self.plan_request(layout, empty), self.budget_for(memory))) from None
 
@@ -225,7 +238,8 @@ class WorkerSizing:
             try:
                 return compute_budget(total_bytes=memory.total_bytes, free_before_load=memory.free_before_load,
                                       free_after_load=memory.free_after_load, mem_fraction_static=fraction,
-                                      kv_cache_memory=None, reserved_bytes=reserved).budget_bytes
+                                      kv_cache_memory=None, reserved_bytes=reserved,
+                                      reported_total_bytes=memory.reported_total_bytes).budget_bytes
             except DoesNotFitError:
                 return 0
         return budget_for
@@ -244,7 +258,7 @@ class WorkerSizing:
         limit = request.budget.free_after_load_bytes if self.settings.kv_cache_memory is not None else None
         by_default = replace(self, settings=self.settings.replace(mem_fraction_static=None))
         kept_free = KeptFree(free_before_load=request.budget.free_before_load_bytes,
-                             default_fraction=by_default.mem_fraction_static(request.budget.total_bytes),
+                             default_fraction=by_default.mem_fraction_static(request.budget.device_capacity_bytes),
                              cuda_graphs=not on_cpu)
         return suggest_fixes(request, budget_for_fraction=budget_for, kv_cache_memory_limit=limit, fp8_request=fp8,
                              fraction_for_limit=self.mem_fraction_static if on_cpu else None,
