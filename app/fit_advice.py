@@ -43,12 +43,11 @@ def fit_fixes(sweep: FitSweep, rows: list[FitRow], cards: list[SimulatedCard], t
               pp_sizes: list[int], dtypes: list[str]) -> list[str]:
     """Flags and values that serve the target (each planned here), or the target that the closest cell serves."""
     target = sweep.target
-    cap = sweep.settings.get("max_running_requests")
+    field, cap = sweep.running_cap(rows)
     lift = ""  # a running-request cap below the target is lifted first: no card can help while it stands
     if target.requests is not None and cap is not None and cap < target.requests:
-        lift = f"--max-running-requests {target.requests} "
-        sweep = type(sweep)(model=sweep.model, settings={**sweep.settings, "max_running_requests": target.requests},
-                            target=target)
+        lift = f"--{field.replace('_', '-')} {target.requests} "
+        sweep = type(sweep)(model=sweep.model, settings={**sweep.settings, field: target.requests}, target=target)
     search = _Search(sweep=sweep, pp_sizes=pp_sizes, dtypes=dtypes)
     if lift and (row := search.first_fitting(cards, tp_sizes)) is not None:
         return [f"{lift}({_serves(row)})"]

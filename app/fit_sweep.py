@@ -113,6 +113,9 @@ class FitSweep:
     _combinations: dict[tuple[int, int, str, int | None], _Combination | ConfigError] = field(default_factory=dict)
     _weights: dict[tuple[int, int, int], tuple[int, ...]] = field(default_factory=dict)
 
+    def running_cap(self, rows: list[FitRow]) -> tuple[str, int | None]:  # the cap's field and the value given
+        return "max_running_requests", self.settings.get("max_running_requests")
+
     def row_start(self, card: SimulatedCard, tp: int, pp: int, dtype: str, context: int | None) -> dict[str, Any]:
         """A cell's FitRow values known before it plans."""
         return dict(card=card.name, card_bytes=card.total_bytes, tp_size=tp, pp_size=pp, gpus=tp * pp,

@@ -47,6 +47,11 @@ class VllmFitSweep(FitSweep):
                 container.shutdown_resources()
         return self._wirings[key]
 
+    def running_cap(self, rows: list[FitRow]) -> tuple[str, int | None]:
+        """vLLM's max_num_seqs: the one given, else the smallest of the cards' defaults (1024 or 256)."""
+        defaults = [r.max_running_requests for r in rows if r.max_running_requests is not None]
+        return "max_num_seqs", self.settings.get("max_num_seqs") or min(defaults, default=None)
+
     def cell(self, card: SimulatedCard, tp: int, pp: int, dtype: str, context: int | None = None) -> FitRow:
         """One cell: vLLM's answer on `card`, and whether its requests of max_model_len meet the target."""
         context = self.target.context_length if context is None else context

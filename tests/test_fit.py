@@ -290,6 +290,11 @@ def test_fit_engine_vllm_sweeps_with_vllms_flags(capsys: pytest.CaptureFixture[s
     assert (cheapest["gpus"], cheapest["kv_cache_dtype"], cheapest["requests_at_context"]) == (2, "fp8_e4m3", 105)
     one_gpu = [r for r in result["rows"] if r["gpus"] == 1 and r["kv_cache_dtype"] == "fp8_e4m3"]
     assert [(r["requests_at_context"], r["outcome"]) for r in one_gpu] == [(49, "target")]
+    # vLLM's running cap, max_num_seqs, below the target is lifted first (then the fewest GPUs that serve it)
+    assert main([*argv, "--max-model-len", "32768", "--tp-size", "1", "--max-num-seqs", "16"]) == 3
+    assert "what would work: --max-num-seqs 64 --tp-size 2 (2 x H200" in capsys.readouterr().err
+    assert main([*argv, "--max-model-len", "32768", "--tp-size", "2", "--max-num-seqs", "64"]) == 0
+    capsys.readouterr()
     assert main([*argv, "--context-length", "32768"]) == 2  # SGLang's name, under vLLM's rules
     assert "--context-length (use --max-model-len)" in capsys.readouterr().err
     assert main(argv) == 2
