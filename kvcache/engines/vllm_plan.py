@@ -236,12 +236,15 @@ def resolve_block_size(layers: tuple[VllmLayer, ...], settings: VllmSettings) ->
 
 
 def _with_block_size(layers: tuple[VllmLayer, ...], block_size: int, mamba_page: int,
-                     hybrid_manager: bool) -> list[VllmLayer]:
-    """Each layer's spec as vLLM builds it; without the hybrid manager, local layers become full attention."""
+                     hybrid_manager: bool, settings: VllmSettings) -> list[VllmLayer]:
+    """Each layer's spec as vLLM builds it; without the hybrid manager, local layers become full attention. A Mamba
+    layer's block spans max_model_len tokens, or the attention block in "align" mode (MambaModelConfig's
+    mamba_block_size): it sizes nothing here, the report states it."""
+    mamba_block = block_size if settings.mamba_cache_mode == "align" else settings.max_model_len
     out = []
     for x in layers:
         if x.kind == "mamba":
-            out.append(replace(x, padded_page=mamba_page if mamba_page > x.state_bytes else 0))
+            out.append(replace(x, block_size=mamba_block, padded_page=mamba_page if mamba_page > x.state_bytes else 0))
         elif not hybrid_manager and x.kind in ("sliding", "chunked"):
             out.append(replace(x, kind="full", window=0, block_size=block_size))
         else:
@@ -325,7 +328,8 @@ def plan_vllm(placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, ..
     layers = vllm_layers(placements, layer_kinds)
     block_size, mamba_page = resolve_block_size(layers, settings)
     check_sparse_mla_block_size(placements, block_size)
-    specs = _with_block_size(layers, block_size, mamba_page, not vllm_rules.hybrid_manager_disabled(layer_kinds))
+    specs = _with_block_size(layers, block_size, mamba_page, not vllm_rules.hybrid_manager_disabled(layer_kinds),
+                             settings)
     groups = kv_cache_groups(specs, settings)
     bytes_per_block = max(g.bytes_per_block for g in groups)
     per_request = sum(g.blocks_per_request for g in groups)
