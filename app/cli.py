@@ -18,7 +18,6 @@ from app.fit_command import SWEPT_FIELDS, add_fit_flags, run_fit
 from app.flag_hints import BOOTSTRAP_ONLY_FIELDS, COMMANDS, unknown_command, unrecognized, value_read_as_flag
 from app.server_args_flags import add_server_args_flags, server_args_values, sizes_read
 from app.settings_file import checked_server_args
-from containers import EngineContainer
 from kvcache.byte_units import SIZE_UNITS_HELP
 from kvcache.engines.vllm import VLLM
 from kvcache.inputs.cards import KNOWN_CARDS, SimulatedCard, card_named, card_of_size
@@ -123,12 +122,6 @@ def _card(ns: argparse.Namespace) -> SimulatedCard:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from app.parallel_setup import launched_world_size
-    from app.rank_report import render_for_this_rank
-    from app.report import build_report
-    from app.stage_plans import run_stages
-    from app.vllm_report import plan_for_vllm, render_vllm
-
     command = ns.command or "bootstrap"
     if command == "presets":
         for name in preset_names():
@@ -144,6 +137,19 @@ def run(ns: argparse.Namespace) -> int:
         from_file: dict[str, Any] = sizes_read(read_settings_file(ns.config)) if ns.config is not None else {}
         flags = server_args_values(ns)
         return run_fit(ns, load_model_config(ns.model), from_file=from_file, flags=flags)
+    return _run_engine(ns, command)
+
+
+def _run_engine(ns: argparse.Namespace, command: str) -> int:
+    """`bootstrap`, or `plan` (the engine's start-up on the meta device): the only commands that import the engine,
+    and with it torch (presets, fit and --help answer without it)."""
+    from app.parallel_setup import launched_world_size
+    from app.rank_report import render_for_this_rank
+    from app.report import build_report
+    from app.stage_plans import run_stages
+    from app.vllm_report import plan_for_vllm, render_vllm
+    from containers import EngineContainer
+
     card = _card(ns) if command == "plan" else None
     server_args = server_args_from(ns, device="meta" if command == "plan" else None)
     if server_args.engine == VLLM.name and command != "plan":

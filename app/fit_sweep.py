@@ -1,12 +1,12 @@
 """The operator's question: which card, TP size and KV dtype serve a target, one plan per cell.
 
 A cell is (card, --tp-size, --pp-size, --kv-cache-dtype). Every cell is planned by the planner `plan` uses,
-on the meta device, in this process: the EngineContainer wires the worker exactly as `plan` does (page size,
+in this process and without torch: app.plan_wiring wires the worker as EngineContainer does for `plan` (page size,
 speculative defaults, draft pools, parallel state), the card's FixedMemoryProbe is debited by each worker's
 weights as ModelRunner.load_weights debits it, and the configurator's WorkerSizing (kvcache.sizing.worker_sizing,
 the one planning entry point) makes the budget and the planner's request for `plan_pool_sizes`. What a dry run
 need not do for a yes/no answer is skipped: the weights' and pools' meta tensors, and the advice a refused plan
-would search for. One container (and one weight count) serves every card of a (TP, PP, KV dtype) combination:
+would search for. One wiring (and one weight count) serves every card of a (TP, PP, KV dtype) combination:
 a 96-cell sweep takes well under a second. (Under --engine vllm: app/fit_vllm.py.)"""
 
 from __future__ import annotations
@@ -15,16 +15,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal
 
 import msgspec
-import torch
-from dependency_injector import providers
 
-from app.weights import DummyWeightLoader
-from containers import EngineContainer
+from app.plan_wiring import planned_workers, single_process_state
 from kvcache.errors import ConfigError, DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
 from kvcache.byte_units import GiB
 from kvcache.inputs.cards import SimulatedCard
 from kvcache.inputs.server_args import ServerArgs
-from kvcache.memory.memory_probe import probe_for_device
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.measured_prediction import predict_measured_plan
 from kvcache.sizing.planning import PlanRequest, plan_pool_sizes, requests_at_context
@@ -32,7 +29,6 @@ from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.pool_layout import CacheLayout
 from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
 
-META = torch.device("meta")
 Outcome = Literal["fits", "target", "one_request", "weights", "invalid"]
 # How close a cell that does not fit came: it planned but misses the target, holds no full request, or
 # does not hold the weights; an invalid layout (a TP size the heads do not divide) comes last.
@@ -131,12 +127,12 @@ class FitSweep:
     def combination(self, card: SimulatedCard, tp: int, pp: int, dtype: str,
                     context: int | None) -> _Combination | ConfigError:
         """The worker wiring for these values, or why the model cannot be laid out so (cached: every card of a
-        combination shares it; the container's probe is `card`'s, which no cell asks, each makes its own)."""
+        combination shares it; each cell makes its own card's probe)."""
         key = (tp, pp, dtype, context)
         if key not in self._combinations:
             server_args = self.cell_server_args(tp, pp, dtype, context)
             try:
-                self._combinations[key] = _Combination(tuple(self._stage(server_args, card, s) for s in range(pp)))
+                self._combinations[key] = _Combination(tuple(self._stage(server_args, s) for s in range(pp)))
             except ConfigError as exc:
                 self._combinations[key] = exc
             else:  # a value the engine refuses at start-up (--context-length 1) is bad input for every cell too
@@ -147,24 +143,15 @@ class FitSweep:
                     raise ConfigError(refusal)
         return self._combinations[key]
 
-    def _stage(self, server_args: ServerArgs, card: SimulatedCard, stage: int) -> _Stage:
-        """Stage `stage`'s wiring: the container `plan` builds, given that stage's ParallelState (stage 0's is the
-        container's own, the single-process layout)."""
-        container = EngineContainer(server_args=server_args, model_config=self.model, card=card)
-        try:
-            if stage > 0:
-                state = replace(container.parallel_state(), pp_rank=stage)
-                container.parallel_state.override(providers.Object(state))
-            container.draft_model_config()
-            engine = container.engine()
-            sizing = container.target.configurator().sizing
-            layout = sizing.layout()  # refuses a TP size the heads do not divide, a dtype the head dims do not pack
-            key = (server_args.tp_size, server_args.pp_size, stage)
-            if key not in self._weights:  # the KV dtype and the context change no weight
-                self._weights[key] = tuple(weight_bytes(runner) for runner in engine.workers)
-            return _Stage(sizing=sizing, layout=layout, weights=self._weights[key])
-        finally:
-            container.shutdown_resources()
+    def _stage(self, server_args: ServerArgs, stage: int) -> _Stage:
+        """Stage `stage`'s wiring as `plan` wires it (app.plan_wiring), given that stage's ParallelState (stage 0's
+        is the single-process layout's)."""
+        state = replace(single_process_state(server_args), pp_rank=stage)
+        key = (server_args.tp_size, server_args.pp_size, stage)
+        workers = planned_workers(server_args, self.model, state)
+        layout = workers.sizing.layout()  # refuses a TP size the heads do not divide, a dtype the head dims do not pack
+        self._weights.setdefault(key, workers.weights)  # the KV dtype and the context change no weight
+        return _Stage(sizing=workers.sizing, layout=layout, weights=self._weights[key])
 
     def cell(self, card: SimulatedCard, tp: int, pp: int, dtype: str, context: int | None = None) -> FitRow:
         """One cell: does the model plan on `card` with these values, and does the plan meet the target. With
@@ -180,7 +167,7 @@ class FitSweep:
         row["weights_bytes"] = max(stage.weights[0] for stage in stages)
         memories = []
         for stage in stages:
-            probe = probe_for_device(META, memory_limit=None, card=card)  # the card `plan --gpu` simulates
+            probe = FixedMemoryProbe.of_card(card)  # the card `plan --gpu` simulates
             free_before = probe.free_bytes()
             for weights in stage.weights:  # ModelRunner.load_weights' check and debit, worker by worker
                 if weights > probe.free_bytes():
@@ -258,13 +245,6 @@ def _replanned(request: PlanRequest, at_most_tokens: int) -> tuple[MemoryPoolCon
     if request.max_total_tokens is None or at_most_tokens < request.max_total_tokens:
         request = msgspec.structs.replace(request, max_total_tokens=at_most_tokens)
     return plan_pool_sizes(request), request
-
-
-def weight_bytes(runner: Any) -> int:
-    """The bytes ModelRunner.load_weights checks against free memory for this worker (its loader, its specs)."""
-    loader = DummyWeightLoader(device=runner.device, dtype=runner.model_dtype,
-                               quantization=runner.model_config.weights.quantization)
-    return loader.bytes_needed(runner.weight_specs())
 
 
 def refused(row: dict[str, Any], outcome: Outcome, why: str, **known: Any) -> FitRow:

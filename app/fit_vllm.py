@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.fit_sweep import FitRow, FitSweep, gib, refused, weight_bytes
+from app.fit_sweep import FitRow, FitSweep, gib, refused
+from app.plan_wiring import planned_workers, single_process_state
 from app.vllm_report import VllmCase, answer_on_card, vllm_case
-from containers import EngineContainer
 from kvcache.errors import BudgetBelowOneRequestError, ConfigError
 from kvcache.inputs.cards import SimulatedCard
 
@@ -37,14 +37,11 @@ class VllmFitSweep(FitSweep):
         key = (tp, pp, dtype, context)
         if key not in self._wirings:
             server_args = self.cell_server_args(tp, pp, dtype, context)
-            container = EngineContainer(server_args=server_args, model_config=self.model, card=card)
             try:
-                case = vllm_case(container)
-                self._wirings[key] = _VllmWiring(case, weight_bytes(container.target.model_runner()))
+                workers = planned_workers(server_args, self.model, single_process_state(server_args))
+                self._wirings[key] = _VllmWiring(vllm_case(server_args, self.model, workers.sizing), workers.weights[0])
             except ConfigError as exc:
                 self._wirings[key] = exc
-            finally:
-                container.shutdown_resources()
         return self._wirings[key]
 
     def running_cap(self, rows: list[FitRow]) -> tuple[str, int | None]:

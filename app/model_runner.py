@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from app.weights import DummyWeightLoader, LoadedWeights, WeightsDoNotFitError as LoaderOutOfMemory
-from app.weights import parameter_specs
+from app.weights import rank_parameter_specs
 from app.forward import DecodeBatch, DecodeRequests, Decoder, ExtendBatch, PoolAttention, build_decoder
 from app.forward.graphs import DecodeGraphs, GraphCapture, decode_graph_batch_sizes
 from app.forward.measured_sizing import size_from_worst_case
@@ -114,14 +114,7 @@ class ModelRunner:
 
     def weight_specs(self, parallel_state: ParallelState | None = None) -> tuple[Any, ...]:
         """This rank's parameter tensors (or a rank's of `parallel_state`): its pipeline layers, its tensor-parallel shards."""
-        m, p = self.model_config, parallel_state or self.parallel_state
-        if m.nextn_of_target:
-            return parameter_specs(m, tp_size=p.tp_size, nextn=True)
-        layers = p.layer_range(m.num_hidden_layers)
-        return parameter_specs(
-            m, tp_size=p.tp_size, layer_start=layers.start, layer_end=layers.stop,
-            include_embedding=p.is_first_pp_rank, include_lm_head=p.is_last_pp_rank,
-        )
+        return rank_parameter_specs(self.model_config, parallel_state or self.parallel_state)
 
     def _weight_loader(self) -> DummyWeightLoader:
         return DummyWeightLoader(device=self.device, dtype=self.model_dtype,

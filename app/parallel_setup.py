@@ -24,6 +24,7 @@ from typing import Iterator, Mapping
 import torch
 import torch.distributed as dist
 
+from app.plan_wiring import single_process_state
 from kvcache.errors import ConfigError, RankLostError
 from kvcache.inputs.parallel import ParallelState, ProcessGroups, group_ranks
 from kvcache.inputs.server_args import ServerArgs
@@ -170,9 +171,7 @@ def parallel_state_resource(server_args: ServerArgs, environ: Mapping[str, str] 
     if not dist.is_initialized():
         world = launched_world_size(env)
         if world == 1:  # one process: rank 0 of the layout, planned alone
-            yield ParallelState(tp_size=a.tp_size, pp_size=a.pp_size, pp_layer_partition=a.pp_layer_partition,
-                                attention_dp_size=a.attention_dp_size,
-                                min_rank_memory_ratio=a.min_rank_memory_ratio)
+            yield single_process_state(a)
             return
         check_layout(world, a)
         local_rank = _init_default_group(a, env)

@@ -20,6 +20,7 @@ from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.memory.runtime_reserve import RuntimeShape
 from kvcache.models.model_config import ModelConfig
+from kvcache.sizing.worker_sizing import WorkerSizing
 
 ESTIMATED_NOTE = ("ESTIMATED: vLLM measures its activation peak, non-torch memory and CUDA graphs at start-up; "
                   "a dry run takes the project's runtime reserve for the card")
@@ -74,17 +75,16 @@ class VllmCase:
     runtime: RuntimeShape  # what the estimate of vLLM's start-up measurements is sized for
 
 
-def vllm_case(container: Any) -> VllmCase:
-    """The flags, model, rank and formats of an EngineContainer as vLLM reads them (its max_model_len checked)."""
-    args, model = container.server_args(), container.model_config()
+def vllm_case(args: ServerArgs, model: ModelConfig, sizing: WorkerSizing) -> VllmCase:
+    """The flags, model and the target's rank and formats (its WorkerSizing) as vLLM reads them (its max_model_len
+    checked)."""
     max_model_len = vllm_rules.max_model_len(model.name, model.max_position_embeddings, args.max_model_len,
                                              allow_long=args.allow_long_context)
     vllm_rules.check_sparse_mla_spelling(args.kv_cache_dtype, bool(model.index_head_dim))
-    sizing = container.target.configurator().sizing
     # the runtime estimate's prefill chunk is vLLM's step (--max-num-batched-tokens; None: the card's default)
     runtime = msgspec.structs.replace(sizing.runtime_shape(), chunked_prefill_size=args.max_num_batched_tokens)
-    return VllmCase(args=args, model=model, parallel=container.parallel_state(), kv_dtype=container.kv_cache_dtype(),
-                    model_dtype=container.model_dtype(), max_model_len=max_model_len, runtime=runtime)
+    return VllmCase(args=args, model=model, parallel=sizing.parallel_state, kv_dtype=sizing.kv_cache_dtype,
+                    model_dtype=sizing.model_dtype, max_model_len=max_model_len, runtime=runtime)
 
 
 def answer_on_card(case: VllmCase, *, total_bytes: int, weights_bytes: int) -> VllmAnswer:
@@ -102,7 +102,7 @@ def plan_for_vllm(container: Any, *, card: str | None) -> VllmReport:
     """Load the target's dummy weights (the one number a dry run measures) and ask vLLM's rules the rest.
 
     `container` is an EngineContainer (app does not import containers); nothing else is built."""
-    case = vllm_case(container)
+    case = vllm_case(container.server_args(), container.model_config(), container.target.configurator().sizing)
     weights = container.target.model_runner().load_weights()
     answer = answer_on_card(case, total_bytes=container.memory_probe().total_bytes(), weights_bytes=weights.total_bytes)
     return vllm_report(answer, model=case.model.name, device=str(container.device()), card=card,

@@ -9,13 +9,12 @@ from app.parallel_setup import parallel_state_resource
 from kvcache.configurator import SharedTargetCache
 from kvcache.engines import engine_rules
 from kvcache.memory.devices import resolve_device
-from kvcache.models.draft_pairing import paired_draft
+from kvcache.models.draft_pairing import draft_model_for
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.memory.memory_probe import probe_for_device
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.model_page_size import forced_page_size, note_on_page_size
 from kvcache.sizing.pool_layout import DRAFT_POOL_PREFIX, draft_cache_layout
-from kvcache.models.presets import load_model_config
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.inputs.speculative_defaults import with_speculative_defaults
 
@@ -49,15 +48,9 @@ class EngineContainer(containers.DeclarativeContainer):
         language_model_only=server_args.provided.language_model_only)
 
     # The one place the speculative algorithm is read: no draft, the target's own MTP layer, or a checkpoint.
-    draft_checkpoint = providers.Callable(  # checked against the target (kvcache.models.draft_pairing)
-        paired_draft, providers.Callable(load_model_config, server_args.provided.speculative_draft_model),
-        target=model_config, algorithm=server_args.provided.speculative_algorithm)
-    draft_model_config = providers.Selector(
-        server_args.provided.speculative_algorithm,
-        none=providers.Object(None),
-        NEXTN=providers.Callable(model_config.provided.nextn_draft.call()),
-        EAGLE=draft_checkpoint, EAGLE3=draft_checkpoint, STANDALONE=draft_checkpoint,
-    )
+    draft_model_config = providers.Callable(  # checked against the target (kvcache.models.draft_pairing)
+        draft_model_for, server_args.provided.speculative_algorithm, server_args.provided.speculative_draft_model,
+        model_config)
     # The draft's pools as the target pays for them (None without a draft; declared here because
     # target and draft refer to each other).
     draft_layout = providers.Callable(

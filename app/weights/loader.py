@@ -5,8 +5,8 @@ card: the format is the model description's (`ModelConfig.weights.quantization`,
 from quantization_config by kvcache.models.quantization, which lists each format's tensors);
 only specs marked `quantized` (linear weights the format covers) are stored narrow.
 
-`storage_of` (the format's `stored`) is the one formula for what holds a parameter; `bytes_needed` (the
-up-front figure) and `load` (the allocation) both go through it, so they agree.
+`storage_of` (the format's `stored`, app.weights.storage) is the one formula for what holds a parameter;
+`bytes_needed` (the up-front figure) and `load` (the allocation) both go through it, so they agree.
 All tensors are carved from ONE allocation (kvcache.memory.device_buffers.Arena, each tensor
 512-byte aligned, the whole a 2 MiB multiple of at least 10 MiB): on CUDA it takes a
 segment of its own, so the reported weight bytes are exactly what cudaMemGetInfo loses
@@ -22,14 +22,12 @@ from types import MappingProxyType
 import torch
 
 from app.weights.shapes import ParamSpec
+from app.weights.storage import NO_QUANTIZATION, arena_bytes, bytes_needed, stored_tensors
 from kvcache.inputs.dtypes import DType
 from kvcache.memory.device_buffers import Arena
-from kvcache.memory.arena_sizes import arena_size, slot_size
 from kvcache.memory.torch_dtypes import torch_dtype
-from kvcache.models.quantization import Quantization, StoredTensor
+from kvcache.models.quantization import Quantization
 from kvcache.memory.out_of_memory import is_out_of_memory
-
-NO_QUANTIZATION = Quantization()
 
 NOISE_ELEMENTS = 1 << 16
 NOISE_RANGE = 1e-3
@@ -47,25 +45,6 @@ class WeightsDoNotFitError(ValueError):
             f"the model weights need {needed_bytes / _GIB:.2f} GiB on {device} but allocation failed after "
             f"{allocated_bytes / _GIB:.2f} GiB (freed); shard them over more devices with a larger --tp-size"
         )
-
-
-def storage_of(spec: ParamSpec, dtype: DType, quantization: Quantization = NO_QUANTIZATION) -> tuple[StoredTensor, ...]:
-    """The tensors that hold one parameter: the quantization format's, or one tensor in `dtype`."""
-    return quantization.stored(spec, dtype)
-
-
-def _stored(specs: Sequence[ParamSpec], dtype: DType, quantization: Quantization) -> list[StoredTensor]:
-    return [t for spec in specs for t in storage_of(spec, dtype, quantization)]
-
-
-def _arena_bytes(stored: Sequence[StoredTensor]) -> int:
-    """The one arena that holds these tensors, each in its aligned slot."""
-    return arena_size(sum(slot_size(t.nbytes) for t in stored))
-
-
-def bytes_needed(specs: Sequence[ParamSpec], dtype: DType, quantization: Quantization = NO_QUANTIZATION) -> int:
-    """Exact bytes `load` will allocate for these specs, scales included: the one arena."""
-    return _arena_bytes(_stored(specs, dtype, quantization))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,8 +108,8 @@ class DummyWeightLoader:
 
     def load(self, specs: Sequence[ParamSpec]) -> LoadedWeights:
         """Allocate and fill every tensor; if the device refuses the memory, raise WeightsDoNotFitError."""
-        stored = _stored(specs, self.dtype, self.quantization)
-        needed = _arena_bytes(stored)
+        stored = stored_tensors(specs, self.dtype, self.quantization)
+        needed = arena_bytes(stored)
         try:
             arena = _arena(needed, self.device)
         except Exception as error:

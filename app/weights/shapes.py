@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvcache.inputs.parallel import ParallelState
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.weight_blocks import ParamSpec
 from kvcache.models.hf_config import model_config_from_hf
@@ -33,3 +34,16 @@ def parameter_specs(
 def count_parameters(source: ModelConfig | Mapping[str, Any], **ranks: Any) -> int:
     """Parameters this rank holds: the sum of parameter_specs' element counts."""
     return sum(spec.numel for spec in parameter_specs(source, **ranks))
+
+
+def rank_parameter_specs(model: ModelConfig, parallel_state: ParallelState) -> tuple[ParamSpec, ...]:
+    """A rank's parameter tensors: its pipeline layers (the embedding on the first stage, the LM head on the last),
+    its tensor-parallel shards; a target's own MTP draft holds its NEXTN layer."""
+    p = parallel_state
+    if model.nextn_of_target:
+        return tuple(parameter_specs(model, tp_size=p.tp_size, nextn=True))
+    layers = p.layer_range(model.num_hidden_layers)
+    return tuple(parameter_specs(
+        model, tp_size=p.tp_size, layer_start=layers.start, layer_end=layers.stop,
+        include_embedding=p.is_first_pp_rank, include_lm_head=p.is_last_pp_rank,
+    ))

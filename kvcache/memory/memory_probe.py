@@ -15,8 +15,9 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from kvcache.byte_units import MiB
-from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES, SimulatedCard
+from kvcache.inputs.cards import SimulatedCard
 from kvcache.errors import ConfigError
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.memory.host_memory import check_memory_limit, host_memory_bytes
 
 
@@ -121,41 +122,6 @@ class HostMemoryProbe:
         """Resident memory shows real allocations by itself."""
 
 
-class FixedMemoryProbe:
-    """A simulated card: fixed total, free bytes that fall only by what is noted.
-
-    `first_allocation_overhead` is charged once, with the first allocation noted: on a
-    CUDA card the context grows by the kernels that load while weights are filled
-    (kvcache.inputs.cards.CUDA_KERNEL_LOAD_BYTES), and a dry run must see that too.
-    """
-
-    def __init__(self, *, total_bytes: int, free_bytes: int | None = None, first_allocation_overhead: int = 0,
-                 device_capacity_bytes: int | None = None) -> None:
-        free = total_bytes if free_bytes is None else free_bytes
-        if total_bytes <= 0 or not 0 <= free <= total_bytes or first_allocation_overhead < 0:
-            raise ConfigError(f"a simulated card needs 0 <= free ({free}) <= total ({total_bytes}) and total > 0")
-        self._total = total_bytes
-        self._capacity = total_bytes if device_capacity_bytes is None else device_capacity_bytes  # one total given
-        self._free = free
-        self._overhead = first_allocation_overhead
-
-    def free_bytes(self) -> int:
-        return self._free
-
-    def total_bytes(self) -> int:
-        return self._total
-
-    def device_capacity_bytes(self) -> int:
-        return self._capacity
-
-    def note_allocation(self, nbytes: int) -> None:
-        self._free = max(0, self._free - nbytes - self._overhead)
-        self._overhead = 0
-
-    def __repr__(self) -> str:
-        return f"FixedMemoryProbe(total_bytes={self._total}, free_bytes={self._free})"
-
-
 DEFAULT_HOST_MEMORY_LIMIT = 8 << 30
 
 
@@ -167,9 +133,7 @@ def probe_for_device(device: torch.device, *, memory_limit: int | None, card: "S
     if device.type == "meta":
         if card is None:
             raise ConfigError("a dry run on the meta device needs a card to plan for: --gpu-memory 80GiB or --gpu H100-80GB")
-        return FixedMemoryProbe(total_bytes=card.total_bytes, free_bytes=card.free_bytes,
-                                device_capacity_bytes=card.device_capacity_bytes,
-                                first_allocation_overhead=CUDA_KERNEL_LOAD_BYTES)
+        return FixedMemoryProbe.of_card(card)
     if memory_limit is not None:
         check_memory_limit(memory_limit, host_memory_bytes())
     return HostMemoryProbe(memory_limit or DEFAULT_HOST_MEMORY_LIMIT)

@@ -10,8 +10,7 @@ Any other RuntimeError (a kernel that will not launch, a bad view) is not out of
 from __future__ import annotations
 
 import errno
-
-import torch
+import sys
 
 from kvcache.errors import VmmOutOfMemoryError
 
@@ -19,8 +18,11 @@ HOST_ALLOCATOR_REFUSALS = ("DefaultCPUAllocator: can't allocate memory", "Defaul
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    """True only when a device or the host refused an allocation."""
-    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError, VmmOutOfMemoryError)):
+    """True only when a device or the host refused an allocation. torch's own error is looked up, not imported:
+    torch raised it only if it is loaded, and a dry run's failure must not load it to say so."""
+    torch = sys.modules.get("torch")
+    device_refusal = (torch.cuda.OutOfMemoryError,) if torch is not None else ()
+    if isinstance(exc, (*device_refusal, MemoryError, VmmOutOfMemoryError)):
         return True
     if isinstance(exc, OSError):
         return exc.errno == errno.ENOMEM

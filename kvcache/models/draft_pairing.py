@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from kvcache.errors import ConfigError
 from kvcache.models.model_config import ModelConfig
+from kvcache.models.presets import load_model_config
 
 VOCAB_PADDING_SLACK = 1024
 EAGLE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3"})
@@ -93,3 +94,13 @@ def paired_draft(draft: ModelConfig, *, target: ModelConfig, algorithm: str) -> 
     """The draft model, once checked against the target (for the container's draft provider)."""
     check_draft_pairing(algorithm=algorithm, target=target, draft=draft)
     return draft
+
+
+def draft_model_for(algorithm: str, draft_model: str | None, target: ModelConfig) -> ModelConfig | None:
+    """The draft worker's model for --speculative-algorithm: none without one, the target's own NEXTN layer, or
+    the --speculative-draft-model checkpoint checked against the target (EAGLE, EAGLE3, STANDALONE)."""
+    if algorithm == "none":
+        return None
+    if algorithm == "NEXTN":
+        return target.nextn_draft()
+    return paired_draft(load_model_config(draft_model), target=target, algorithm=algorithm)

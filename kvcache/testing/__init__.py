@@ -5,7 +5,7 @@ Not MagicMock: a fake that invents attributes hides a missing field (the missing
 """
 
 from kvcache.testing.fakes import FailingAllocatorFactory, FixedActivationStep, RecordingAllocator, RecordingStream, fixed_card_probe, tiny_model_config, TINY_MODEL_HF_CONFIG
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.testing.fake_cuda import FakeCudaReadings
 
 __all__ = ["FailingAllocatorFactory", "FakeCudaReadings", "FixedActivationStep", "FixedMemoryProbe", "RecordingAllocator", "RecordingStream", "fixed_card_probe", "tiny_model_config", "TINY_MODEL_HF_CONFIG"]

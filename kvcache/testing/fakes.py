@@ -8,7 +8,7 @@ import torch
 
 from kvcache.allocators.factory import allocator_for_plan
 from kvcache.byte_units import GiB
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.runtime.streams import HostStream

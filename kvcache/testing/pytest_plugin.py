@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.testing.fakes import fixed_card_probe, tiny_model_config
 
