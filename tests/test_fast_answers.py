@@ -56,6 +56,8 @@ def test_fit_presets_and_help_answer_without_torch(without_torch: None, capsys: 
 
     assert main(["fit", "--model", LLAMA_70B, "--requests", "64", "--context-length", "32768"]) == 0
     assert "96 cells" in capsys.readouterr().out  # the default sweep: 12 cards x TP 1, 2, 4, 8 x 2 KV dtypes
+    assert main(["fit", "--model", "Qwen3-8B", "--gpu", "H200", "--engine", "vllm", "--requests", "64",
+                 "--max-model-len", "32768"]) == 0
     assert main(["presets"]) == 0
     assert main(["plan", "--help"]) == 0
     assert "torch" not in sys.modules

@@ -73,6 +73,7 @@ def test_the_cli_reports_a_broken_build_invariant_as_a_bug_and_out_of_memory_as_
     from dependency_injector import providers
 
     import app.cli as cli
+    import containers
     from containers import EngineContainer
 
     def engine_whose_build_fails(**kwargs: Any) -> EngineContainer:
@@ -80,7 +81,7 @@ def test_the_cli_reports_a_broken_build_invariant_as_a_bug_and_out_of_memory_as_
         container.target.allocator_factory.override(providers.Callable(FailingAllocatorFactory(error)))
         return container
 
-    monkeypatch.setattr(cli, "EngineContainer", engine_whose_build_fails)
+    monkeypatch.setattr(containers, "EngineContainer", engine_whose_build_fails)  # what `plan` imports when it runs
     assert cli.main(["plan", "--gpu-memory", "8GiB", "--json"]) == code
     captured = capsys.readouterr()
     assert captured.err.startswith(line_start) and captured.err.count("\n") == 1, captured.err
