@@ -147,3 +147,75 @@ def test_a_per_layer_list_of_the_wrong_length_is_refused(case: tuple[str, str | 
         model_config_from_hf(spoiled, name="m")
     where = key if section is None else f"{section}.{key}"
     assert f"field '{where}' is 'a list of {len(d[key])}'" in str(info.value), str(info.value)
+
+
+# ---- refusals name a value of the knob that failed, and that value plans ---------------------------------------
+
+@FEW
+@given(page=st.one_of(st.integers(420_000, MAX_COUNT), st.sampled_from([2**19, 10**6, 10**8])))
+def test_a_page_past_the_budget_names_the_largest_page_that_fits(page: int, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run([*PLAN, "--page-size", str(page)], capsys)
+    # Qwen3-8B on an H200, 147,456 B a token: the pool is a page more than its tokens, so a page past 110.34 GiB / 2 /
+    # 147,456 B (401,772 tokens) does not fit; 2**18 = 262,144 is the largest power of two that does
+    assert code == 3 and "--page-size 262144 (the largest power of two that fits)" in err, err
+    assert "spread weights and KV over more devices" not in err
+    assert run([*PLAN, "--page-size", suggested(err, "--page-size")], capsys)[0] == 0
+
+
+@FEW
+@given(utilization=st.floats(0.001, 0.246), block=st.none() | st.sampled_from([16, 1024]))
+def test_a_vllm_utilization_too_low_to_start_names_one_that_starts(utilization: float, block: int | None,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    args = [*PLAN, "--engine", "vllm", *([] if block is None else ["--block-size", str(block)])]
+    code, err = run([*args, "--gpu-memory-utilization", repr(utilization)], capsys)
+    assert code == 3 and "vLLM 0.34.0 would refuse to start" in err, err
+    fix = re.search(r"--gpu-memory-utilization (0\.\d+) \(the least that starts\)", err)
+    assert fix, err
+    assert run([*args, "--gpu-memory-utilization", fix.group(1)], capsys)[0] == 0
+    below = f"{float(fix.group(1)) - 0.001:.3f}"  # the least: a thousandth less does not start
+    assert float(below) <= utilization or run([*args, "--gpu-memory-utilization", below], capsys)[0] == 3
+
+
+@FEW
+@given(kernel_blocks=st.integers(404_000 // 16 + 1, 10**7))
+def test_a_vllm_block_past_the_budget_names_the_largest_block_that_starts(kernel_blocks: int,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    args = [*PLAN, "--engine", "vllm"]
+    code, err = run([*args, "--block-size", str(16 * kernel_blocks)], capsys)
+    # Qwen3-8B on an H200: the null block and one of 404,000 tokens (147,456 B a token) fit vLLM's 110.96 GiB;
+    # 404,016 not
+    assert code == 3 and err.rstrip().endswith("--block-size 404000 (the largest that starts)"), err
+    assert run([*args, "--block-size", "404000"], capsys)[0] == 0
+
+
+# ---- MXFP4 where neither engine quantizes with it ---------------------------------------------------------------
+
+DENSE = ["Qwen3-8B", "Llama-3.1-8B-Instruct", "Mistral-7B-v0.1", "gemma-2-9b-it", "SmolLM2-135M"]
+
+
+@FEW
+@given(name=st.sampled_from(DENSE), exempt=st.booleans())
+def test_an_mxfp4_config_on_a_dense_model_is_refused(name: str, exempt: bool, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    hf = json.loads((PRESET_DIR / f"{name}.json").read_text())
+    hf["quantization_config"] = {"quant_method": "mxfp4", **({"modules_to_not_convert": ["lm_head"]} if exempt else {})}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(hf))
+    code, err = run(["plan", "--gpu", "H200", "--model", str(path)], capsys)
+    assert code == 2 and "field 'quantization_config.quant_method' is 'mxfp4'; expected a model with routed experts" \
+        in err, err
+
+
+def test_mxfp4_on_a_moe_model_quantizes_the_experts_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # gpt-oss-20b exempts attention, router, embedding and head by name; both engines leave every non-expert layer
+    # unquantized anyway, so without the list its weights are the same 13,761,511,424 B
+    hf = json.loads((PRESET_DIR / "gpt-oss-20b.json").read_text())
+    weights = []
+    for keep in (True, False):
+        if not keep:
+            del hf["quantization_config"]["modules_to_not_convert"]
+        path = tmp_path / f"{keep}.json"
+        path.write_text(json.dumps(hf))
+        assert main(["plan", "--gpu", "H200", "--model", str(path), "--json"]) == 0
+        weights.append(json.loads(capsys.readouterr().out)["weights_bytes"])
+    assert weights == [13_761_511_424, 13_761_511_424]

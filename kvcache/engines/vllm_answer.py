@@ -8,12 +8,15 @@ A dry run has the weights; the rest is estimated (`estimated_runtime_bytes`) and
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import ceil
+from typing import Callable
 
 import msgspec
 from kvcache.engines import vllm_rules
 from kvcache.engines.vllm_plan import VllmSettings, plan_vllm, vllm_layer_specs
 from kvcache.byte_units import MiB
+from kvcache.errors import BudgetBelowOneRequestError, ConfigError
 from kvcache.inputs.dtypes import DType, KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.memory.runtime_reserve import RuntimeShape, runtime_reserve_mib
@@ -92,7 +95,18 @@ def vllm_answer(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDt
                             mamba_cache_mode="align" if prefix_caching else "none",
                             mamba_checkpoint=vllm_rules.mamba_checkpoint(model.architecture, model.hf_config))
     layers = vllm_layer_specs(model, parallel, kv_dtype, model_dtype=model_dtype)
-    plan = plan_vllm(layers, model.layer_kinds, available_bytes=available, settings=settings)
+    try:
+        plan = plan_vllm(layers, model.layer_kinds, available_bytes=available, settings=settings)
+    except BudgetBelowOneRequestError as exc:
+        def starts(fraction: float, block: int | None) -> bool:  # vLLM's own plan with these two values
+            budget = vllm_available_bytes(total_bytes=total_bytes, gpu_memory_utilization=fraction,
+                                          weights_bytes=weights_bytes, runtime_bytes=runtime_bytes)
+            try:
+                plan_vllm(layers, model.layer_kinds, available_bytes=budget, settings=replace(settings, block_size=block))
+            except (BudgetBelowOneRequestError, ConfigError):
+                return False
+            return True
+        raise exc.with_suggestions(_start_fixes(starts, utilization, block_size) + exc.suggestions) from None
     return VllmAnswer(
         version=plan.version, total_bytes=total_bytes, gpu_memory_utilization=utilization,
         requested_bytes=ceil(total_bytes * utilization), weights_bytes=weights_bytes,
@@ -104,3 +118,25 @@ def vllm_answer(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDt
         bytes_per_block=plan.bytes_per_block, bytes_per_token=plan.bytes_per_token, num_gpu_blocks=plan.num_blocks, blocks_per_request=plan.blocks_per_request,
         max_concurrency=plan.max_concurrency, kv_cache_tokens=plan.kv_cache_tokens,
     )
+
+
+def _start_fixes(starts: Callable[[float, int | None], bool], utilization: float, block_size: int | None) -> tuple[str, ...]:
+    """Where vLLM would refuse to start: the least --gpu-memory-utilization (to 0.001) above this one, and the largest
+    --block-size (a multiple of its kernel block) below a given one, that start; each by bisection (a monotone
+    question: more memory, or smaller blocks, never start fewer requests), so at most ~10 and ~log2(blocks) plans."""
+    fixes = []
+    lowest = int(utilization * 1000) + 1  # thousandths above the one given
+    if lowest <= 1000 and starts(1.0, block_size):
+        lo, hi = lowest, 1000
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if starts(mid / 1000, block_size) else (mid + 1, hi)
+        fixes.append(f"--gpu-memory-utilization {lo / 1000:.3f} (the least that starts)")
+    kernel = vllm_rules.FLASH_ATTN_KERNEL_BLOCK
+    if block_size is not None and block_size > kernel and starts(utilization, kernel):
+        lo, hi = 1, block_size // kernel - 1  # kernel blocks per block, below the one given
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if starts(utilization, mid * kernel) else (lo, mid - 1)
+        fixes.append(f"--block-size {lo * kernel} (the largest that starts)")
+    return tuple(fixes)

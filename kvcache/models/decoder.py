@@ -269,8 +269,14 @@ def weight_layout(src: ModelSource, layers: tuple[Layer, ...], hidden: int, *, t
     """The layout with the fields every config has; a wrapped (multimodal) config nests it under language_model,
     the LM head too unless the wrapper holds it (ModelSource.head_on_wrapper)."""
     t = src.text
+    quantization = _quantization(src)
+    if quantization.method == "mxfp4" and not any(isinstance(block, MoE) for layer in layers for _, block in layer.parts):
+        q = src.top if src.top.has("quantization_config") else t
+        q.fail("quantization_config.quant_method", "mxfp4", "a model with routed experts: SGLang 0.5.23 and vLLM 0.34.0 "
+               "quantize only fused MoE experts to MXFP4 (quantization/mxfp4.py get_quant_method leaves Linear layers "
+               "unquantized), so a dense model's MXFP4 checkpoint does not load")
     layout = WeightLayout(hidden=hidden, vocab=t.int("vocab_size", "padded_vocab_size", high=MAX_VOCAB), layers=layers,
-                          tied=_tied(src, tied_default), quantization=_quantization(src), **ends)
+                          tied=_tied(src, tied_default), quantization=quantization, **ends)
     if not src.wrapped:
         return layout
     head = layout.lm_head_name if src.head_on_wrapper else "language_model." + layout.lm_head_name

@@ -112,6 +112,8 @@ class Quantization:
         """A module pattern (glob, or 're:' regex as compressed-tensors writes) exempts a tensor of that module."""
         if self.weights is None:
             return False
+        if self.method == "mxfp4" and ".experts." not in name:  # both engines' Mxfp4Config.get_quant_method (quantization/
+            return False  # mxfp4.py) quantize fused MoE experts only; Linear and attention layers stay unquantized
         for pattern in self.exempt:
             if pattern.startswith("re:"):  # the reader checked that it compiles
                 if re.match(pattern[3:], name):

@@ -22,7 +22,10 @@ from kvcache.memory.host_memory import host_memory_bytes
 from kvcache.memory.memory_budget import MemoryBudget, compute_budget, derive_mem_fraction_static
 from kvcache.memory.runtime_reserve import RuntimeShape, default_mem_fraction_static, prefill_graph_token_cap
 from kvcache.models.model_config import ModelConfig
-from kvcache.sizing.advice import MORE_DEVICES, KeptFree, fits, suggest_fixes, suggest_kv_cache_memory
+from kvcache.models.model_page_size import forced_page_size
+from kvcache.sizing.advice import (
+    MORE_DEVICES, KeptFree, fits, smallest_passing, suggest_fixes, suggest_kv_cache_memory,
+)
 from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory
 from kvcache.sizing.planning import PlanRequest, max_total_tokens_fix, whole_request_tokens
 from kvcache.sizing.pool_config import MemoryPoolConfig
@@ -260,6 +263,23 @@ class WorkerSizing:
         kept_free = KeptFree(free_before_load=request.budget.free_before_load_bytes,
                              default_fraction=by_default.mem_fraction_static(request.budget.device_capacity_bytes),
                              cuda_graphs=not on_cpu)
-        return suggest_fixes(request, budget_for_fraction=budget_for, kv_cache_memory_limit=limit, fp8_request=fp8,
-                             fraction_for_limit=self.mem_fraction_static if on_cpu else None,
-                             host_memory=host_memory_bytes() if on_cpu else None, kept_free=kept_free)
+        fixes = suggest_fixes(request, budget_for_fraction=budget_for, kv_cache_memory_limit=limit, fp8_request=fp8,
+                              fraction_for_limit=self.mem_fraction_static if on_cpu else None,
+                              host_memory=host_memory_bytes() if on_cpu else None, kept_free=kept_free)
+        page = self._page_size_fix(request)
+        return fixes if page is None else (page, *(f for f in fixes if f != MORE_DEVICES))
+
+    def _page_size_fix(self, request: PlanRequest) -> str | None:
+        """The largest power of two below --page-size that plans with everything else unchanged (by bisection over
+        the exponents: at most log2(page) plans), where the page is the user's to change; else None."""
+        page = self.settings.page_size
+        if page == 1 or forced_page_size(self.model_config) is not None:
+            return None
+        top = (page - 1).bit_length() - 1  # 2**top is the largest power of two below page
+
+        def fits_from_top(k: int) -> bool:  # counts exponents down from the top: "false then true"
+            smaller = replace(self, settings=self.settings.replace(page_size=1 << (top + 1 - k)))
+            return fits(smaller.plan_request(smaller.layout(), request.budget))
+
+        k = smallest_passing(1, top + 1, fits_from_top)
+        return None if k is None else f"--page-size {1 << (top + 1 - k)} (the largest power of two that fits)"
