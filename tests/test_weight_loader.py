@@ -113,14 +113,15 @@ def test_quantized_storage_only_applies_to_quantized_specs() -> None:
     assert [(t.shape, t.dtype) for t in stored] == [((64,), FLOAT16)]
 
 
-@pytest.mark.parametrize(("quantization", "expected"), [
-    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, Fp8Weights((128, 128))),
-    ({"quant_method": "fp8"}, Fp8Weights(None)),
-    ({"quant_method": "mxfp4"}, Mxfp4Weights()),
-    (None, None),
+@pytest.mark.parametrize(("model", "quantization", "expected"), [
+    ("SmolLM2-135M", {"quant_method": "fp8", "weight_block_size": [128, 128]}, Fp8Weights((128, 128))),
+    ("SmolLM2-135M", {"quant_method": "fp8"}, Fp8Weights(None)),
+    ("DeepSeek-V2-Lite", {"quant_method": "mxfp4"}, Mxfp4Weights()),  # experts only: a dense model's is refused
+    ("SmolLM2-135M", None, None),
 ])
-def test_the_model_description_names_the_weight_format(quantization: dict[str, Any] | None, expected: Any) -> None:
-    cfg = preset("SmolLM2-135M") | ({} if quantization is None else {"quantization_config": quantization})
+def test_the_model_description_names_the_weight_format(model: str, quantization: dict[str, Any] | None,
+                                                       expected: Any) -> None:
+    cfg = preset(model) | ({} if quantization is None else {"quantization_config": quantization})
     assert model_config_from_hf(cfg).weights.quantization.weights == expected
 
 
