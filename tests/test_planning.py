@@ -335,7 +335,8 @@ def test_a_state_share_below_one_request() -> None:
 
 def test_more_state_slots_than_the_budget() -> None:
     c = configurator(QWEN3_NEXT, max_mamba_cache_size=1000)
-    with pytest.raises(DoesNotFitError, match=r"--max-mamba-cache-size 1000 state slots take 72\.03 GiB .*more than the "
+    with pytest.raises(DoesNotFitError, match=r"1000 state slots \(--max-mamba-cache-size, or --max-running-requests with "
+                                              r"--disable-radix-cache\) take 72\.03 GiB .*more than the "
                                               r"whole KV budget"):
         plan_pool_sizes(c.sizing.plan_request(c.sizing.layout(), memory_budget(10 * GiB)))
 

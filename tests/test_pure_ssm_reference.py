@@ -190,16 +190,12 @@ def _method_from(path: Path, cls: str, name: str, namespace: dict[str, Any]) -> 
 SIZING = {"Mamba-Codestral-7B-v0.1": False, "falcon-mamba-7b": False, "GraniteMoeHybrid-default-transformers5": True}
 
 
-@pytest.mark.parametrize("budget_gib", (8, 37, 60))
-@pytest.mark.parametrize("name", sorted(SIZING))
-def test_state_slots_and_running_requests_equal_sglangs_own_code(sglang_mamba_utils: ModuleType, name: str,
-                                                                 budget_gib: int, capsys: pytest.CaptureFixture[str]) -> None:
-    """KVCacheConfigurator._handle_max_mamba_cache (the state slots from --mamba-full-memory-ratio's share),
-    _calculate_mamba_ratio and resolve_max_num_reqs (srt/mem_cache/kv_cache_configurator.py), run on their own with
-    SGLang 0.5.23's defaults, given the token capacity its DefaultPoolConfigurator gives a model without per-token
-    KV (`_zero_kv_max_tokens`: the context length, 2,048 here): equal to our plan's slots and running requests."""
-    from app.cli import main
-
+def _sglang_sizing(mu: ModuleType, name: str, budget_gib: int, *, disable_radix_cache: bool = False,
+                   max_running_requests: int | None = None) -> tuple[int, int]:
+    """(state slots, running requests) as SGLang 0.5.23's KVCacheConfigurator methods size them: _handle_max_mamba_cache
+    (the slots: the --mamba-full-memory-ratio share, or without the radix cache one a --max-running-requests),
+    _calculate_mamba_ratio and resolve_max_num_reqs, run on their own at its defaults over the token capacity its
+    DefaultPoolConfigurator gives a model without per-token KV (`_zero_kv_max_tokens`: the context length, 2,048)."""
     root = reference_src_holding("sglang/srt/mem_cache/kv_cache_configurator.py", "SGLang 0.5.23")
     sys.path.insert(0, str(BENCHMARKS))
     from reference_allocators import _definition_from
@@ -207,11 +203,12 @@ def test_state_slots_and_running_requests_equal_sglangs_own_code(sglang_mamba_ut
     sys.path.remove(str(BENCHMARKS))
     source = root / "sglang/srt/mem_cache/kv_cache_configurator.py"
     hf = _hf(name)
-    schedule = SimpleNamespace(max_mamba_cache_size=None, mamba_full_memory_ratio=0.9, max_running_requests=None,
-                               disable_overlap_schedule=False)
-    extra = SIZING[name]
+    schedule = SimpleNamespace(max_mamba_cache_size=None, mamba_full_memory_ratio=0.9,
+                               max_running_requests=max_running_requests, disable_overlap_schedule=False)
+    extra = SIZING[name] and not disable_radix_cache
     names: dict[str, Any] = {
-        "get_schedule": lambda: schedule, "get_memory": lambda: SimpleNamespace(disable_radix_cache=False),
+        "get_schedule": lambda: schedule,
+        "get_memory": lambda: SimpleNamespace(disable_radix_cache=disable_radix_cache),
         "get_exec": lambda: SimpleNamespace(mamba=SimpleNamespace(
             enable_linear_replayssm_spec=False, enable_mamba_extra_buffer=extra, enable_mamba_extra_buffer_lazy=False)),
         "get_context": lambda: SimpleNamespace(override=lambda key, **values: vars(schedule).update(values)),
@@ -225,20 +222,40 @@ def test_state_slots_and_running_requests_equal_sglangs_own_code(sglang_mamba_ut
     handle = _method_from(source, "KVCacheConfigurator", "_handle_max_mamba_cache", names)
     ratio = _method_from(source, "KVCacheConfigurator", "_calculate_mamba_ratio", names)
     resolve = _method_from(source, "KVCacheConfigurator", "resolve_max_num_reqs", names)
-    mu = sglang_mamba_utils
-    per_req = _sglang_state(mu, name, 1) // hf["num_hidden_layers"]  # the params' bytes are per layer x layers
-    params = SimpleNamespace(layers=list(range(hf["num_hidden_layers"])),
-                             mamba_cache_per_req=per_req * hf["num_hidden_layers"])
+    params = SimpleNamespace(layers=list(range(hf["num_hidden_layers"])), mamba_cache_per_req=_sglang_state(mu, name, 1))
     kvc = SimpleNamespace(mambaish_config=SimpleNamespace(mamba2_cache_params=params), pp_size=1,
                           fused_entry_bytes=lambda pool: None, spec_algorithm=SimpleNamespace(is_none=lambda: True),
                           hybrid_gdn_config=None, hybrid_kda_config=None, extra_mamba_cache_bytes_per_req=0,
                           attn_dp_size=1, model_config=SimpleNamespace(context_len=2048))
     kvc._calculate_mamba_ratio = lambda: ratio(kvc)
     handle(kvc, float(budget_gib))
-    theirs = (schedule.max_mamba_cache_size + 1, resolve(kvc, 2048))
+    return schedule.max_mamba_cache_size + 1, resolve(kvc, 2048)
+
+
+def _our_sizing(name: str, budget_gib: int, extra: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, int]:
+    from app.cli import main
 
     assert main(["plan", "--model", str(CORPUS / f"{name}.json"), "--gpu", "H200", "--kv-cache-memory",
-                 f"{budget_gib}GiB", "--json"]) == 0
+                 f"{budget_gib}GiB", "--json", *extra]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert (d["plan"]["state_pool"]["num_slots"], d["max_running_requests"]) == theirs
     assert d["max_total_num_tokens"] == 2048
+    return d["plan"]["state_pool"]["num_slots"], d["max_running_requests"]
+
+
+@pytest.mark.parametrize("budget_gib", (8, 37, 60))
+@pytest.mark.parametrize("name", sorted(SIZING))
+def test_state_slots_and_running_requests_equal_sglangs_own_code(sglang_mamba_utils: ModuleType, name: str,
+                                                                 budget_gib: int, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _our_sizing(name, budget_gib, [], capsys) == _sglang_sizing(sglang_mamba_utils, name, budget_gib)
+
+
+@pytest.mark.parametrize("running", (1, 8, 50))
+@pytest.mark.parametrize("name", sorted(SIZING))
+def test_without_the_radix_cache_the_running_requests_fix_the_slots_as_sglang_does(
+        sglang_mamba_utils: ModuleType, name: str, running: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """--disable-radix-cache --max-running-requests N: N state slots (plus padding), one a request, whatever the
+    budget's share (SGLang 0.5.23's second branch of _handle_max_mamba_cache)."""
+    flags = ["--disable-radix-cache", "--max-running-requests", str(running)]
+    ours = _our_sizing(name, 37, flags, capsys)
+    assert ours == _sglang_sizing(sglang_mamba_utils, name, 37, disable_radix_cache=True,
+                                  max_running_requests=running) == (running + 1, running)

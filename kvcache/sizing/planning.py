@@ -261,7 +261,8 @@ def _check_state_fits(req: PlanRequest, slots: int) -> None:
     need = (1 + s.slots_per_request) * s.bytes_per_slot
     if slots * s.bytes_per_slot > req.budget.budget_bytes:
         raise DoesNotFitError(
-            f"--max-mamba-cache-size {s.max_slots} state slots take {format_bytes(slots * s.bytes_per_slot)}, "
+            f"{s.max_slots} state slots (--max-mamba-cache-size, or --max-running-requests with --disable-radix-cache) "
+            f"take {format_bytes(slots * s.bytes_per_slot)}, "
             "more than the whole KV budget",
             needed_bytes=slots * s.bytes_per_slot, available_bytes=req.budget.budget_bytes,
         )

@@ -44,3 +44,15 @@ def state_slots_per_request(
                              disable_overlap_schedule=disable_overlap_schedule):
         return BASE_RADIX_SLOTS_PER_REQUEST
     return BASE_RADIX_SLOTS_PER_REQUEST + (1 if disable_overlap_schedule else 2)
+
+
+def requested_state_slots(*, max_mamba_cache_size: int | None, disable_radix_cache: bool,
+                          max_running_requests: int | None, attention_dp_size: int) -> int | None:
+    """Usable state slots fixed by the flags, else None (the budget's --mamba-full-memory-ratio share sizes them):
+    --max-mamba-cache-size, or without the radix cache one a running request, --max-running-requests over the
+    attention-DP workers (SGLang 0.5.23's `_handle_max_mamba_cache`, mem_cache/kv_cache_configurator.py)."""
+    if max_mamba_cache_size is not None:
+        return max_mamba_cache_size
+    if disable_radix_cache and max_running_requests is not None:
+        return max(1, max_running_requests // attention_dp_size)
+    return None

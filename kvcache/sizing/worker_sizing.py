@@ -33,7 +33,7 @@ from kvcache.sizing.pool_layout import CacheLayout, worker_cache_layout
 from kvcache.sizing.post_capture_eligibility import (
     PostCaptureEligibility, post_capture_eligibility, post_capture_reserve_mib,
 )
-from kvcache.sizing.state_slots import state_slots_per_request
+from kvcache.sizing.state_slots import requested_state_slots, state_slots_per_request
 
 
 class WorkerMemory(msgspec.Struct, frozen=True, kw_only=True):
@@ -192,19 +192,23 @@ class WorkerSizing:
         draft = draft_layout or self.draft_layout
         groups = layout.kv_groups + (draft.kv_groups if draft else ())
         state = None
+        running = default_max_running_requests(a.max_running_requests, a.speculative_algorithm)
         if layout.state is not None:
             state = layout.state.demand(
                 slots_per_request=state_slots_per_request(
                     architecture=self.model_config.architecture, disable_radix_cache=a.disable_radix_cache,
                     page_size=a.page_size, disable_overlap_schedule=a.disable_overlap_schedule),
-                memory_ratio=a.mamba_full_memory_ratio, max_slots=a.max_mamba_cache_size,
+                memory_ratio=a.mamba_full_memory_ratio,
+                max_slots=requested_state_slots(max_mamba_cache_size=a.max_mamba_cache_size,
+                                                disable_radix_cache=a.disable_radix_cache, max_running_requests=running,
+                                                attention_dp_size=self.parallel_state.attention_dp_size),
             )
         return PlanRequest(
             budget=budget, page_size=a.page_size, context_length=context,
             req_to_token_row_width=self.engine.request_table_width(context, a), kv_pools=tuple(g.demand() for g in groups),
             swa_ratio=a.swa_full_tokens_ratio, state=state,
             max_total_tokens=a.max_total_tokens,
-            max_running_requests=default_max_running_requests(a.max_running_requests, a.speculative_algorithm),
+            max_running_requests=running,
             attention_dp_size=self.parallel_state.attention_dp_size, below_one_request=self.engine.below_one_request,
             minimums=self.engine.minimums,
         )
