@@ -308,8 +308,8 @@ def test_a_budget_below_one_request() -> None:
     c = configurator("Llama-3.1-8B-Instruct")
     req = c.sizing.plan_request(c.sizing.layout(), memory_budget(2 * GiB))
     with pytest.raises(BudgetBelowOneRequestError,
-                       match=r"the KV budget holds \d+ tokens, fewer than one request of --context-length 131072 "
-                             r"needs \(131072 tokens\)") as info:
+                       match=r"the KV budget holds [\d,]+ tokens, fewer than one request of --context-length 131072 "
+                             r"needs \(131,072 tokens\)") as info:
         plan_pool_sizes(req)
     assert info.value.available_bytes == 2 * GiB
     assert info.value.needed_bytes == plan_cost(req, 131_072, 0) > 2 * GiB

@@ -44,7 +44,7 @@ def test_a_pool_shorter_than_one_request_plans_with_each_request_capped() -> Non
     #   T = 34,587: 524,288 + 8,854,528 + 2 x 553,472 = 10,485,760, the whole arena
     #   T = 34,588: the pool's 8,854,784 B take a 8,855,040 B slot: 10,486,272 B, over it
     req = request(10 * MiB, (full(256),), context=65_536, max_running_requests=1)
-    with pytest.raises(BudgetBelowOneRequestError, match="holds 34587 tokens, fewer than one request"):
+    with pytest.raises(BudgetBelowOneRequestError, match="holds 34,587 tokens, fewer than one request"):
         plan_pool_sizes(req)  # the strict rule
     plan = plan_pool_sizes(msgspec.structs.replace(req, below_one_request="cap"))
     assert (plan.max_total_num_tokens, plan.request_token_cap, plan.max_running_requests) == (34_587, 34_586, 1)
@@ -121,7 +121,7 @@ def test_scout_at_its_ten_million_token_context(capsys: pytest.CaptureFixture[st
     argv = ["plan", "--model", SCOUT, "--gpu-memory", "300GB", "--kv-cache-memory", "40GB"]
     assert main([*argv, "--json"]) == 3
     error = json.loads(capsys.readouterr().out)["error"]
-    assert error["message"].startswith("the sliding-window pool 'swa' holds 1623 tokens, not more than one window (8192)")
+    assert error["message"].startswith("the sliding-window pool 'swa' holds 1,623 tokens, not more than one window (8,192)")
     (fewer,) = [s for s in error["suggestions"] if s.startswith("--max-running-requests ")]
     requests = int(fewer.split()[1])
     assert plan_json([*argv, "--max-running-requests", str(requests)], capsys)["request_token_cap"] is not None

@@ -227,13 +227,13 @@ def _refuse_below_one_request(req: PlanRequest, tokens: int, one_request: int, s
     if capped and plan_cost(req, one_request, slots) <= budget:
         raise BudgetBelowOneRequestError(
             f"--max-total-tokens {req.max_total_tokens} is below one request of --context-length "
-            f"{req.context_length} ({one_request} tokens); the budget would hold more",
+            f"{req.context_length} ({one_request:,} tokens); the budget would hold more",
             needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
             suggestions=(max_total_tokens_fix(one_request),),
         )
     raise BudgetBelowOneRequestError(
-        f"the KV budget holds {tokens} tokens, fewer than one request of --context-length {req.context_length} "
-        f"needs ({one_request} tokens)",
+        f"the KV budget holds {tokens:,} tokens, fewer than one request of --context-length {req.context_length} "
+        f"needs ({one_request:,} tokens)",
         needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
     )
 
@@ -285,8 +285,8 @@ def _check_windows_fit(req: PlanRequest, tokens: int, slots: int) -> None:
         have = _pool_tokens(req, p, tokens)
         if have < need:
             raise BudgetBelowOneRequestError(
-                f"the sliding-window pool {p.name!r} holds {have} tokens, not more than one window "
-                f"({p.window}) plus a page ({req.page_size}), the least that admits a request",
+                f"the sliding-window pool {p.name!r} holds {have:,} tokens, not more than one window "
+                f"({p.window:,}) plus a page ({req.page_size}), the least that admits a request",
                 needed_bytes=plan_cost(req, tokens, slots) + (need - have) * p.bytes_per_token,
                 available_bytes=req.budget.budget_bytes,
             )
