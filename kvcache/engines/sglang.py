@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvcache.arithmetic import align_down
 from kvcache.engines.model_classes import no_model_class_note
 from kvcache.engines.sglang_config_forms import sglang_config_form_refusal
+from kvcache.engines.sglang_draft_charge import draft_charge_notes, sglang_draft_charge
 from kvcache.engines.sglang_hybrid_swa import architectures, is_hybrid_swa_model, one_full_pool_override
 from kvcache.engines.sglang_minimums import SGLANG_MINIMUMS, draft_step_refusal
 from kvcache.engines.sglang_multimodal import sglang_multimodal_memory, sglang_served_model
@@ -30,6 +31,16 @@ class SGLangRules(EngineRules):
     # warns and caps each request at the pool less one token; only a pool of one token is refused there.
     below_one_request = "cap"
     minimums = SGLANG_MINIMUMS  # kvcache.engines.sglang_minimums, each citing SGLang's source
+
+    def draft_charged_bytes_per_token(self, *, target: tuple[int, int], draft: tuple[int, int],
+                                      kinds: tuple[str, ...]) -> int | None:
+        """The target's bytes a layer times the draft's layers, where more than the draft's pool holds
+        (kvcache.engines.sglang_draft_charge)."""
+        return sglang_draft_charge(target=target, draft=draft, kinds=kinds)
+
+    def plan_notes(self, plan: MemoryPoolConfig) -> tuple[str, ...]:
+        """A draft pool charged more than it holds, and the budget that leaves unused."""
+        return draft_charge_notes(plan, self.label)
 
     def startup_refusal(self, context_length: int, settings: SizingSettings) -> str | None:
         """The minimums' refusal, then a draft step too long for one request (kvcache.engines.sglang_minimums)."""

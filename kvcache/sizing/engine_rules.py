@@ -131,6 +131,17 @@ class EngineRules(ABC):
                     f"use --context-length {least} or more")
         return None
 
+    def draft_charged_bytes_per_token(self, *, target: tuple[int, int], draft: tuple[int, int],
+                                      kinds: tuple[str, ...]) -> int | None:
+        """What the engine charges its budget a token for a draft's pool, where more than the pool holds; None
+        where it charges what the pool holds (the default). `target` and `draft` are (KV layers, bytes a token) of
+        this rank's pools, `kinds` the pool kinds of both."""
+        return None
+
+    def plan_notes(self, plan: MemoryPoolConfig) -> tuple[str, ...]:
+        """What the report says of a plan under this engine's rules (budget it charges and leaves unused)."""
+        return ()
+
     def plan(self, request: PlanRequest) -> MemoryPoolConfig:
         """The pools for a budget: the project's planner unless an engine sizes them its own way."""
         return plan_pool_sizes(request)

@@ -1,7 +1,7 @@
 """plan_pool_sizes: pure integer sizing, numbers in and a MemoryPoolConfig out. No device.
 
-The cost of holding T tokens (T a multiple of page_size) is the total of the plan the
-planner would return for T, `candidate_plan(req, T).total_bytes`: each worker's arena
+The cost of holding T tokens (T a multiple of page_size) is the charge of the plan the
+planner would return for T, `candidate_plan(req, T).charged_bytes`: each worker's arena
 (kvcache.memory.device_buffers.arena_size: the slots' sum rounded up to 2 MiB, at least 10 MiB)
 holding its buffers, every buffer in a slot of S(n) = slot_size(n) (n rounded up to 512 B):
 
@@ -9,12 +9,15 @@ holding its buffers, every buffer in a slot of S(n) = slot_size(n) (n rounded up
     allocator   allocator_index_bytes(T, page, swa tokens)         # free lists (+ SWA map)
     table       S((R(T) + 1) * (row_width [+ 1]) * 4)               # req_to_token (+ state-slot column)
     state       [S(slots * slot_bytes)]                             # hybrids: recurrent state
+    unheld      T * (charged_p - bytes_per_token_p)                 # where the engine charges a pool more than it
+                                                                    # holds (SGLang's STANDALONE draft): kept free
 
 tokens_p(T) is T for pools that hold every token and align_down(T * swa_ratio) for
 sliding-window pools, and R(T) is the running-request cap. The cost is monotone in T,
 so the plan is the largest T whose cost fits the budget, found by bisection: nothing
 is allocated beyond the budget, and one more page would not fit. There is no second
-cost formula: what the bisection charges is what MemoryPoolConfig says is allocated.
+cost formula: what the bisection charges is what MemoryPoolConfig says is allocated, plus what it says the engine
+charges and leaves unused.
 """
 
 from __future__ import annotations
@@ -53,13 +56,14 @@ class KVPoolDemand(msgspec.Struct, frozen=True, kw_only=True):
     share: Literal["all", "swa"] = "all"  # "swa": align_down(T * swa_ratio) tokens, paired with a full pool
     layer_ids: tuple[int, ...] = ()  # the layers it holds, and one token's tensors in each (from the layer spec);
     row: tuple[PlannedTensor, ...] = ()  # empty only for a demand written by hand with its bytes alone
+    charged_bytes_per_token: int | None = None  # the engine's charge a token where more than it holds (KVPoolPlan's)
 
     def sized(self, num_tokens: int, page_size: int) -> KVPoolPlan:
         """This pool holding `num_tokens` tokens in pages of `page_size`: its part of a plan."""
         return KVPoolPlan(
             name=self.name, kind=self.kind, num_layers=self.num_layers, bytes_per_token=self.bytes_per_token,
             num_tokens=num_tokens, page_size=page_size, holds_every_token=self.share == "all",
-            layer_ids=self.layer_ids, row=self.row,
+            layer_ids=self.layer_ids, row=self.row, charged_bytes_per_token=self.charged_bytes_per_token,
         )
 
 
@@ -155,8 +159,9 @@ def candidate_plan(req: PlanRequest, tokens: int, state_slots: int) -> MemoryPoo
 
 
 def plan_cost(req: PlanRequest, tokens: int, state_slots: int) -> int:
-    """Bytes the plan for `tokens` allocates: its own total, the one cost formula."""
-    return candidate_plan(req, tokens, state_slots).total_bytes
+    """Bytes the plan for `tokens` takes from the budget: its own charge (what it allocates, and what the engine
+    charges beyond that), the one cost formula."""
+    return candidate_plan(req, tokens, state_slots).charged_bytes
 
 
 def zero_kv_tokens(req: PlanRequest) -> int:

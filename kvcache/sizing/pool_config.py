@@ -44,6 +44,16 @@ class KVPoolPlan(msgspec.Struct, frozen=True, kw_only=True):
     holds_every_token: bool = True
     layer_ids: tuple[int, ...] = ()  # the layers it holds, and one token's tensors in each (the layer spec's)
     row: tuple[PlannedTensor, ...] = ()
+    # what the engine charges its budget for one token of this pool where that is more than the pool holds
+    # (EngineRules.draft_charged_bytes_per_token); None: what it holds
+    charged_bytes_per_token: int | None = None
+
+    @property
+    def charged_unheld_bytes(self) -> int:
+        """Budget the engine charges for this pool's tokens beyond the rows it allocates: kept free, never used."""
+        if self.charged_bytes_per_token is None:
+            return 0
+        return max(0, self.charged_bytes_per_token - self.bytes_per_token) * self.num_tokens
 
     @property
     def of_draft_worker(self) -> bool:
@@ -226,8 +236,14 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def total_bytes(self) -> int:
-        """What the plan costs: each worker's arena (its buffers plus the arena's rounding)."""
+        """What the plan allocates: each worker's arena (its buffers plus the arena's rounding)."""
         return self.arena_bytes() + self.arena_bytes(draft=True)
+
+    @property
+    def charged_bytes(self) -> int:
+        """What the plan takes from the budget: what it allocates, and what the engine charges for tokens beyond
+        the rows its pools hold (KVPoolPlan.charged_unheld_bytes), which stays free."""
+        return self.total_bytes + sum(p.charged_unheld_bytes for p in self.kv_pools)
 
     def to_dict(self) -> dict:
         """A JSON-ready dict, derived numbers included."""

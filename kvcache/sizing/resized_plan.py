@@ -18,7 +18,7 @@ def resized_plan_request(plan: MemoryPoolConfig, budget_bytes: int) -> PlanReque
         if not p.holds_every_token:
             raise ValueError(f"pool {p.name!r} holds a window of tokens; only pools that hold every token are resized")
         demands.append(KVPoolDemand(name=p.name, kind=p.kind, num_layers=p.num_layers, bytes_per_token=p.bytes_per_token,
-                                    layer_ids=p.layer_ids, row=p.row))
+                                    layer_ids=p.layer_ids, row=p.row, charged_bytes_per_token=p.charged_bytes_per_token))
     if plan.state_pool is not None:
         raise ValueError("a plan with a recurrent-state pool is not resized")
     budget = msgspec.structs.replace(plan.budget, budget_bytes=budget_bytes)

@@ -27,7 +27,7 @@ from kvcache.sizing.advice import (
     MORE_DEVICES, KeptFree, fits, smallest_passing, suggest_fixes, suggest_kv_cache_memory,
 )
 from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory
-from kvcache.sizing.planning import PlanRequest, max_total_tokens_fix, whole_request_tokens
+from kvcache.sizing.planning import KVPoolDemand, PlanRequest, max_total_tokens_fix, whole_request_tokens
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.pool_layout import CacheLayout, worker_cache_layout
 from kvcache.sizing.post_capture_eligibility import (
@@ -190,7 +190,7 @@ class WorkerSizing:
         if (refusal := self.engine.startup_refusal(context, a)) is not None:
             raise ConfigError(refusal)
         draft = draft_layout or self.draft_layout
-        groups = layout.kv_groups + (draft.kv_groups if draft else ())
+        demands = tuple(g.demand() for g in layout.kv_groups) + (self._draft_demands(layout, draft) if draft else ())
         state = None
         running = default_max_running_requests(a.max_running_requests, a.speculative_algorithm)
         if layout.state is not None:
@@ -205,7 +205,7 @@ class WorkerSizing:
             )
         return PlanRequest(
             budget=budget, page_size=a.page_size, context_length=context,
-            req_to_token_row_width=self.engine.request_table_width(context, a), kv_pools=tuple(g.demand() for g in groups),
+            req_to_token_row_width=self.engine.request_table_width(context, a), kv_pools=demands,
             swa_ratio=a.swa_full_tokens_ratio, state=state,
             max_total_tokens=a.max_total_tokens,
             max_running_requests=running,
@@ -214,6 +214,18 @@ class WorkerSizing:
         )
 
     # ---- internals -----------------------------------------------------------
+    def _draft_demands(self, layout: CacheLayout, draft: CacheLayout) -> tuple[KVPoolDemand, ...]:
+        """The draft's pools, each charged as the engine charges its budget for them (EngineRules'
+        draft_charged_bytes_per_token: SGLang charges a STANDALONE draft at the target's bytes a layer)."""
+        demands = tuple(g.demand() for g in draft.kv_groups)
+        if len(layout.kv_groups) != 1 or len(demands) != 1 or layout.state is not None or draft.state is not None:
+            return demands
+        (target,), (pool,) = layout.kv_groups, demands
+        charged = self.engine.draft_charged_bytes_per_token(
+            target=(len(target.layer_ids), target.bytes_per_token), draft=(pool.num_layers, pool.bytes_per_token),
+            kinds=(target.spec.pool_kind, pool.kind))
+        return (msgspec.structs.replace(pool, charged_bytes_per_token=charged),) if charged is not None else demands
+
     def _request(self, layout: CacheLayout, memory: WorkerMemory) -> PlanRequest:
         """The planner's input; a budget that cannot be made is refused with values that would work."""
         try:
