@@ -90,6 +90,20 @@ def test_a_draft_step_longer_than_a_request_is_refused_with_a_chain_that_runs(
     assert run(["plan", "--gpu", "H200", *spec, *fix], capsys)[0] == 0
 
 
+@FEW
+@given(page=st.sampled_from([16, 64, 100, 256]), chunk=st.integers(1, 20_000))
+def test_a_prefill_chunk_the_page_does_not_divide_is_refused_with_one_it_does(
+        page: int, chunk: int, capsys: pytest.CaptureFixture[str]) -> None:
+    args = [*PLAN, "--page-size", str(page)]
+    code, err = run([*args, "--chunked-prefill-size", str(chunk)], capsys)
+    if chunk % page == 0:  # validation_hook.py: assert chunked_prefill_size % page_size == 0
+        assert code == 0, err
+        return
+    fix = int(suggested(err, "--chunked-prefill-size"))
+    assert code == 2 and fix % page == 0 and fix == max(page, chunk - chunk % page), err
+    assert run([*args, "--chunked-prefill-size", str(fix)], capsys)[0] == 0
+
+
 # ---- a suggestion's search is bounded: --dp-size up to 2**31 - 1 ------------------------------------------------
 
 @FEW

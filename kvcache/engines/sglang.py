@@ -7,7 +7,7 @@ from kvcache.engines.model_classes import no_model_class_note
 from kvcache.engines.sglang_config_forms import sglang_config_form_refusal
 from kvcache.engines.sglang_draft_charge import draft_charge_notes, sglang_draft_charge
 from kvcache.engines.sglang_hybrid_swa import architectures, is_hybrid_swa_model, one_full_pool_override
-from kvcache.engines.sglang_minimums import SGLANG_MINIMUMS, draft_step_refusal
+from kvcache.engines.sglang_minimums import SGLANG_MINIMUMS, chunk_page_refusal, draft_step_refusal
 from kvcache.engines.sglang_multimodal import sglang_multimodal_memory, sglang_served_model
 from kvcache.engines.sglang_request_table import sglang_request_table_width
 from kvcache.inputs.server_args import HybridSwaMemory
@@ -44,7 +44,8 @@ class SGLangRules(EngineRules):
 
     def startup_refusal(self, context_length: int, settings: SizingSettings) -> str | None:
         """The minimums' refusal, then a draft step too long for one request (kvcache.engines.sglang_minimums)."""
-        return super().startup_refusal(context_length, settings) or draft_step_refusal(context_length, settings)
+        return (super().startup_refusal(context_length, settings) or draft_step_refusal(context_length, settings)
+                or chunk_page_refusal(settings))
 
     def window_pools(self, model: ModelConfig, switch: HybridSwaMemory) -> WindowPools:
         """Separate sliding-window pools only for is_hybrid_swa_model's architectures, not overridden

@@ -4,6 +4,8 @@ Below them SGLang stops at start-up, so no plan is made there and no suggestion 
 - srt/managers/tp_worker.py (TpModelWorker, after the pools are built): max_req_len = min(context_len - 1,
   pool tokens - 1) and `assert max_req_len > 0, "Memory pool size is too small"`: a request must hold at least one
   token after the one reserved, so the context and the pool are each at least 2 tokens.
+- srt/arg_groups/validation_hook.py: `assert chunked_prefill_size % page_size == 0` ("chunked_prefill_size must be
+  divisible by page_size"), for a --chunked-prefill-size given (the page may be the model's: DSA pages at 64).
 - One decode step of a draft allocates its KV slots in each request (get_alloc_len_per_decode,
   kvcache.engines.sglang_request_table): a step that takes more slots than a request of the context holds cannot
   run even once, and its request-table rows alone outgrow any card (2e9 steps: a 104 GiB table for 25 tokens).
@@ -40,3 +42,13 @@ def draft_step_refusal(context_length: int, settings: SizingSettings) -> str | N
             f"{settings.speculative_eagle_topk} (--speculative-num-draft-tokens {settings.speculative_num_draft_tokens}) "
             f"allocates {slots:,} KV slots per request, not fewer than one request of --context-length "
             f"{context_length:,} holds; use {fix}")
+
+
+def chunk_page_refusal(settings: SizingSettings) -> str | None:
+    """A --chunked-prefill-size the page size does not divide (validation_hook.py's assert), with the nearest that
+    it does: the chunk rounded down to whole pages, or one page."""
+    chunk, page = settings.chunked_prefill_size, settings.page_size
+    if chunk is None or chunk % page == 0:
+        return None
+    return (f"--chunked-prefill-size {chunk} is not a multiple of the page size {page}, which SGLang 0.5.23 asserts "
+            f"at start-up; use --chunked-prefill-size {max(page, chunk // page * page)}")
