@@ -40,6 +40,8 @@ EXPECTED: dict[str, tuple[int, dict[str, int], int, int, int, str | None, int | 
     # attention_head_dim 128 (= 8192 / 64)
     "Nemotron-H-56B-Base-8K": (118, {"mamba2": 54, "full_attention": 10, "mlp": 54}, 128, 8, 8192, "bfloat16", None),
     "EAGLE3-LLaMA3.1-Instruct-8B": (1, {"full_attention": 1}, 4096 // 32, 8, 2048, "float16", None),
+    # no attention: no heads, and no length in the config (both engines take 2048)
+    "Mamba-Codestral-7B-v0.1": (64, {"mamba2": 64}, 0, 0, 2048, "bfloat16", None),
 }
 
 
