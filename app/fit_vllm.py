@@ -58,7 +58,8 @@ class VllmFitSweep(FitSweep):
             return refused(row, "invalid", str(wiring).splitlines()[0])
         row.update(kv_cache_dtype_resolved=wiring.case.kv_dtype.name, weights_bytes=wiring.weights_bytes)
         try:
-            answer = answer_on_card(wiring.case, total_bytes=card.total_bytes, weights_bytes=wiring.weights_bytes)
+            answer = answer_on_card(wiring.case, total_bytes=card.total_bytes, weights_bytes=wiring.weights_bytes,
+                                    card=card.name)
         except BudgetBelowOneRequestError as exc:
             if exc.available_bytes <= 0:  # the weights and vLLM's start-up leave no KV memory at all
                 return refused(row, "weights", f"weights {gib(wiring.weights_bytes)} per GPU leave vLLM no KV memory",

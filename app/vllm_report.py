@@ -81,20 +81,21 @@ def vllm_case(args: ServerArgs, model: ModelConfig, sizing: WorkerSizing) -> Vll
     max_model_len = vllm_rules.max_model_len(model.name, model.max_position_embeddings, args.max_model_len,
                                              allow_long=args.allow_long_context)
     vllm_rules.check_sparse_mla_spelling(args.kv_cache_dtype, bool(model.index_head_dim))
-    # the runtime estimate's prefill chunk is vLLM's step (--max-num-batched-tokens; None: the card's default)
-    runtime = msgspec.structs.replace(sizing.runtime_shape(), chunked_prefill_size=args.max_num_batched_tokens)
+    runtime = sizing.runtime_shape()  # its prefill chunk becomes vLLM's step in vllm_answer
     return VllmCase(args=args, model=model, parallel=sizing.parallel_state, kv_dtype=sizing.kv_cache_dtype,
                     model_dtype=sizing.model_dtype, max_model_len=max_model_len, runtime=runtime)
 
 
-def answer_on_card(case: VllmCase, *, total_bytes: int, weights_bytes: int) -> VllmAnswer:
-    """vLLM's answer for this case on a card of `total_bytes` holding `weights_bytes` of weights."""
+def answer_on_card(case: VllmCase, *, total_bytes: int, weights_bytes: int, card: str | None) -> VllmAnswer:
+    """vLLM's answer for this case on a card of `total_bytes` (named `card`, which vLLM's batch defaults read)
+    holding `weights_bytes` of weights."""
     a = case.args
     return vllm_answer(
         case.model, case.parallel, case.kv_dtype, model_dtype=case.model_dtype, total_bytes=total_bytes,
         weights_bytes=weights_bytes, runtime=case.runtime, max_model_len=case.max_model_len,
         gpu_memory_utilization=a.gpu_memory_utilization, block_size=a.block_size, max_num_seqs=a.max_num_seqs,
         max_num_batched_tokens=a.max_num_batched_tokens, enable_prefix_caching=a.enable_prefix_caching,
+        device_name=card or "",
     )
 
 
@@ -104,7 +105,8 @@ def plan_for_vllm(container: Any, *, card: str | None) -> VllmReport:
     `container` is an EngineContainer (app does not import containers); nothing else is built."""
     case = vllm_case(container.server_args(), container.model_config(), container.target.configurator().sizing)
     weights = container.target.model_runner().load_weights()
-    answer = answer_on_card(case, total_bytes=container.memory_probe().total_bytes(), weights_bytes=weights.total_bytes)
+    answer = answer_on_card(case, total_bytes=container.memory_probe().total_bytes(), weights_bytes=weights.total_bytes,
+                            card=card)
     return vllm_report(answer, model=case.model.name, device=str(container.device()), card=card,
                        model_dtype=case.model_dtype.name, kv_cache_dtype=case.kv_dtype.name,
                        engine_notes=container.engine_rules().config_notes(case.model))

@@ -207,3 +207,15 @@ def test_sparse_mla_takes_vllms_fp8_not_its_fp8_e4m3(capsys: pytest.CaptureFixtu
     assert main([*argv, "--kv-cache-dtype", "fp8_e4m3"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "use --kv-cache-dtype fp8 (FlashMLA sparse's fp8_ds_mla row) or auto" in err
+
+
+def test_an_a100_keeps_vllms_small_batch_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    # vLLM's get_batch_defaults: 70 GiB or more takes max_num_seqs 1024 and max_num_batched_tokens 8192, but an A100
+    # (by its device name) stays on 256 and 2048 as the smaller cards do; an H100-80GB does not
+    got = {}
+    for gpu in ("A100-80GB", "H100-80GB", "L40S"):
+        assert main(["plan", "--model", "Qwen3-8B", "--gpu", gpu, "--engine", "vllm",
+                     "--max-model-len", "8192", "--json"]) == 0
+        a = json.loads(capsys.readouterr().out)["vllm"]
+        got[gpu] = (a["max_num_seqs"], a["max_num_batched_tokens"])
+    assert got == {"A100-80GB": (256, 2048), "H100-80GB": (1024, 8192), "L40S": (256, 2048)}

@@ -78,14 +78,16 @@ def vllm_answer(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDt
                 total_bytes: int, weights_bytes: int, runtime: RuntimeShape, max_model_len: int,
                 gpu_memory_utilization: float | None = None, block_size: int | None = None,
                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-                enable_prefix_caching: bool | None = None) -> VllmAnswer:
-    """vLLM's answer for this rank (None: vLLM's default); BudgetBelowOneRequestError where vLLM refuses to start."""
+                enable_prefix_caching: bool | None = None, device_name: str = "") -> VllmAnswer:
+    """vLLM's answer for this rank (None: vLLM's default; `device_name`, the card's, picks some defaults);
+    BudgetBelowOneRequestError where vLLM refuses to start."""
     utilization = vllm_rules.DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
     vllm_rules.check_block_size(block_size)
     limits = vllm_rules.scheduler_limits(total_bytes=total_bytes, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                                         max_num_batched_tokens=max_num_batched_tokens)
+                                         max_num_batched_tokens=max_num_batched_tokens, device_name=device_name)
     batched = limits.max_num_batched_tokens
-    runtime_bytes = estimated_runtime_bytes(total_bytes, runtime)
+    # the estimate's prefill chunk is vLLM's step: its profile run is a forward of max_num_batched_tokens
+    runtime_bytes = estimated_runtime_bytes(total_bytes, msgspec.structs.replace(runtime, chunked_prefill_size=batched))
     available = vllm_available_bytes(total_bytes=total_bytes, gpu_memory_utilization=utilization,
                                      weights_bytes=weights_bytes, runtime_bytes=runtime_bytes)
     prefix_caching = (vllm_rules.default_prefix_caching(model.architecture) if enable_prefix_caching is None

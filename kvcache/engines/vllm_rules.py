@@ -116,12 +116,19 @@ def mamba_checkpoint(architecture: str, hf_config: dict[str, object]) -> MambaCh
     return MAMBA_CHECKPOINTS.get(architecture, MambaCheckpoint())
 
 
-def default_max_num_batched_tokens(total_bytes: int) -> int:
-    """The API server's max_num_batched_tokens by card size (engine/arg_utils.py): 16384 from 160 GiB,
-    8192 from 70 GiB (H100/H200; A100 and GB10 are named exceptions we do not model), else 2048."""
+def _batch_tier(total_bytes: int, device_name: str) -> int:
+    """engine/arg_utils.py get_batch_defaults' tier for the card: 2 from 160 GiB, 1 from 70 GiB unless an A100
+    (its device name; vLLM keeps A100s on the small tier for throughput, as GB10, a Blackwell compute capability
+    12.1 this project's card table does not hold), else 0."""
     if total_bytes >= 160 * GiB:
-        return 16384
-    return 8192 if total_bytes >= 70 * GiB else 2048
+        return 2
+    return 1 if total_bytes >= 70 * GiB and "a100" not in device_name.lower() else 0
+
+
+def default_max_num_batched_tokens(total_bytes: int, device_name: str = "") -> int:
+    """The API server's max_num_batched_tokens by card (engine/arg_utils.py get_batch_defaults): 16384 from
+    160 GiB, 8192 from 70 GiB (H100/H200, not A100), else 2048."""
+    return (2048, 8192, 16384)[_batch_tier(total_bytes, device_name)]
 
 
 def ssm_state_dtype(architecture: str, hf_config: dict[str, object], kind: str, model_dtype: DType) -> DType:
@@ -146,10 +153,10 @@ def hybrid_manager_disabled(layer_kinds: tuple[str, ...]) -> bool:
 
 # ---- vLLM 0.34.0's start-up checks on the settings a plan reads: each refusal names the flag and a value that passes
 
-def default_max_num_seqs(total_bytes: int) -> int:
-    """The API server's max_num_seqs by card size (engine/arg_utils.py get_batch_defaults, the same tiers as
-    default_max_num_batched_tokens): 1024 from 70 GiB, else 256."""
-    return 1024 if total_bytes >= 70 * GiB else 256
+def default_max_num_seqs(total_bytes: int, device_name: str = "") -> int:
+    """The API server's max_num_seqs by card (engine/arg_utils.py get_batch_defaults, the same tiers as
+    default_max_num_batched_tokens): 1024 from 70 GiB (not A100), else 256."""
+    return (256, 1024, 1024)[_batch_tier(total_bytes, device_name)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,12 +168,13 @@ class SchedulerLimits:
 
 
 def scheduler_limits(*, total_bytes: int, max_model_len: int, max_num_seqs: int | None,
-                     max_num_batched_tokens: int | None) -> SchedulerLimits:
+                     max_num_batched_tokens: int | None, device_name: str = "") -> SchedulerLimits:
     """The scheduler's limits as vLLM sets them (engine/arg_utils.py _set_default_max_num_seqs_and_batched_tokens_args:
     unset max_num_batched_tokens takes the card's default, at most max_num_seqs x max_model_len); ConfigError where
     config/scheduler.py SchedulerConfig.verify_max_model_len refuses max_num_batched_tokens below max_num_seqs."""
-    seqs = max_num_seqs or default_max_num_seqs(total_bytes)
-    batched = max_num_batched_tokens or min(seqs * max_model_len, default_max_num_batched_tokens(total_bytes))
+    seqs = max_num_seqs or default_max_num_seqs(total_bytes, device_name)
+    batched = max_num_batched_tokens or min(seqs * max_model_len,
+                                            default_max_num_batched_tokens(total_bytes, device_name))
     if batched < seqs:
         def said(flag: str, value: int, given: int | None) -> str:
             return f"--{flag.replace('_', '-')} {value}" if given else f"{flag} {value} (vLLM's default for this card)"

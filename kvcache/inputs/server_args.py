@@ -79,10 +79,10 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         "--engine vllm: the longest request (vLLM's max_model_len; at most the model's unless "
         "--allow-long-context)")] | None = None
     max_num_seqs: Annotated[PositiveInt, _doc(
-        "--engine vllm: requests scheduled at once; vLLM 0.34.0's default is 1024 from 70 GiB cards, else 256")] | None = None
+        "--engine vllm: requests scheduled at once; vLLM 0.34.0's default is 1024 from 70 GiB cards but A100s, else 256")] | None = None
     max_num_batched_tokens: Annotated[PositiveInt, _doc(
         "--engine vllm: tokens one scheduler step takes (at least --max-num-seqs); default 16384 from 160 GiB cards, "
-        "8192 from 70 GiB, else 2048")] | None = None
+        "8192 from 70 GiB but A100s, else 2048")] | None = None
     enable_prefix_caching: Annotated[bool, _doc(
         "--engine vllm: prefix caching, on by default in vLLM 0.34.0 but for attention-free models (it puts hybrid "
         "models' Mamba layers in mamba_cache_mode align: 3 blocks a request per Mamba group); "
