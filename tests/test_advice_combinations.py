@@ -12,7 +12,7 @@ import json
 import pytest
 
 from app.cli import main
-from kvcache.sizing.advice import round_shorter_contexts
+from kvcache.sizing.advice import largest_passing, round_shorter_contexts, smallest_passing
 from kvcache.byte_units import GiB
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.sizing.planning import KVPoolDemand, PlanRequest
@@ -122,3 +122,22 @@ def _request(context: int, page: int) -> PlanRequest:
 )
 def test_round_shorter_contexts(context: int, page: int, expected: list[int]) -> None:
     assert round_shorter_contexts(_request(context, page)) == expected
+
+
+@pytest.mark.parametrize(("lo", "hi", "boundary", "smallest", "largest"), [
+    (1, 100, 37, 37, 36),  # ok is n >= 37 for smallest_passing, n < 37 (true then false) for largest_passing
+    (1, 100, 1, 1, None),  # every n passes the first, none the second
+    (1, 100, 101, None, 100),  # none passes the first, every n the second
+    (5, 5, 5, 5, None),
+])
+def test_the_two_searches_find_the_boundary(lo: int, hi: int, boundary: int, smallest: int | None,
+                                            largest: int | None) -> None:
+    asked: list[int] = []
+
+    def below(n: int) -> bool:
+        asked.append(n)
+        return n < boundary
+
+    assert smallest_passing(lo, hi, lambda n: n >= boundary) == smallest
+    assert largest_passing(lo, hi, below) == largest
+    assert len(asked) <= (hi - lo + 1).bit_length() + 1  # a binary search, not a count

@@ -69,6 +69,13 @@ def smallest_passing(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
     return lo
 
 
+def largest_passing(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
+    """The largest n in [lo, hi] with ok(n), for ok monotone (true then false); None if ok(lo) fails: the
+    same search counted down from `hi`."""
+    down = smallest_passing(0, hi - lo, lambda k: ok(hi - k))
+    return None if down is None else hi - down
+
+
 def smallest_fitting_mem_fraction(req: PlanRequest, budget_for: Callable[[float], int]) -> float | None:
     """The smallest mem_fraction_static (to 0.001) whose budget plans, or None if even 0.99 does not."""
     def ok(milli: int) -> bool:
@@ -91,12 +98,8 @@ def longest_fitting_context(req: PlanRequest) -> int | None:
     page = req.page_size
     top = max(1, (req.context_length - 1) // page)
     lowest = align_up(req.minimums.context_length, page) // page
-
-    def ok_from_top(k: int) -> bool:  # counts pages down from the top, so the search runs "false then true"
-        return fits(with_context(req, (top + 1 - k) * page))
-
-    k = smallest_passing(1, top + 1 - lowest, ok_from_top)
-    return None if k is None else (top + 1 - k) * page
+    pages = largest_passing(lowest, top, lambda n: fits(with_context(req, n * page)))
+    return None if pages is None else pages * page
 
 
 def most_running_requests_that_run(req: PlanRequest) -> int | None:
@@ -106,12 +109,8 @@ def most_running_requests_that_run(req: PlanRequest) -> int | None:
     if req.below_one_request != "cap" or fits(req, full_context=False):
         return None
     top = (req.max_running_requests or MAX_DEFAULT_RUNNING_REQUESTS) - 1
-
-    def ok_from_top(k: int) -> bool:  # counts requests down from the top, so the search runs "false then true"
-        return fits(msgspec.structs.replace(req, max_running_requests=top + 1 - k), full_context=False)
-
-    k = smallest_passing(1, top, ok_from_top)
-    return None if k is None else top + 1 - k
+    return largest_passing(1, top, lambda n: fits(msgspec.structs.replace(req, max_running_requests=n),
+                                                  full_context=False))
 
 
 def smallest_fitting_swa_ratio(req: PlanRequest) -> float | None:
@@ -138,13 +137,7 @@ def largest_fitting_state_slots(req: PlanRequest) -> int | None:
     top, least = req.state.max_slots, req.state.slots_per_request  # fewer slots than one request never plans
     if top < least:
         return least if fits(_with_state(req, max_slots=least)) else None
-
-    def ok_from_top(k: int) -> bool:
-        state = msgspec.structs.replace(req.state, max_slots=top + 1 - k)
-        return fits(msgspec.structs.replace(req, state=state))
-
-    k = smallest_passing(1, top + 1 - least, ok_from_top)
-    return None if k is None else top + 1 - k
+    return largest_passing(least, top, lambda n: fits(_with_state(req, max_slots=n)))
 
 
 def smallest_fitting_mamba_ratio(req: PlanRequest) -> float | None:
