@@ -17,7 +17,8 @@ The context then grows while the first weights load, as the kernels that fill th
 loaded into it: by CUDA_KERNEL_LOAD_BYTES = 96,468,992 B (92 MiB) for every one of ten
 presets on an H200 (torch 2.11, driver 580.159, 2026-12-03; benchmarks/RESULTS.md), and
 not at all while the KV cache is built. A dry run charges it with the first allocation
-(kvcache.memory.memory_probe.FixedMemoryProbe), so it never promises more than a real bootstrap.
+(kvcache.memory.memory_probe.FixedMemoryProbe), so on a card whose cudaMemGetInfo total is measured it never
+promises more than a real bootstrap (where nvidia-smi's stands in, free memory is overstated by the driver's reserve).
 """
 
 from __future__ import annotations
