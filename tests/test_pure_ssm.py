@@ -207,3 +207,17 @@ def test_pipeline_stages_say_their_state_not_bytes_per_token(capsys: pytest.Capt
     assert main(["plan", "--model", str(CORPUS / f"{CODESTRAL}.json"), "--gpu", "H200", "--pp-size", "2"]) == 0
     out = capsys.readouterr().out
     assert out.count("state 0.38 GiB (408,551,424 B) a request") == 2 and "B/token" not in out
+
+
+@pytest.mark.parametrize(("field", "value", "expected"), [
+    ("intermediate_size", 4096, "config.json field 'intermediate_size' is 4096; expected expand x hidden_size = 8192"),
+    ("num_heads", 100, "config.json field 'num_heads' is 100; expected expand x hidden_size / head_dim = 8192 / 64"),
+])
+def test_a_mamba2_width_the_engines_would_read_apart_is_refused_in_one_line(
+        field: str, value: int, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SGLang 0.5.23 sizes a Mamba-2 conv state by intermediate_size, vLLM 0.34.0 by expand x hidden_size."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(json.loads((CORPUS / f"{CODESTRAL}.json").read_text()) | {field: value}))
+    assert main(["plan", "--model", str(path), "--gpu", "H200"]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and err.count("\n") == 1

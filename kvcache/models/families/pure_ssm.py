@@ -59,5 +59,8 @@ def read_mamba2(src: ModelSource) -> ModelConfig:
     inner = t.int("expand", default=2, high=64) * hidden
     if heads * head_dim != inner:
         t.fail("num_heads", heads, f"expand x hidden_size / head_dim = {inner} / {head_dim} (the mixer's width)")
+    if t.has("intermediate_size") and t.int("intermediate_size") != inner:  # SGLang sizes the conv state by it,
+        t.fail("intermediate_size", t.int("intermediate_size"),  # vLLM and transformers by expand x hidden_size
+               f"expand x hidden_size = {inner}, the width both engines must agree on")
     mixer = mamba2_mixer(t, hidden, heads=heads, head_dim=head_dim)
     return _describe(src, mixer, hidden, mamba2_cache_fields(mixer))
