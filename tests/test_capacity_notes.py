@@ -26,12 +26,12 @@ def _plan(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
 
 def test_a_huge_request_cap_says_what_the_table_costs(capsys: pytest.CaptureFixture[str]) -> None:
     r = _plan(["--model", "Llama-3.1-8B-Instruct", "--gpu", "H100-80GB", "--max-running-requests", "1000000"], capsys)
-    assert r["max_total_num_tokens"] == 138_032 and r["max_running_requests"] == 69_016
+    assert r["max_total_num_tokens"] == 136_971 and r["max_running_requests"] == 136_971 // 2 == 68_485
     # rows of SGLang's width: the context and 4 slots, int32, page aligned
-    assert r["buffers"]["req_to_token"] == slot_size((69_016 + 1) * (131_072 + 4) * 4) == 36_185_889_280
+    assert r["buffers"]["req_to_token"] == slot_size((68_485 + 1) * (131_072 + 4) * 4) == 35_907_484_160
     (note,) = r["capacity_notes"]
-    assert note["cap"] == "request_table" and note["tokens"] == 405_847 - 138_032
-    assert "--max-running-requests 1,000,000 (capped at 69,016" in note["message"] and "(405,847)" in note["message"]
+    assert note["cap"] == "request_table" and note["tokens"] == 402_664 - 136_971
+    assert "--max-running-requests 1,000,000 (capped at 68,485" in note["message"] and "(402,664)" in note["message"]
 
 
 def test_state_slots_that_bind_say_how_much_of_the_pool_running_requests_can_use(

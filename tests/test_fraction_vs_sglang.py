@@ -163,4 +163,5 @@ def test_the_h200_reads_nvidia_smis_total_for_the_fraction_and_cuda_mem_get_info
     assert report["mem_fraction_static"] == 0.896
     assert report["device_capacity_bytes"] == 143_771 * 2**20 and report["total_memory_bytes"] == 150_109_880_320
     assert report["free_before_load_bytes"] == 150_109_880_320 - 650_969_088 and report["card_total_measured"] is True
-    assert KNOWN_CARDS["H100-80GB"].cuda_total_measured is False  # nvidia-smi's stands in until measured
+    assert KNOWN_CARDS["H100-80GB"].cuda_total_bytes == 85_017_493_504  # measured on one, 2026-12-06
+    assert KNOWN_CARDS["B200"].cuda_total_measured is False  # nvidia-smi's stands in until measured

@@ -6,6 +6,8 @@ numbers are checked by hand on small plans, and the reference step runs on the C
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 import torch
 from dependency_injector import providers
@@ -246,17 +248,22 @@ def test_extrapolation_keeps_more_free_than_each_calibrated_run_and_says_it_is_e
     from kvcache.models.presets import load_model_config
     from kvcache.sizing.measured_prediction import CALIBRATION, extrapolated_kept_free_bytes, sampler_bytes
 
-    batches = {"Llama-3.1-8B-Instruct": 3858, "Qwen3-8B": 4096, "DeepSeek-V2-Lite": 4096}
+    # the decode batch each run stepped: the built plan's max running requests on that card
+    batches = {("H200", "Llama-3.1-8B-Instruct"): 3858, ("H200", "Qwen3-8B"): 4096, ("H200", "DeepSeek-V2-Lite"): 4096,
+               ("H100-80GB", "Llama-3.1-8B-Instruct"): 2048}
     for run in CALIBRATION:
-        m, batch = load_model_config(run.model), batches[run.model]
+        m, batch = load_model_config(run.model), batches[run.card, run.model]
         kept = extrapolated_kept_free_bytes(hidden=m.hidden_size, vocab=m.vocab_size, layers=m.num_hidden_layers,
                                             moe="n_routed_experts" in m.hf_config, chunk=8192, decode_batch=batch,
                                             graph_bs=256, total_bytes=run.card_total_bytes)
         # a run that sampled with logprobs is compared with the whole formula, one that did not without its sampler
         fitted = kept if run.sampled else kept - sampler_bytes(vocab=m.vocab_size, chunk=8192, decode_batch=batch,
                                                                graph_bs=256)
-        assert run.kept_free_bytes < fitted < run.kept_free_bytes * 6 // 5, run
-    assert main(["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "H100-80GB", "--json"]) == 0
+        # within 20% on the card the coefficients were fitted on; on the H100 the prefill chunk was the larger step
+        # and the steps in turn held it alone, where the formula adds 3/5 of it to the decode batch (about 1.5x)
+        loose = Fraction(6, 5) if run.card == "H200" else Fraction(8, 5)
+        assert run.kept_free_bytes < fitted < run.kept_free_bytes * loose, run
+    assert main(["plan", "--model", "Qwen3-8B", "--gpu", "H100-80GB", "--json"]) == 0  # not measured on an H100
     report = json.loads(capsys.readouterr().out)
     assert not report["measured_prediction"]["calibrated"] and report["measured_prediction"]["basis"] == "extrapolated"
     assert report["measured_prediction"]["source"].startswith("from the model's shapes")

@@ -37,8 +37,8 @@ PINNED: list[tuple[tuple[str, ...], tuple[int, int, int, int], dict[str, int]]] 
      (94040497455, 3978216, 461, 94040489984),
      {'req_to_token': 484451840, 'allocator_index': 127303680, 'state': 44544393216, 'kv_full': 48884330496, 'arena_padding': 10752}),
     (('Nemotron-H-56B-Base-8K', '--gpu', 'H100-80GB', '--tp-size', '2'),
-     (13848353702, 363647, 2, 13847494656),
-     {'req_to_token': 98816, 'allocator_index': 11636736, 'state': 6388236288, 'kv_full': 7447511040, 'arena_padding': 11776}),
+     (13431607656, 365547, 2, 13430161408),  # the H100's cudaMemGetInfo total, measured 2026-12-06, since then
+     {'req_to_token': 98816, 'allocator_index': 11698176, 'state': 5931933696, 'kv_full': 7486423040, 'arena_padding': 7680}),
     (('Llama-3.1-8B-Instruct', '--gpu-memory', '80GiB', '--speculative-algorithm', 'EAGLE3', '--speculative-draft-model', 'EAGLE3-LLaMA3.1-Instruct-8B'),
      (52695479747, 389563, 48, 52695138304),
      {'req_to_token': 25692672, 'allocator_index': 12466176, 'kv_full': 51060932608, 'arena_padding': 114176, 'kv_draft_full': 1595654144, 'draft_arena_padding': 278528}),

@@ -94,7 +94,7 @@ def test_qwen3_5_35b_a3b_on_an_h200_keeps_sglangs_vision_fraction_and_reserve(ca
 
 def test_mistral_small_3_1_on_an_h100_loses_its_prefill_graphs_then_is_cut_by_0_95(
         capsys: pytest.CaptureFixture[str]) -> None:
-    card_mib = card_named("H100-80GB").total_bytes // MiB
+    card_mib = card_named("H100-80GB").device_capacity_bytes // MiB  # nvidia-smi's, as SGLang reads it
     assert card_mib == 81559
     # no prefill CUDA graphs (Mistral3 is off SGLang's breakable list): 512 + 1.5 x 8192 + 128 + 2 x 256 MiB
     before = round(Fraction(card_mib - (512 + 12288 + 128 + 512), card_mib), 3)
@@ -264,7 +264,7 @@ def _cuda_sizing(name: str, **settings: Any) -> WorkerSizing:
 
 
 def test_with_the_post_capture_resize_the_cut_is_8_gib_of_the_card_and_headroom_is_not_measured() -> None:
-    total = card_named("H100-80GB").total_bytes
+    total = card_named("H100-80GB").device_capacity_bytes  # nvidia-smi's, as SGLang's fraction reads it
     resized = _cuda_sizing(MISTRAL, enable_post_capture_kv_resize=True, kv_headroom="fraction")
     assert resized.post_capture_resize().active
     before = round(Fraction(81559 - 1536 - 128, 81559), 3)  # SGLang's post-capture reserve: 1536 + tp*pp/8 GiB

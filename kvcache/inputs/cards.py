@@ -71,10 +71,11 @@ class SimulatedCard:
 
 
 H200_MEASURED = "H200, torch 2.11, driver 580.159, 2026-12-02"
+H100_MEASURED = "H100 80GB HBM3, torch 2.11, driver 580.159, 2026-12-06 (benchmarks/RESULTS.md)"
 
 # nvidia-smi's MiB per card, and cudaMemGetInfo's total where it was measured (the lead's GPU runs fill the others)
 KNOWN_CARDS: dict[str, CardTotals] = {
-    "H100-80GB": CardTotals(81559),
+    "H100-80GB": CardTotals(81559, cuda_total_bytes=85_017_493_504, cuda_total_source=H100_MEASURED),
     "H100-94GB": CardTotals(95830),
     "H200": CardTotals(143771, cuda_total_bytes=150_109_880_320, cuda_total_source=H200_MEASURED),
     "B200": CardTotals(183359),

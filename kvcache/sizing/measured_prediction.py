@@ -61,6 +61,8 @@ _H200_2026_12_04 = ("torch 2.11.0+cu130, 2026-12-04, benchmarks/gpu_measured_hea
                     "(benchmarks/data/h200_measured_headroom_2026-12-04.json)")
 _H200_2026_12_06 = ("torch 2.11.0+cu130, 2026-12-06, benchmarks/gpu_measured_headroom.py, the steps sampled with "
                     "logprobs (benchmarks/data/h200_measured_headroom_2026-12-06.json)")
+_H100_2026_12_06 = ("torch 2.11.0+cu130, 2026-12-06, benchmarks/gpu_measured_headroom.py, the steps sampled with "
+                    "logprobs (benchmarks/data/h100_measured_headroom_2026-12-06.json)")
 # Every recorded run the prediction is calibrated on, one row each (card, model; the newest row of a pair is the
 # one used); the extrapolation's coefficients below were fitted to the 2026-12-04 rows (the steps without the
 # sampler), whose sampler bytes the 2026-12-06 rows measured: 10.0 B per prompt-logprob vocab entry, as counted.
@@ -84,6 +86,9 @@ CALIBRATION: tuple[Calibration, ...] = (
     Calibration(card="H200", card_total_bytes=150_109_880_320, model="DeepSeek-V2-Lite", source=_H200_2026_12_06,
                 graph_bytes=1_426_063_360, prefill_chunk_bytes=4_458_545_152, eager_decode_bytes=5_404_360_704,
                 alternating_bytes=7_818_182_656, kept_free_bytes=10_495_328_256, tokens=3_365_683, sampled=True),
+    Calibration(card="H100-80GB", card_total_bytes=85_017_493_504, model="Llama-3.1-8B-Instruct", source=_H100_2026_12_06,
+                graph_bytes=725_614_592, prefill_chunk_bytes=4_204_789_760, eager_decode_bytes=2_940_207_104,
+                alternating_bytes=4_206_886_912, kept_free_bytes=5_939_331_072, tokens=466_952, sampled=True),
 )
 
 
