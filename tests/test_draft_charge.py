@@ -47,10 +47,10 @@ def test_a_standalone_draft_is_charged_at_the_targets_bytes_a_layer(capsys: pyte
         return target_arena + _align((t + 1) * 32_768, MiB2) + t * 32_768
 
     assert cost(tokens) <= budget < cost(tokens + 1)
-    # SGLang's own count is budget // 196,608 = 263,523: the plan's is 185 fewer, as it also charges the request
+    # SGLang's own count is budget // 196,608 = 261,398: the plan's is 187 fewer, as it also charges the request
     # table and the allocator's lists (34 MB; SGLang takes them from its headroom); at 163,840 B a token the budget
-    # held 315,997 tokens before, 20% more than SGLang holds
-    assert budget // 196_608 == 263_523 and tokens == 263_338
+    # held 313,678 tokens before, 20% more than SGLang holds (the H100's measured cudaMemGetInfo total)
+    assert budget // 196_608 == 261_398 and tokens == 261_211
     # what the draft pool leaves unused: T x 32,768, kept out of what the plan allocates
     assert report["planned_bytes"] + tokens * 32_768 <= budget
     note = next(n for n in report["engine_notes"] if "charges the draft's pool" in n)
