@@ -13,6 +13,7 @@ from kvcache.byte_units import GiB, MiB, format_bytes
 from kvcache.engines import EngineRules
 from kvcache.inputs.cards import KNOWN_CARDS
 from kvcache.memory.memory_budget import MemoryBudget, headroom_bytes
+from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.capacity_notes import CapacityNote, capacity_notes
 from kvcache.sizing.worker_sizing import WorkerMemory
 
@@ -105,7 +106,10 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
     assert target.weights is not None
     weights = sum(w.weights.total_bytes for w in engine.workers if w.weights is not None)
     measured = target.measured_sizing.to_dict() if target.measured_sizing is not None else None
-    prediction = _prediction(target, card)
+    prediction, predicted_plan = _prediction(target, card)
+    held = plan  # the pools the headline's bootstrap holds: the predicted plan where the prediction moves it
+    if predicted_plan is not None and predicted_plan.max_total_num_tokens != plan.max_total_num_tokens:
+        held = predicted_plan
     headline, source, static = _headline(plan.max_total_num_tokens, measured, prediction)
     return BootstrapReport(
         model=target.model_config.name, engine=rules.name, engine_version=rules.version,
@@ -114,7 +118,7 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         page_size=plan.page_size, page_size_note=page_size_note, context_length=plan.context_length,
         bytes_per_token=plan.bytes_per_token if plan.kv_pools else None,
         max_total_num_tokens=headline, max_total_num_tokens_source=source, static_plan_tokens=static,
-        request_token_cap=plan.request_token_cap,
+        request_token_cap=held.request_token_cap,
         max_running_requests=plan.max_running_requests, budget_bytes=budget.budget_bytes, mem_fraction_static=budget.mem_fraction_static,
         free_before_load_bytes=kv.own_memory.free_before_load, free_after_load_bytes=kv.own_memory.free_after_load,
         total_memory_bytes=budget.total_bytes, weights_bytes=weights,
@@ -122,7 +126,7 @@ def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
         planned_bytes=plan.total_bytes, allocated_bytes=sum(w.kv_cache.allocated_bytes for w in engine.workers),
         plan=plan.to_dict(),
         state_request_cap=plan.state_pool.request_cap if plan.state_pool else None,
-        timings_s=dict(target.timings), capacity_notes=list(capacity_notes(target.sizing, plan)),
+        timings_s=dict(target.timings), capacity_notes=list(capacity_notes(target.sizing, held)),
         engine_notes=[*rules.config_notes(target.model_config), *rules.plan_notes(plan),
                       *filter(None, [rules.no_prefill_graphs_reason(target.model_config)])],
         draft=_worker(engine.draft) if engine.draft is not None else None,
@@ -199,16 +203,17 @@ def _multimodal_lines(m: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _prediction(target: ModelRunner, card: str | None) -> dict[str, Any] | None:
-    """A dry run for a card: the tokens a measured bootstrap (--kv-headroom) there will hold, and its source."""
+def _prediction(target: ModelRunner, card: str | None) -> tuple[dict[str, Any] | None, MemoryPoolConfig | None]:
+    """A dry run for a card: the tokens a measured bootstrap (--kv-headroom) there will hold, and its source; and
+    the plan it predicts (None for either where the card's start would not measure)."""
     if card is None or target.role != "target":
-        return None
-    from kvcache.sizing.measured_prediction import predict_measured_tokens
+        return None, None
+    from kvcache.sizing.measured_prediction import predict_measured_plan
     from kvcache.sizing.worker_sizing import WorkerMemory
 
     memory = WorkerMemory.of_budget(target.memory_pool_config.budget)
-    prediction = predict_measured_tokens(sizing=target.configurator_sizing(), memory=memory, card_name=card)
-    return prediction.to_dict() if prediction is not None else None
+    predicted = predict_measured_plan(sizing=target.configurator_sizing(), memory=memory, card_name=card)
+    return (predicted[0].to_dict(), predicted[1]) if predicted is not None else (None, None)
 
 
 def _measured_off(target: ModelRunner, card: str | None) -> str | None:
@@ -328,7 +333,9 @@ def render_text(report: BootstrapReport) -> str:
         f"max running reqs    {r.max_running_requests:,}"
         + (f"  (state slots cap requests at {r.state_request_cap})"
            if r.state_request_cap is not None and r.state_request_cap <= r.max_running_requests else ""),
-        "buffers:",
+        "buffers:" + ("  (the static plan's, as this dry run builds them; a measured bootstrap resizes them to the "
+                      "headline)" if r.max_total_num_tokens != r.static_plan_tokens and r.measured_headroom is None
+                      else ""),
     ]
     width = max(len(k) for k in r.buffers)
     lines += [f"  {name:<{width}}  {format_bytes(n)}" for name, n in r.buffers.items()]

@@ -48,7 +48,7 @@ def test_a_small_request_cap_is_named_and_the_default_says_nothing(capsys: pytes
     assert _plan(["--model", "Llama-3.1-8B-Instruct", "--gpu", "H100-80GB"], capsys)["capacity_notes"] == []
     r = _plan(["--model", "Llama-3.1-8B-Instruct", "--gpu", "H100-80GB", "--max-running-requests", "2"], capsys)
     (note,) = r["capacity_notes"]
-    left = r["static_plan_tokens"] - 2 * 131_072  # the notes read the static plan's pools
+    left = r["max_total_num_tokens"] - 2 * 131_072  # the notes read the headline's pools (a measured bootstrap's)
     assert note["cap"] == "max_running_requests" and note["tokens"] == left and note["bytes"] == left * 131_072
     assert main(["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "H100-80GB", "--max-running-requests", "2"]) == 0
     assert "note: --max-running-requests caps running requests at 2: " in capsys.readouterr().out

@@ -88,7 +88,7 @@ def test_mistral_7b_on_an_l4_runs_with_each_request_capped(capsys: pytest.Captur
     # The budget holds 712 arenas of 2 MiB (1,493,172,224 B); the table takes 2,049 rows of 32,768 + 4 int32
     # (268,599,312 B, 268,599,808 page aligned) and the allocator 299,008 B: (T + 1) x 131,072 <= 1,224,273,408,
     # so T = 9,339 < 32,768
-    argv = ["plan", "--model", "Mistral-7B-v0.1", "--gpu", "L4"]
+    argv = ["plan", "--model", "Mistral-7B-v0.1", "--gpu", "L4", "--kv-headroom", "fraction"]  # SGLang's static plan
     report = plan_json(argv, capsys)
     assert report["budget_bytes"] // (2 * MiB) == 712 and report["bytes_per_token"] == 131_072
     assert report["buffers"]["req_to_token"] == slot_size(2049 * (32768 + 4) * 4) and report["buffers"]["allocator_index"] == 299_008
@@ -100,7 +100,7 @@ def test_mistral_7b_on_an_l4_runs_with_each_request_capped(capsys: pytest.Captur
     shorter = int(context[0].split()[1])  # the longest context whose request fits
     assert plan_json([*argv, "--context-length", str(shorter)], capsys)["request_token_cap"] is None
     assert plan_json([*argv, "--context-length", str(shorter + 1)], capsys)["request_token_cap"] is not None
-    assert main([*argv, "--kv-headroom", "fraction"]) == 0  # SGLang's static plan, as the headline
+    assert main(argv) == 0
     text = capsys.readouterr().out
     assert "max total tokens    9,339  (below the 32,768-token context: one request holds at most 9,338)" in text
     assert "note: one request can hold at most 9,338 tokens" in text
@@ -136,3 +136,17 @@ def test_scout_at_its_ten_million_token_context(capsys: pytest.CaptureFixture[st
     assert report["buffers"]["req_to_token"] == 713_032_192
     assert 252_736 * 99 // 100 < t <= 252_736 and report["request_token_cap"] == t - 1
     assert [p["num_tokens"] for p in report["plan"]["kv_pools"]] == [t, t * 4 // 5]
+
+
+def test_a_measured_headline_and_its_notes_describe_the_same_pools(capsys: pytest.CaptureFixture[str]) -> None:
+    """At the defaults an L4's start measures its headroom: the headline is the predicted plan, which holds a
+    full 32,768-token request where SGLang's static plan (9,339 tokens) caps each one; the cap, its note and the
+    buffers' caption follow the headline, not the static plan beside it."""
+    argv = ["plan", "--model", "Mistral-7B-v0.1", "--gpu", "L4"]
+    report = plan_json(argv, capsys)
+    assert report["max_total_num_tokens_source"].startswith("prediction_") and report["static_plan_tokens"] == 9_339
+    assert report["max_total_num_tokens"] >= 32_768 and report["request_token_cap"] is None
+    assert not [n for n in report["capacity_notes"] if n["cap"] == "request_length"]
+    assert main(argv) == 0
+    assert "buffers:  (the static plan's, as this dry run builds them; a measured bootstrap resizes them to the " \
+           "headline)" in capsys.readouterr().out
