@@ -202,6 +202,18 @@ def test_a_vllm_block_past_the_budget_names_the_largest_block_that_starts(kernel
     assert run([*args, "--block-size", "404000"], capsys)[0] == 0
 
 
+@FEW
+@given(step=st.integers(79_360, MAX_COUNT))
+def test_a_vllm_step_whose_activations_take_the_budget_names_the_largest_step_that_starts(
+        step: int, capsys: pytest.CaptureFixture[str]) -> None:
+    args = [*PLAN, "--engine", "vllm"]
+    code, err = run([*args, "--max-num-batched-tokens", str(step)], capsys)
+    # Qwen3-8B on an H200: the runtime estimate grows with the step's prefill activations; past 79,359 tokens
+    # vLLM's budget no longer holds one request of 40,960 tokens
+    assert code == 3 and "what would work: --max-num-batched-tokens 79359 (the largest that starts)" in err, err
+    assert run([*args, "--max-num-batched-tokens", "79359"], capsys)[0] == 0
+
+
 # ---- MXFP4 where neither engine quantizes with it ---------------------------------------------------------------
 
 DENSE = ["Qwen3-8B", "Llama-3.1-8B-Instruct", "Mistral-7B-v0.1", "gemma-2-9b-it", "SmolLM2-135M"]

@@ -100,15 +100,26 @@ def vllm_answer(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDt
     try:
         plan = plan_vllm(layers, model.layer_kinds, available_bytes=available, settings=settings)
     except BudgetBelowOneRequestError as exc:
-        def starts(fraction: float, block: int | None) -> bool:  # vLLM's own plan with these two values
+        def starts(fraction: float, block: int | None, step: int = batched) -> bool:  # vLLM's plan with these
+            measured = runtime_bytes if step == batched else estimated_runtime_bytes(
+                total_bytes, msgspec.structs.replace(runtime, chunked_prefill_size=step))  # its profile run's step
             budget = vllm_available_bytes(total_bytes=total_bytes, gpu_memory_utilization=fraction,
-                                          weights_bytes=weights_bytes, runtime_bytes=runtime_bytes)
+                                          weights_bytes=weights_bytes, runtime_bytes=measured)
             try:
-                plan_vllm(layers, model.layer_kinds, available_bytes=budget, settings=replace(settings, block_size=block))
+                plan_vllm(layers, model.layer_kinds, available_bytes=budget,
+                          settings=replace(settings, block_size=block, max_num_batched_tokens=step))
             except (BudgetBelowOneRequestError, ConfigError):
                 return False
             return True
-        raise exc.with_suggestions(_start_fixes(starts, utilization, block_size) + exc.suggestions) from None
+        fixes = _start_fixes(starts, utilization, block_size)
+        if max_num_batched_tokens is not None and batched > limits.max_num_seqs \
+                and starts(utilization, block_size, limits.max_num_seqs):  # the step's activations took the budget
+            lo, hi = limits.max_num_seqs, batched - 1  # at least max_num_seqs (SchedulerConfig's rule)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if starts(utilization, block_size, mid) else (lo, mid - 1)
+            fixes += (f"--max-num-batched-tokens {lo} (the largest that starts)",)
+        raise exc.with_suggestions(fixes + exc.suggestions) from None
     return VllmAnswer(
         version=plan.version, total_bytes=total_bytes, gpu_memory_utilization=utilization,
         requested_bytes=ceil(total_bytes * utilization), weights_bytes=weights_bytes,
@@ -122,7 +133,7 @@ def vllm_answer(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCacheDt
     )
 
 
-def _start_fixes(starts: Callable[[float, int | None], bool], utilization: float, block_size: int | None) -> tuple[str, ...]:
+def _start_fixes(starts: Callable[..., bool], utilization: float, block_size: int | None) -> tuple[str, ...]:
     """Where vLLM would refuse to start: the least --gpu-memory-utilization (to 0.001) above this one, and the largest
     --block-size (a multiple of its kernel block) below a given one, that start; each by bisection (a monotone
     question: more memory, or smaller blocks, never start fewer requests), so at most ~10 and ~log2(blocks) plans."""
