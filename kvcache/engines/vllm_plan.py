@@ -153,7 +153,7 @@ def vllm_layer_specs(model: ModelConfig, parallel: ParallelState, kv_dtype: KVCa
     if kv_dtype.bits < 8:
         raise ConfigError(f"--kv-cache-dtype {kv_dtype.name} is not modelled for --engine vllm (vLLM 0.34.0 packs "
                           "FP4 its own way, nvfp4); use --kv-cache-dtype fp8_e4m3 or auto")
-    check_sparse_mla_settings(model, kv_dtype)
+    vllm_rules.check_sparse_mla_kv_dtype(model, kv_dtype.name)
     state_kind = "kda" if "kda" in model.layer_kinds else "mamba"
     ssm = vllm_rules.ssm_state_dtype(model.architecture, model.hf_config, state_kind, model_dtype)
     return model_layer_specs(model, parallel, kv_dtype, model_dtype=model_dtype, ssm_dtype=ssm)
@@ -188,30 +188,6 @@ def sparse_mla_layers(spec: MLASpec) -> tuple[VllmLayer, VllmLayer]:
     Both are MLAAttentionSpecs of one block size, so they share one group."""
     return (VllmLayer(kind="mla", token_bytes=spec.index_bytes_per_token),
             VllmLayer(kind="mla", token_bytes=spec.latent_bytes_per_token))
-
-
-def check_sparse_mla_settings(model: ModelConfig, kv_dtype: KVCacheDtype) -> None:
-    """ConfigError where vLLM 0.34.0 has no sparse MLA backend for this KV dtype or latent width (Hopper)."""
-    if not model.index_head_dim:
-        return
-    name = kv_dtype.name
-    if name not in vllm_rules.SPARSE_MLA_PLAIN_KV_DTYPES and name != vllm_rules.SPARSE_MLA_FP8_KV_DTYPE:
-        raise ConfigError(f"--kv-cache-dtype {name}: vLLM {vllm_rules.VLLM_VERSION} has no sparse MLA backend "
-                          f"for it ({model.architecture}); use --kv-cache-dtype auto, bfloat16 or fp8")
-    width = (model.kv_lora_rank or 0) + (model.qk_rope_head_dim or 0)
-    if name == vllm_rules.SPARSE_MLA_FP8_KV_DTYPE and width != vllm_rules.FP8_DS_MLA_HEAD_SIZE:
-        raise ConfigError(f"--kv-cache-dtype fp8: vLLM {vllm_rules.VLLM_VERSION}'s fp8_ds_mla latent holds "
-                          f"{vllm_rules.FP8_DS_MLA_HEAD_SIZE} values, this model {width}; use --kv-cache-dtype auto")
-
-
-def check_sparse_mla_block_size(placements: tuple[LayerPlacement, ...], block_size: int) -> None:
-    """ConfigError for a block size the sparse MLA kernels cannot split into their 64-token blocks."""
-    sparse = any(isinstance(p.spec, MLASpec) and p.spec.index_head_dim for p in placements)
-    kernel = vllm_rules.SPARSE_MLA_KERNEL_BLOCK
-    if sparse and block_size % kernel:
-        raise ConfigError(f"--block-size {block_size}: vLLM {vllm_rules.VLLM_VERSION}'s sparse MLA indexer takes "
-                          f"blocks of {kernel} tokens and finds no common block size; use --block-size {kernel} "
-                          "(or a multiple of it)")
 
 
 def resolve_block_size(layers: tuple[VllmLayer, ...], settings: VllmSettings) -> tuple[int, int]:
@@ -327,7 +303,8 @@ def plan_vllm(placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, ..
     to start (fewer blocks, the null block aside, than one request of max_model_len needs)."""
     layers = vllm_layers(placements, layer_kinds)
     block_size, mamba_page = resolve_block_size(layers, settings)
-    check_sparse_mla_block_size(placements, block_size)
+    vllm_rules.check_sparse_mla_block_size(
+        any(isinstance(p.spec, MLASpec) and p.spec.index_head_dim for p in placements), block_size)
     specs = _with_block_size(layers, block_size, mamba_page, not vllm_rules.hybrid_manager_disabled(layer_kinds),
                              settings)
     groups = kv_cache_groups(specs, settings)

@@ -3,7 +3,9 @@
 Each value cites the vLLM 0.34.0 source it follows (paths under the `vllm/` package). They hold
 for a CUDA card with FlashAttention (FlashMLA for MLA), the layer-outer KV layout those backends
 leave by default (LBNHC), no speculative decoding and no KV connector; prefix caching on, as vLLM turns
-it on for every generative model, which puts hybrid models' Mamba layers in mamba_cache_mode "align". The planner that uses them is `kvcache.engines.vllm_plan`.
+it on for every generative model with attention, which puts hybrid models' Mamba layers in mamba_cache_mode
+"align". The planner that uses them is `kvcache.engines.vllm_plan`. The last section holds vLLM's start-up checks
+on the settings a plan reads, in one place, each citing where vLLM refuses and naming a value that starts.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from kvcache.byte_units import GiB
 from kvcache.errors import ConfigError
 from kvcache.inputs.dtypes import FLOAT32, STATE_DTYPES, DType
+from kvcache.models.model_config import ModelConfig
 
 VLLM_VERSION = "0.34.0"
 
@@ -217,3 +220,27 @@ def check_sparse_mla_spelling(spelling: str, sparse_mla: bool) -> None:
         raise ConfigError(f"--kv-cache-dtype {spelling}: on a sparse-attention MLA model vLLM {VLLM_VERSION} picks "
                           "FlashInfer's sparse backend with plain fp8 rows for this spelling, which is not modelled; "
                           "use --kv-cache-dtype fp8 (FlashMLA sparse's fp8_ds_mla row) or auto")
+
+
+def check_sparse_mla_kv_dtype(model: ModelConfig, kv_dtype: str) -> None:
+    """ConfigError where vLLM has no sparse MLA backend on Hopper for this KV dtype (the project's name) or latent
+    width (platforms/cuda.py: FlashAttention MLA sparse takes auto / bfloat16 / float16, FlashMLA sparse fp8 as its
+    fp8_ds_mla row of FP8_DS_MLA_HEAD_SIZE values)."""
+    if not model.index_head_dim:
+        return
+    if kv_dtype not in SPARSE_MLA_PLAIN_KV_DTYPES and kv_dtype != SPARSE_MLA_FP8_KV_DTYPE:
+        raise ConfigError(f"--kv-cache-dtype {kv_dtype}: vLLM {VLLM_VERSION} has no sparse MLA backend "
+                          f"for it ({model.architecture}); use --kv-cache-dtype auto, bfloat16 or fp8")
+    width = (model.kv_lora_rank or 0) + (model.qk_rope_head_dim or 0)
+    if kv_dtype == SPARSE_MLA_FP8_KV_DTYPE and width != FP8_DS_MLA_HEAD_SIZE:
+        raise ConfigError(f"--kv-cache-dtype fp8: vLLM {VLLM_VERSION}'s fp8_ds_mla latent holds "
+                          f"{FP8_DS_MLA_HEAD_SIZE} values, this model {width}; use --kv-cache-dtype auto")
+
+
+def check_sparse_mla_block_size(sparse_mla: bool, block_size: int) -> None:
+    """ConfigError for a block size the sparse MLA indexer cannot split into its 64-token kernel blocks
+    (DeepseekV32IndexerBackend; select_common_block_size finds none)."""
+    if sparse_mla and block_size % SPARSE_MLA_KERNEL_BLOCK:
+        raise ConfigError(f"--block-size {block_size}: vLLM {VLLM_VERSION}'s sparse MLA indexer takes blocks of "
+                          f"{SPARSE_MLA_KERNEL_BLOCK} tokens and finds no common block size; use --block-size "
+                          f"{SPARSE_MLA_KERNEL_BLOCK} (or a multiple of it)")
