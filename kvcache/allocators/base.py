@@ -9,7 +9,7 @@ a lie. A dry run goes through construction (and its byte count) and nothing more
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ import torch
 from kvcache.allocators.eviction import evict_shortfall
 from kvcache.allocators.free_group import FreeGroup, FreeGroupState
 from kvcache.allocators.free_log import FreeLog, FreeLogState
+from kvcache.allocators.given import as_indices, checked_page_size, page_disjoint, reject_meta
 from kvcache.allocators.scheduler_hooks import SchedulerCapacityHooks
 from kvcache.pools.planned_views import Views
 from kvcache.sizing.tensor_plan import PlannedSlot
@@ -29,55 +30,6 @@ class AllocatorState:
 
     free_list: FreeLogState
     free_group: FreeGroupState
-
-
-def reject_meta(device: torch.device, op: str) -> None:
-    """Raise ValueError for index operations on a meta allocator (see the module docstring)."""
-    if device.type == "meta":
-        raise ValueError(
-            f"{op}() on a meta-device allocator: meta tensors hold no values, so it has no real "
-            "indices to hand out or take back; build the allocator on cpu or cuda"
-        )
-
-
-INDEX_DTYPES = (torch.int64, torch.int32)  # index dtypes taken as they are (kernels and torch ops read both)
-
-
-def as_indices(indices: torch.Tensor, device: torch.device, what: str) -> torch.Tensor:
-    """indices as a flat integer tensor on device (themselves when they already are: the hot path)."""
-    if indices.dim() == 1 and indices.device == device and indices.dtype in INDEX_DTYPES:
-        return indices
-    if indices.dtype == torch.bool or indices.is_floating_point() or indices.is_complex():
-        raise ValueError(f"{what} must be an integer tensor, got dtype {indices.dtype}")
-    return indices.reshape(-1).to(device=device, dtype=torch.int64)
-
-
-def checked_page_size(page_size: int) -> int:
-    """`page_size`, or ValueError unless it is at least 1 (a page holds at least one token)."""
-    if page_size < 1:
-        raise ValueError(f"page_size must be >= 1, got {page_size}")
-    return page_size
-
-
-def check_need_size(need_size: int, page_size: int) -> None:
-    """Raise ValueError unless need_size is a non-negative multiple of page_size."""
-    if need_size < 0:
-        raise ValueError(f"need_size must be >= 0, got {need_size}")
-    if need_size % page_size:
-        raise ValueError(f"need_size {need_size} is not a multiple of page_size {page_size}")
-
-
-def page_disjoint(segments: Iterable[tuple[torch.Tensor, int]], page_size: int) -> Iterator[tuple[torch.Tensor, int]]:
-    """The non-empty (kv indices, start position) segments, checking that no two share a page (SGLang's rule)."""
-    prev_end: int | None = None
-    for free_index, start_pos in segments:
-        n = free_index.numel()
-        if n == 0:
-            continue
-        if prev_end is not None and start_pos // page_size <= (prev_end - 1) // page_size:
-            raise ValueError(f"segment at position {start_pos} shares a page with the one ending at {prev_end}")
-        prev_end = start_pos + n
-        yield free_index, start_pos
 
 
 class SharedAllocatorAPI(SchedulerCapacityHooks):

@@ -43,31 +43,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kvcache.errors import PlanMismatchError
-from kvcache.sizing.allocator_footprint import FREE_LOGS, LOG_LENGTH_FACTOR, free_log_slots
+from kvcache.allocators.given import planned_free_list
+from kvcache.sizing.allocator_footprint import FREE_LOGS, LOG_LENGTH_FACTOR
 from kvcache.sizing.tensor_plan import PlannedSlot
 from kvcache.allocators.backups import BackupState, LatestBackup
 from kvcache.pools.planned_views import Views, slots_nbytes, take_views
-
-
-def planned_free_list(slots: Sequence[PlannedSlot], unit: str) -> tuple[int, bool]:
-    """(ids, whether frees are checked) of a free list's planned slots: they must be free_log_slots(ids, check)
-    (two int64 logs of LOG_LENGTH_FACTOR entries per id, and to check frees one bool per id and the padding id),
-    each tensor in its own slot, or PlanMismatchError lists what was given."""
-    slots = tuple(slots)
-    first = slots[0].tensors[0] if slots and slots[0].tensors else None
-    ids = first.shape[0] // LOG_LENGTH_FACTOR if first is not None and len(first.shape) == 1 else 0
-    check = len(slots) > FREE_LOGS
-    if ids < 1 or _layout(slots) != _layout(free_log_slots(ids, check)):
-        given = "; ".join(", ".join(f"{t.name} {t.shape} {t.dtype}" for t in s.tensors) for s in slots) or "nothing"
-        raise PlanMismatchError(
-            f"a free list of {unit}s is planned as {FREE_LOGS} int64 logs of {LOG_LENGTH_FACTOR} entries per id, one "
-            f"id at least (and, to check frees, one bool per id and the padding id), each in a slot; given {given}")
-    return ids, check
-
-
-def _layout(slots: Sequence[PlannedSlot]) -> list[list[tuple[tuple[int, ...], str]]]:
-    return [[(t.shape, t.dtype) for t in s.tensors] for s in slots]
 
 
 @dataclass(frozen=True, slots=True)

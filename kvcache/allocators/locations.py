@@ -173,3 +173,31 @@ def plan_extend(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, page_size: in
 def decode_starts_page(seq_lens: torch.Tensor, page_size: int) -> torch.Tensor:
     """Which requests' new token (position seq_lens-1) is the first of a page: (seq_lens-1) % page_size == 0."""
     return seq_lens % page_size == 1 % page_size
+
+
+def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor on device without a host sync: through pinned memory and a non-blocking copy."""
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeBatch:
+    """One alloc_decode, counted on the host: shared by both sides of an SWA allocator."""
+
+    num_new_pages: int
+    seq_lens: torch.Tensor  # as passed (the device kernel reads it)
+    starting: torch.Tensor | None  # CPU positions of the requests that start a page (host path only)
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendBatch:
+    """One alloc_extend, counted (and, on the host path, planned) on the host."""
+
+    num_new_pages: int
+    num_tokens: int
+    prefix_lens: torch.Tensor  # as passed (the device kernel reads them)
+    seq_lens: torch.Tensor
+    plan: ExtendPlan | None  # host path, larger batches
+    split: ExtendSplit | None = None  # host path, up to SMALL_BATCH requests

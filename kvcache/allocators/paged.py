@@ -20,17 +20,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
 from kvcache.allocators import paged_kernels
-from kvcache.allocators.base import INDEX_DTYPES, FreeListAllocator, as_indices, check_need_size, reject_meta
+from kvcache.allocators.base import FreeListAllocator
+from kvcache.allocators.given import INDEX_DTYPES, as_indices, check_need_size, reject_meta
 from kvcache.pools.planned_views import Views
 from kvcache.sizing.tensor_plan import PlannedSlot
 from kvcache.allocators.locations import (
     SMALL_BATCH,
+    DecodeBatch,
+    ExtendBatch,
     ExtendPlan,
     ExtendSplit,
     check_extend_lengths,
@@ -40,36 +42,9 @@ from kvcache.allocators.locations import (
     host_lengths,
     plan_extend,
     split_extend,
+    to_device_async,
 )
 from kvcache.allocators.paged_kernels import PagedKernels
-
-
-def to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A CPU tensor on device without a host sync: through pinned memory and a non-blocking copy."""
-    if device.type == "cpu":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeBatch:
-    """One alloc_decode, counted on the host: shared by both sides of an SWA allocator."""
-
-    num_new_pages: int
-    seq_lens: torch.Tensor  # as passed (the device kernel reads it)
-    starting: torch.Tensor | None  # CPU positions of the requests that start a page (host path only)
-
-
-@dataclass(frozen=True, slots=True)
-class ExtendBatch:
-    """One alloc_extend, counted (and, on the host path, planned) on the host."""
-
-    num_new_pages: int
-    num_tokens: int
-    prefix_lens: torch.Tensor  # as passed (the device kernel reads them)
-    seq_lens: torch.Tensor
-    plan: ExtendPlan | None  # host path, larger batches
-    split: ExtendSplit | None = None  # host path, up to SMALL_BATCH requests
 
 
 class PagedTokenToKVPoolAllocator(FreeListAllocator):

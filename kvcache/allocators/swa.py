@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-from kvcache.allocators.base import (
-    AllocatorState, SharedAllocatorAPI, as_indices, check_need_size, checked_page_size, reject_meta)
+from kvcache.allocators.base import AllocatorState, SharedAllocatorAPI
+from kvcache.allocators.given import (
+    as_indices, check_need_size, checked_page_size, planned_swa_sides, reject_meta)
 from kvcache.allocators.eviction import evict_shortfall
 from kvcache.allocators.free_group import FreeGroup, FreeGroupState
 from kvcache.allocators.index_map import FullToSWAMap, IndexMapState
@@ -35,7 +36,6 @@ from kvcache.allocators.token import TokenToKVPoolAllocator
 from kvcache.allocators.backups import BackupState, LatestBackup
 from kvcache.errors import PlanMismatchError
 from kvcache.pools.planned_views import Views
-from kvcache.sizing.allocator_footprint import SWA_SIDES
 from kvcache.sizing.tensor_plan import PlannedSlot
 
 
@@ -58,17 +58,6 @@ def _side(slots: Sequence[PlannedSlot], page_size: int, device: torch.device, vi
     return PagedTokenToKVPoolAllocator(slots=slots, page_size=page_size, device=device, views=views)
 
 
-def _by_side(slots: Sequence[PlannedSlot]) -> tuple[tuple[PlannedSlot, ...], tuple[PlannedSlot, ...], PlannedSlot]:
-    """The full side's free-list slots, the SWA side's and the map's, by their planned names (allocator_slots)."""
-    sides = tuple(tuple(s for s in slots if any(f".{side}" in t.name for t in s.tensors)) for side in SWA_SIDES)
-    rest = [s for s in slots if not any(s in side for side in sides)]
-    if len(rest) != 1 or not all(sides):
-        raise PlanMismatchError(
-            f"an SWA allocator is planned as two free lists ({' and '.join(f'*.{side}*' for side in SWA_SIDES)}) and the "
-            f"full -> SWA map; given {', '.join(t.name for s in slots for t in s.tensors) or 'nothing'}")
-    return sides[0], sides[1], rest[0]
-
-
 class SWATokenToKVPoolAllocator(SWAFrees, SWACapacityHooks, SharedAllocatorAPI):
     """Full and SWA allocators behind SGLang 0.5.23's allocator API; hands out full-pool indices. `slots` are its
     part of the plan (kvcache.sizing.allocator_footprint.allocator_slots: both sides' free lists and the map), which
@@ -80,7 +69,7 @@ class SWATokenToKVPoolAllocator(SWAFrees, SWACapacityHooks, SharedAllocatorAPI):
         self, *, slots: Sequence[PlannedSlot], page_size: int, device: torch.device | str, kvcache: Any = None,
         views: Views | None = None,
     ) -> None:
-        full, swa, table = _by_side(slots)
+        full, swa, table = planned_swa_sides(slots)
         self._device = torch.device(device)
         self._page_size = checked_page_size(page_size)
         self._kvcache: Any = None

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from kvcache.allocators.base import as_indices, reject_meta
+from kvcache.allocators.given import as_indices, reject_meta
 from kvcache.allocators.free_group import FreeGroup
 from kvcache.allocators.index_map import FullToSWAMap, page_rows, page_starts_of
 

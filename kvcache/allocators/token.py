@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from kvcache.allocators.base import FreeListAllocator, check_need_size, reject_meta
+from kvcache.allocators.base import FreeListAllocator
+from kvcache.allocators.given import check_need_size, reject_meta
 from kvcache.pools.planned_views import Views
 from kvcache.sizing.tensor_plan import PlannedSlot
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import torch
 
 from kvcache.allocators import PagedTokenToKVPoolAllocator, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvcache.allocators.base import checked_page_size
+from kvcache.allocators.given import checked_page_size
 from kvcache.allocators.paged_kernels import PagedKernels
 from kvcache.pools.planned_views import Views
 from kvcache.sizing.allocator_footprint import allocator_slots, free_list_slots
