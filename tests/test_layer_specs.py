@@ -110,11 +110,30 @@ def test_state_bytes_per_request(model: str, tp: int, ssm_dtype: DType, expected
     assert state_bytes(specs(model, parallel=ParallelState(tp_size=tp), ssm_dtype=ssm_dtype)) == expected
 
 
-def test_nemotron_h_tp16_keeps_one_mamba_group_per_rank() -> None:
-    # TP16: 256 / 16 = 16 heads per rank, all inside one of the 8 groups (32 heads each), so
-    # conv channels = 16 x 64 + 2 x 1 x 256 = 1,536; state 16 x 64 x 256 x 4
-    placements = specs("Nemotron-H-56B-Base-8K", parallel=ParallelState(tp_size=16))
-    assert state_bytes(placements) == 54 * (1_536 * 3 * 2 + 16 * 64 * 256 * 4)  # 57,120,768 (the code keeps 5,120 channels: 58,281,984)
+@pytest.mark.parametrize(
+    ("model", "tp", "message"),
+    [
+        # MambaMixer2 (SGLang 0.5.23 layers/attention/mamba/mamba.py, vLLM 0.34.0 mamba_mixer2.py) asserts
+        # n_groups % tp_size == 0 or n_groups == 1: 8 groups split over 1, 2, 4, 8 only (the 256 and 128 heads
+        # and Nemotron-H's 64 attention / 8 KV heads would also take 16)
+        ("Nemotron-H-56B-Base-8K", 16, r"^--tp-size 16 \(attention TP\) does not fit Nemotron-H-56B-Base-8K: its 8 Mamba "
+                                       r"groups \(n_groups\) must divide by it; attention TP sizes that work: 1, 2, 4, 8$"),
+        ("Mamba-Codestral-7B-v0.1", 16, r"its 8 Mamba groups \(n_groups\) must divide by it; .*work: 1, 2, 4, 8$"),
+        ("Mamba-Codestral-7B-v0.1", 3, r"its 128 mamba_num_heads must divide by it; its 8 Mamba groups .*work: 1, 2, 4, 8$"),
+    ],
+)
+def test_mamba2_groups_must_split_over_tp(model: str, tp: int, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        specs(model, parallel=ParallelState(tp_size=tp))
+
+
+def test_one_mamba2_group_is_copied_to_every_rank() -> None:
+    # Falcon-H1-0.5B: n_groups 1 passes MambaMixer2's assert at any TP that splits its 24 heads (and its 8 query
+    # and 2 KV heads): TP 2 keeps 12 heads x 64 and the whole group, conv (12 x 64 + 2 x 1 x 128) x (4 - 1)
+    falcon = load_model_config("tests/model_corpus/Falcon-H1-0.5B-Base.json")
+    spec = next(p.spec for p in specs(falcon, parallel=ParallelState(tp_size=2))
+                if isinstance(p.spec, RecurrentStateSpec))
+    assert spec.conv_shape == (12 * 64 + 2 * 1 * 128, 3)
 
 
 def test_qwen3_next_state_shapes() -> None:
@@ -138,7 +157,7 @@ def test_nemotron_h_state_shapes_and_no_spec_for_mlp_layers() -> None:
     [
         ("Qwen3-Next-80B-A3B-Thinking", 3, r"its 16 linear_num_key_heads must divide by it; .*work: 1, 2, 4, 8, 16$"),
         ("Qwen3-Next-80B-A3B-Thinking", 32, r"its 16 linear_num_key_heads must divide by it; .*work: 1, 2, 4, 8, 16$"),
-        ("Nemotron-H-56B-Base-8K", 3, r"its 256 mamba_num_heads must divide by it; .*work: 1, 2, 4, 8, 16, 32, 64$"),
+        ("Nemotron-H-56B-Base-8K", 3, r"its 256 mamba_num_heads must divide by it; .*work: 1, 2, 4, 8$"),
     ],
 )
 def test_state_heads_must_split_evenly(model: str, tp: int, message: str) -> None:

@@ -1,8 +1,7 @@
 """Layer specs: one small frozen type per layer kind, each owning its cache bytes.
 
-Per-token kinds (full and sliding attention, MLA) know `bytes_per_token`; recurrent
-kinds (Mamba-2, gated delta net) know `bytes_per_request`. `model_layer_specs`
-derives a rank's specs from ModelConfig + ParallelState + the KV dtype.
+Per-token kinds (full and sliding attention, MLA) know `bytes_per_token`; recurrent kinds (Mamba-2, gated delta
+net) know `bytes_per_request`. `model_layer_specs` derives a rank's specs from ModelConfig + ParallelState + KV dtype.
 """
 
 from __future__ import annotations
@@ -16,8 +15,6 @@ from kvcache.models.model_config import INDEX_SCALE_BLOCK, STATE_LAYER_KINDS, Mo
 from kvcache.inputs.parallel import ParallelState
 from kvcache.arithmetic import ceil_div
 from kvcache.sizing.tensor_plan import PlannedTensor, row_bytes, tensor
-
-
 
 
 def cache_row(name: str, heads: int, dim: int, dtype: KVCacheDtype) -> tuple[PlannedTensor, ...]:
@@ -150,8 +147,9 @@ class LayerPlacement:
 def tensor_parallel_rules(model: ModelConfig) -> tuple[tuple[str, int, bool], ...]:
     """What attention TP must split evenly, as SGLang 0.5.23's layers assert: (what, count, may_replicate).
 
-    Query heads split; KV heads split, or replicate when TP is a multiple of them; MLA's
-    latent is whole on every rank; linear-attention and Mamba heads split.
+    Query heads split; KV heads split, or replicate when TP is a multiple of them; MLA's latent is whole on every
+    rank; linear-attention and Mamba heads split; Mamba-2 groups split unless there is one (MambaMixer2 asserts so
+    in SGLang's layers/attention/mamba/mamba.py and vLLM's mamba_mixer2.py).
     """
     rules: list[tuple[str, int, bool]] = []
     if model.kv_layer_count:
@@ -162,6 +160,8 @@ def tensor_parallel_rules(model: ModelConfig) -> tuple[tuple[str, int, bool], ..
         value = getattr(model, field)
         if value and any(k in STATE_LAYER_KINDS for k in model.layer_kinds):
             rules.append((field, value, False))
+    if (model.mamba_n_groups or 0) > 1 and any(k in STATE_LAYER_KINDS for k in model.layer_kinds):
+        rules.append(("Mamba groups (n_groups)", model.mamba_n_groups, False))
     return tuple(rules)
 
 
@@ -287,8 +287,8 @@ def _mamba2_spec(m: ModelConfig, p: ParallelState, conv_dtype: DType, ssm_dtype:
     """Mamba-2: conv over x (heads x head_dim), B and C (groups x state); SSM state per head."""
     heads = p.split_per_rank(_needed(m, "mamba_num_heads"), "mamba_num_heads")
     head_dim, state = _needed(m, "mamba_head_dim"), _needed(m, "ssm_state_size")
-    # groups that do not split over TP are extended to one per rank and sharded, as SGLang and vLLM do;
-    # 0 for Mamba-1: B and C come after the conv, so it convolves x only
+    # groups split over TP (tensor_parallel_rules); a single group is copied to every rank, as SGLang and
+    # vLLM do; 0 for Mamba-1: B and C come after the conv, so it convolves x only
     groups = ceil_div(_needed(m, "mamba_n_groups", low=0), p.attention_tp_size)
     conv_dim = heads * head_dim + 2 * groups * state
     return RecurrentStateSpec(
