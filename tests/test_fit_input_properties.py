@@ -14,8 +14,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from msgspec import inspect as mi
 
 from app.cli import main
+from app.server_args_flags import server_args_fields
+from kvcache.errors import ConfigError
+from kvcache.inputs.server_args import ServerArgs
 
 FEW = settings(max_examples=10, deadline=None, derandomize=True,
                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -178,3 +182,45 @@ def test_a_sweep_that_fits_nowhere_names_a_value_that_fits(model: str, card: str
     if cap is not None and cap < requests and fix.startswith("--max-running-requests"):
         assert fix.startswith(f"--max-running-requests {requests} ")  # the cap, lifted to the target, not more cards
     assert answer(replanned(argv, fix), capsys)[0] == 0, fix
+
+
+# ---- a settings file with any of ServerArgs' fields, valid or not ----------------------------------------------
+
+def _field_values(kind: mi.Type) -> st.SearchStrategy[Any]:
+    """Values of a field's type at and past its edges, and of the wrong type."""
+    wrong = st.sampled_from(["x", None, [1]])
+    if isinstance(kind, mi.LiteralType):
+        return st.sampled_from(list(kind.values)) | st.just("bogus")
+    if isinstance(kind, mi.BoolType):
+        return st.booleans() | st.just("yes")
+    if isinstance(kind, mi.IntType):
+        return st.sampled_from([0, 1, 2, 8, 64, 4096, 10**9]) | wrong
+    if isinstance(kind, mi.FloatType):
+        return st.sampled_from([0.0, 0.3, 0.9, 1.0, 1.5]) | wrong
+    return st.sampled_from(["SmolLM2-135M", "no-such-model"]) | wrong
+
+
+FIELDS = {f.field: _field_values(f.kind) for f in server_args_fields()}
+
+
+@settings(FEW, max_examples=12)
+@given(values=st.dictionaries(st.sampled_from(sorted(FIELDS)), st.none(), min_size=1, max_size=4).flatmap(
+    lambda picked: st.fixed_dictionaries({name: FIELDS[name] for name in picked})))
+def test_a_settings_file_with_any_fields_is_honoured_or_refused_naming_the_file(
+        values: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(values))
+    code, out, err = answer([*SWEEP, "--config", str(path), "--json"], capsys)
+    event(f"exit {code}")
+    try:
+        ServerArgs.from_mapping({**values, "device": "meta"})
+    except ConfigError as exc:
+        field = re.search(r" - at `\$\.(\w+)`", str(exc))
+        assert code == 2, (values, err)  # nothing a file gets wrong is dropped
+        if field is not None and field.group(1) != "device":  # one field's value: named as the file writes it
+            assert f"config file {path}: {field.group(1).replace('_', '-')} = " in err, (values, err)
+        return
+    if code != 2:  # a valid file plans, its swept values as the sweep's only ones
+        swept = space(out)
+        for name, key in (("tp_size", "tp_sizes"), ("pp_size", "pp_sizes"), ("kv_cache_dtype", "kv_cache_dtypes")):
+            assert name not in values or swept[key] == [values[name]], (values, swept)
