@@ -26,6 +26,12 @@ from kvcache.models.model_config import ModelConfig
 
 SWEPT_FIELDS = frozenset({"tp_size", "pp_size", "kv_cache_dtype"})
 DEFAULTS = {"tp_size": "1,2,4,8", "pp_size": "1", "kv_cache_dtype": "auto,fp8_e4m3"}
+FP8_SPELLING = {"sglang": "fp8_e4m3", "vllm": "fp8"}  # each engine's name for e4m3 KV (vLLM's fp8_e4m3 differs on DSA)
+
+
+def default_list(field: str, engine: str) -> str:
+    """A swept field's default list, the KV dtypes spelled as --engine's rules spell them."""
+    return f"auto,{FP8_SPELLING[engine]}" if field == "kv_cache_dtype" else DEFAULTS[field]
 PROGRESS_AFTER_S = 1.0  # a sweep shorter than this needs no progress line
 
 
@@ -41,7 +47,8 @@ def add_fit_flags(p: argparse.ArgumentParser) -> None:
         if f.field in SWEPT_FIELDS:
             group.add_argument(f.flag, *f.aliases, dest=f.field, default=None, metavar="LIST",
                                help=f"{f.description}: values to try, comma-separated (default: the --config "
-                                    f"file's one value, else {DEFAULTS[f.field]})")
+                                    f"file's one value, else {DEFAULTS[f.field]}"
+                                    + ("; auto,fp8 under --engine vllm)" if f.field == "kv_cache_dtype" else ")"))
     p.add_argument("--plot", metavar="FILE", help="also draw requests held at once vs context length (.png or .svg; "
                                                   "needs the optional extra: pip install 'kvcache-configurator[plot]')")
     p.add_argument("--all", action="store_true", dest="all_rows",
@@ -128,15 +135,16 @@ class Progress:
             self._stream.flush()
 
 
-def swept_text(ns: argparse.Namespace, field: str, from_file: dict[str, Any]) -> str:
+def swept_text(ns: argparse.Namespace, field: str, from_file: dict[str, Any], engine: str = "sglang") -> str:
     """A swept field's list as text: the flag's, else the settings file's one value (checked as ServerArgs checks
-    it, so a nonsense dtype there is refused, not dropped), else the default list."""
+    it under --engine's rules, so a nonsense dtype there is refused, not dropped), else the default list."""
     given = getattr(ns, field)
     if given is not None:
         return str(given)
     if field not in from_file:
-        return DEFAULTS[field]
-    checked = checked_server_args({field: from_file[field]}, from_file=from_file, flags={}, path=ns.config)
+        return default_list(field, engine)
+    checked = checked_server_args({field: from_file[field], "engine": engine}, from_file=from_file, flags={},
+                                  path=ns.config)
     return str(getattr(checked, field))
 
 
@@ -145,10 +153,11 @@ def run_fit(ns: argparse.Namespace, model: ModelConfig, *, from_file: dict[str, 
     file's values (its swept fields restrict the sweep), `flags` the ServerArgs flags given, which override them."""
     flags = {k: v for k, v in flags.items() if k not in SWEPT_FIELDS}
     settings = {**from_file, **flags}
+    engine = settings.get("engine", "sglang")
     cards = _cards(ns.gpu)
-    tp_sizes = _sizes(swept_text(ns, "tp_size", from_file), "--tp-size")
-    pp_sizes = _sizes(swept_text(ns, "pp_size", from_file), "--pp-size")
-    dtypes = _dtypes(swept_text(ns, "kv_cache_dtype", from_file))
+    tp_sizes = _sizes(swept_text(ns, "tp_size", from_file, engine), "--tp-size")
+    pp_sizes = _sizes(swept_text(ns, "pp_size", from_file, engine), "--pp-size")
+    dtypes = _dtypes(swept_text(ns, "kv_cache_dtype", from_file, engine))
     if ns.plot is not None:
         plot_destination(ns.plot)
     fixed = {k: v for k, v in settings.items() if k not in SWEPT_FIELDS}
@@ -172,8 +181,8 @@ def run_fit(ns: argparse.Namespace, model: ModelConfig, *, from_file: dict[str, 
                                   f"{nearest.gpus} x {nearest.card} (TP {nearest.tp_size}, PP {nearest.pp_size}, KV "
                                   f"{nearest.kv_cache_dtype}): {nearest.why_not}",
                           suggestions=fit_fixes(sweep, rows, cards, tp_sizes, pp_sizes, dtypes) + (
-                              ["fp8 KV (--kv-cache-dtype auto,fp8_e4m3)"]
-                              if nearest.outcome != "weights" and "fp8_e4m3" not in dtypes else []))
+                              [f"fp8 KV (--kv-cache-dtype {default_list('kv_cache_dtype', engine)})"]
+                              if nearest.outcome != "weights" and FP8_SPELLING[engine] not in dtypes else []))
     result = FitResult(schema=FIT_SCHEMA, model=model.name, target=target, context_length=rows[0].context_length,
                        space=FitSpace(cards=[c.name for c in cards], tp_sizes=tp_sizes, pp_sizes=pp_sizes,
                                       kv_cache_dtypes=dtypes),

@@ -278,7 +278,7 @@ def test_a_vllm_cell_is_plan_engine_vllms_answer(model: str, card: str, tp: int,
     assert (row["tokens_source"], row["fits"], row["context_length"]) == ("vllm_answer", True, length)
 
 
-def test_fit_engine_vllm_sweeps_with_vllms_flags(capsys: pytest.CaptureFixture[str]) -> None:
+def test_fit_engine_vllm_sweeps_with_vllms_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Qwen3-8B at 32,768 tokens on an H200: a request of fp8 KV at TP 1 is 73,728 B x 32,768 = 2.25 GiB, and about
     # 111 GiB of KV memory hold 49 of them; at TP 2 each rank holds half the heads (1.125 GiB a request), 105: the
     # cheapest cell that holds 64 is 2 GPUs with fp8
@@ -287,14 +287,21 @@ def test_fit_engine_vllm_sweeps_with_vllms_flags(capsys: pytest.CaptureFixture[s
     result = json.loads(capsys.readouterr().out)
     assert len(result["rows"]) == 8 and all(r["tokens_source"] == "vllm_answer" for r in result["rows"])
     cheapest = result["cheapest"]
-    assert (cheapest["gpus"], cheapest["kv_cache_dtype"], cheapest["requests_at_context"]) == (2, "fp8_e4m3", 105)
-    one_gpu = [r for r in result["rows"] if r["gpus"] == 1 and r["kv_cache_dtype"] == "fp8_e4m3"]
+    assert (cheapest["gpus"], cheapest["kv_cache_dtype"], cheapest["requests_at_context"]) == (2, "fp8", 105)
+    one_gpu = [r for r in result["rows"] if r["gpus"] == 1 and r["kv_cache_dtype"] == "fp8"]
     assert [(r["requests_at_context"], r["outcome"]) for r in one_gpu] == [(49, "target")]
     # vLLM's running cap, max_num_seqs, below the target is lifted first (then the fewest GPUs that serve it)
     assert main([*argv, "--max-model-len", "32768", "--tp-size", "1", "--max-num-seqs", "16"]) == 3
     assert "what would work: --max-num-seqs 64 --tp-size 2 (2 x H200" in capsys.readouterr().err
     assert main([*argv, "--max-model-len", "32768", "--tp-size", "2", "--max-num-seqs", "64"]) == 0
     capsys.readouterr()
+    # vLLM spells e4m3 KV fp8 (its fp8_e4m3 picks another sparse-MLA backend): the default list and a settings file
+    assert result["space"]["kv_cache_dtypes"] == ["auto", "fp8"]
+    settings = tmp_path / "vllm.toml"
+    settings.write_text('engine = "vllm"\nkv_cache_dtype = "fp8"\nmax_model_len = 32768\n')
+    assert main(["fit", "--model", "Qwen3-8B", "--gpu", "H200", "--requests", "64", "--config", str(settings),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["space"]["kv_cache_dtypes"] == ["fp8"]
     assert main([*argv, "--context-length", "32768"]) == 2  # SGLang's name, under vLLM's rules
     assert "--context-length (use --max-model-len)" in capsys.readouterr().err
     assert main(argv) == 2
