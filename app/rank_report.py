@@ -36,6 +36,7 @@ class RankPlan(msgspec.Struct, frozen=True, kw_only=True):
     memory_allocated_bytes: int | None  # torch.cuda.memory_allocated on this rank's GPU (CUDA only)
     headline_tokens: int  # what this rank's report leads with (a dry run's measured prediction, or its plan)
     state_bytes_per_request: int | None = None  # a rank without per-token KV (a pure state-space model): its state
+    engine_own_tokens: int | None = None  # what the engine itself would size on this rank alone (report's, if known)
 
 
 def rank_plan(engine: Engine, report: BootstrapReport) -> RankPlan:
@@ -54,6 +55,7 @@ def rank_plan(engine: Engine, report: BootstrapReport) -> RankPlan:
         memory_allocated_bytes=int(torch.cuda.memory_allocated(target.device)) if target.device.type == "cuda" else None,
         headline_tokens=report.max_total_num_tokens,
         state_bytes_per_request=None if plan.kv_pools else report.state_bytes_per_request,
+        engine_own_tokens=report.engine_own_tokens,
     )
 
 
@@ -67,7 +69,11 @@ def _cache_of(r: RankPlan) -> str:
 def agreed_headline(report: BootstrapReport, plans: list[RankPlan]) -> BootstrapReport:
     """Rank 0's report leading with what every rank will hold: the smallest rank's headline. A dry run's
     prediction is each stage's own (its layers, its steps), and measured ranks keep the smallest resized count
-    (kvcache.runtime.agreed_resize), so stage 0's own prediction alone could promise more than the stages agree on."""
+    (kvcache.runtime.agreed_resize), so stage 0's own prediction alone could promise more than the stages agree on.
+    The engine's own count is the smallest rank's too (SGLang 0.5.23 MIN-reduces max_total_num_tokens over its
+    ranks), and unknown where any rank's is."""
+    own = [r.engine_own_tokens for r in plans]
+    report = msgspec.structs.replace(report, engine_own_tokens=None if None in own else min(own))  # type: ignore[type-var]
     agreed = min(r.headline_tokens for r in plans)
     if agreed == report.max_total_num_tokens:
         return report

@@ -61,6 +61,23 @@ def test_the_text_report_names_the_stages(capsys: pytest.CaptureFixture[str]) ->
     assert out.count("\n  stage ") == 3 and "own plan 11,595,907 tokens" in out
 
 
+def test_the_engine_s_own_count_is_the_smallest_stage_s(capsys: pytest.CaptureFixture[str]) -> None:
+    # SGLang 0.5.23 sizes each stage's pool as budget // that stage's bytes per token (no request table charged)
+    # and the ranks MIN-reduce it: DeepSeek-V3 at PP 8 is held to a 8-layer stage's 8 x 1,152 = 9,216 B/token,
+    # 40,466,238,669 // 9,216 = 4,390,867 (stage 0's 7 layers alone would say 5,018,134), above the plan's 4,085,149
+    assert main(["plan", *CASES["DeepSeek-V3 H200 PP 8"][0], "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [s["engine_own_tokens"] for s in report["stages"]] == [5_018_134] * 3 + [4_390_867] * 5
+    assert report["budget_bytes"] == 40_466_238_669 and report["engine_own_tokens"] == 4_390_867
+    # Llama-3.1-8B split 1,31: stage 1's 31 layers x 8 KV heads x (128 + 128) x 2 B = 126,976 B/token;
+    # 120,738,098,184 // 126,976 = 950,873 (stage 0's one layer of 4,096 B alone said 29,477,074)
+    assert main(["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "H200", "--pp-size", "2",
+                 "--pp-layer-partition", "1,31"]) == 0
+    out = capsys.readouterr().out
+    assert "KV budget           112.45 GiB (120,738,098,184 B)" in out
+    assert "sglang 0.5.23 itself sizes 950,873 for the static plan's budget" in out
+
+
 def test_one_stage_has_no_stages(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--model", "DeepSeek-V3", "--gpu", "H200", "--tp-size", "8", "--json"]) == 0
     assert "stages" not in json.loads(capsys.readouterr().out)
