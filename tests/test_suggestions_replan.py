@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from app.cli import main
@@ -73,6 +73,28 @@ def test_every_suggested_value_plans_when_applied(model: str, card: str, tighten
             assert again == 0 or (again == 3 and any(flags_of(s) for s in answer["error"]["suggestions"])), suggestion
         else:
             assert again == 0, (argv, suggestion, answer.get("error"))
+
+
+@EXAMPLES
+@given(model=st.sampled_from(["Llama-3.1-8B-Instruct", "Mistral-7B-v0.1", "Qwen3-8B", "gemma-2-9b-it"]),
+       card=st.sampled_from(["L4", "A10", "RTX-4090"]), tp=st.sampled_from(["1", "2"]),
+       headroom=st.sampled_from(["fraction", "auto"]))
+@example(model="Mistral-7B-v0.1", card="L4", tp="1", headroom="fraction")  # 9,339 tokens: each request capped
+@example(model="Llama-3.1-8B-Instruct", card="L4", tp="2", headroom="fraction")  # capped at 102,659 of 131,072
+def test_every_fix_a_capped_request_is_given_holds_a_full_request(model: str, card: str, tp: str, headroom: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A plan whose pool is shorter than one full-length request runs with each request capped, and its note names
+    values for a full-length request: each, applied, plans with no cap."""
+    argv = ["plan", "--model", model, "--gpu", card, "--tp-size", tp, "--kv-headroom", headroom]
+    code, report = run(argv, capsys)
+    if code != 0:
+        return
+    for note in report["capacity_notes"]:
+        if note["cap"] != "request_length":
+            continue
+        for fix in note["fixes"]:
+            again, answer = run(applied(argv, flags_of(fix)), capsys)
+            assert again == 0 and answer["request_token_cap"] is None, (argv, fix, answer.get("error"))
 
 
 @pytest.fixture
