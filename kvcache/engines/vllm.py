@@ -12,7 +12,7 @@ from kvcache.engines.vllm_rules import VLLM_VERSION
 from kvcache.errors import ConfigError
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.engine_rules import EngineRules
-from kvcache.sizing.planning import PlanRequest
+from kvcache.sizing.planning import PlanRequest, StartupMinimums
 from kvcache.sizing.pool_config import MemoryPoolConfig
 
 
@@ -23,6 +23,11 @@ class VllmRules(EngineRules):
     title = "vLLM"
     version = VLLM_VERSION
     plans_pools = False  # its answer is vLLM's block count (kvcache.engines.vllm_plan)
+    # vLLM 0.34.0's start-up minimums: config/model.py refuses a max_model_len below 1 (the flag's own bound);
+    # the others are its rules in kvcache.engines.vllm_rules, each citing its file: check_block_size
+    # (attention/backends/flash_attn.py), scheduler_limits (config/scheduler.py), max_model_len (config/model.py),
+    # and plan_vllm's null block plus one request (v1/core/kv_cache_planning.py, its memory check)
+    minimums = StartupMinimums(context_length=1, pool_tokens=1)
 
     def config_notes(self, model: ModelConfig) -> tuple[str, ...]:
         """An architecture vLLM 0.34.0 has no model class for (kvcache.engines.model_classes)."""
