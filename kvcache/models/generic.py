@@ -10,17 +10,9 @@ from __future__ import annotations
 
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.decoder import (
-    Heads,
-    ModelSource,
-    attention_layer_kinds,
-    describe,
-    ffn_blocks,
-    num_layers,
-    read_heads,
-    standard_layers,
-    weight_layout,
-    window_for,
+    Heads, ModelSource, attention_layer_kinds, describe, num_layers, read_heads, standard_layers, weight_layout, window_for,
 )
+from kvcache.models.feed_forward import ffn_blocks
 from kvcache.models.fields import MAX_POSITIONS, ConfigFields
 from kvcache.models.weight_blocks import Attention, Linear
 

@@ -12,16 +12,9 @@ from __future__ import annotations
 
 from kvcache.models.model_config import INDEX_SCALE_BLOCK, ModelConfig
 from kvcache.models.decoder import (
-    Heads,
-    ModelSource,
-    describe,
-    ffn_blocks,
-    hidden_size,
-    num_layers,
-    standard_layers,
-    weight_layout,
-    with_mtp,
+    Heads, ModelSource, describe, hidden_size, num_layers, standard_layers, weight_layout, with_mtp,
 )
+from kvcache.models.feed_forward import ffn_blocks
 from kvcache.models.fields import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, ConfigFields
 from kvcache.models.weight_blocks import Indexer, Layer, Linear, MLAttention, Norm
 from kvcache.models.generic import text_model_type

@@ -11,7 +11,8 @@ from __future__ import annotations
 import msgspec
 
 from kvcache.models.model_config import ModelConfig
-from kvcache.models.decoder import ModelSource, describe, ffn_blocks, read_heads, weight_layout
+from kvcache.models.decoder import ModelSource, describe, read_heads, weight_layout
+from kvcache.models.feed_forward import ffn_blocks
 from kvcache.models.fields import MAX_VOCAB
 from kvcache.models.generic import attention_block, read_generic, text_model_type
 from kvcache.models.weight_blocks import Layer, Linear, Norm

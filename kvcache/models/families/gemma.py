@@ -8,16 +8,9 @@ from __future__ import annotations
 
 from kvcache.models.model_config import LayerKind, ModelConfig
 from kvcache.models.decoder import (
-    ModelSource,
-    attention_layer_kinds,
-    describe,
-    ffn_blocks,
-    num_layers,
-    read_heads,
-    standard_layers,
-    weight_layout,
-    window_for,
+    ModelSource, attention_layer_kinds, describe, num_layers, read_heads, standard_layers, weight_layout, window_for,
 )
+from kvcache.models.feed_forward import ffn_blocks
 from kvcache.models.generic import attention_block, text_model_type
 
 _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.decoder import (
-    ModelSource,
-    attention_layer_kinds,
-    describe,
-    moe_block,
-    num_layers,
-    read_heads,
-    standard_layers,
-    weight_layout,
-    window_for,
+    ModelSource, attention_layer_kinds, describe, num_layers, read_heads, standard_layers, weight_layout, window_for,
 )
+from kvcache.models.feed_forward import moe_block
 from kvcache.models.fields import MAX_EXPERTS
 from kvcache.models.generic import attention_block, text_model_type
 

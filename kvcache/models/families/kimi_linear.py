@@ -12,16 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvcache.models.model_config import LayerKind, ModelConfig
-from kvcache.models.decoder import (
-    Heads,
-    ModelSource,
-    describe,
-    ffn_blocks,
-    hidden_size,
-    mixed_layers,
-    num_layers,
-    weight_layout,
-)
+from kvcache.models.decoder import Heads, ModelSource, describe, hidden_size, mixed_layers, num_layers, weight_layout
+from kvcache.models.feed_forward import ffn_blocks
 from kvcache.models.families.deepseek import mla_attention, mla_cache_fields
 from kvcache.models.fields import MAX_HEAD_DIM, MAX_HEADS, ConfigFields
 from kvcache.models.weight_blocks import ParamSpec, Shard, linear

@@ -9,7 +9,8 @@ intermediate_size; MoE every interleave_moe_layer_step-th layer.
 from __future__ import annotations
 
 from kvcache.models.model_config import LayerKind, ModelConfig
-from kvcache.models.decoder import ModelSource, check_routing, describe, moe_layers, num_layers, read_heads, standard_layers, weight_layout
+from kvcache.models.decoder import ModelSource, describe, num_layers, read_heads, standard_layers, weight_layout
+from kvcache.models.feed_forward import check_routing, moe_layers
 from kvcache.models.fields import MAX_EXPERTS, MAX_LAYERS, MAX_POSITIONS
 from kvcache.models.generic import attention_block, text_model_type
 from kvcache.models.weight_blocks import GatedMLP, MoE

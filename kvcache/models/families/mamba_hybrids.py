@@ -18,18 +18,9 @@ from dataclasses import dataclass, replace
 
 from kvcache.models.model_config import LayerKind, ModelConfig
 from kvcache.models.decoder import (
-    Heads,
-    ModelSource,
-    check_routing,
-    describe,
-    experts_count,
-    hidden_size,
-    mixed_layers,
-    moe_block,
-    num_layers,
-    read_heads,
-    weight_layout,
+    Heads, ModelSource, describe, hidden_size, mixed_layers, num_layers, read_heads, weight_layout,
 )
+from kvcache.models.feed_forward import check_routing, experts_count, moe_block
 from kvcache.models.families.nemotron_h import mamba2_cache_fields, mamba2_mixer
 from kvcache.models.fields import (
     MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, ConfigFields, with_transformers5_names,

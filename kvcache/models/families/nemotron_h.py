@@ -8,15 +8,8 @@ transformers 5 saves them, linear_attention / full_attention / mlp / moe."""
 from __future__ import annotations
 
 from kvcache.models.model_config import LayerKind, ModelConfig
-from kvcache.models.decoder import (
-    ModelSource,
-    describe,
-    moe_block,
-    num_layers,
-    read_heads,
-    weight_layout,
-    with_mtp,
-)
+from kvcache.models.decoder import ModelSource, describe, num_layers, read_heads, weight_layout, with_mtp
+from kvcache.models.feed_forward import moe_block
 from kvcache.models.fields import MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, ConfigFields, with_transformers5_names
 from kvcache.models.generic import attention_block, text_model_type
 from kvcache.models.weight_blocks import Block, Layer, Linear, Mamba2Mixer, Norm, PlainMLP

@@ -10,16 +10,9 @@ from __future__ import annotations
 
 from kvcache.models.model_config import LayerKind, ModelConfig
 from kvcache.models.decoder import (
-    ModelSource,
-    describe,
-    ffn_blocks,
-    listed_layer_kinds,
-    mixed_layers,
-    num_layers,
-    read_heads,
-    weight_layout,
-    with_mtp,
+    ModelSource, describe, listed_layer_kinds, mixed_layers, num_layers, read_heads, weight_layout, with_mtp,
 )
+from kvcache.models.feed_forward import ffn_blocks
 from kvcache.models.fields import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, ConfigFields
 from kvcache.models.generic import attention_block, text_model_type
 from kvcache.models.weight_blocks import Block, GatedDeltaNet, Layer, Linear, Norm
