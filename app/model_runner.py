@@ -21,21 +21,17 @@ from app.forward.graphs import DecodeGraphs, GraphCapture, decode_graph_batch_si
 from app.forward.measured_sizing import size_from_worst_case
 from app.forward.post_capture import apply_post_capture_resize
 from app.forward.worst_case import ReferenceWorstCaseStep
+from app.worker_refusals import WorkerRefusals
 from kvcache.runtime.measured_headroom import MeasuredSizing, WorstCaseStep
 from kvcache.runtime.resize import PostCaptureKVResize
 from kvcache.memory.vmm_storage import VmmBacking
-from kvcache.byte_units import format_bytes
-from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES
 from kvcache.inputs.dtypes import DType
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.errors import (
     BudgetBelowOnePageError, BudgetBelowOneRequestError, KVCacheError, WeightsDoNotFitError, WeightsLeaveNoRoomError,
 )
-from kvcache.sizing.memory_size_advice import card_fixes, memory_limit_fixes
-from kvcache.sizing.tp_advice import tp_size_that_fits
-from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
+from kvcache.sizing.worker_sizing import WorkerSizing
 from kvcache.memory.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
-from kvcache.memory.host_memory import host_memory_bytes
 from kvcache.memory.memory_probe import MemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
@@ -285,56 +281,19 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _refusals(self) -> WorkerRefusals:
+        """Why this worker cannot start, with what would work (app.worker_refusals), from its readings now."""
+        return WorkerRefusals(
+            role=self.role, model_config=self.model_config, sizing=self.sizing, device=str(self.device),
+            device_type=self.device.type, free_before_load=self.pre_model_load_memory or 0,
+            total_bytes=self.memory_probe.total_bytes(), device_capacity_bytes=self.memory_probe.device_capacity_bytes(),
+            weights_for=lambda state: self._weight_loader().bytes_needed(self.weight_specs(state)))
+
     def _weights_do_not_fit(self, needed: int, *, refused: bool = False) -> WeightsDoNotFitError:
-        """More weights than free memory; or (`refused`) the device refused their allocation although the probe
-        saw room for them (another process took it, or fragmentation): then no smaller limit is suggested."""
-        free = self.pre_model_load_memory or 0
-        per_rank = self._tp_size_suggestion(kv_cache_plans_only=False)
-        where = 'the card' if self.device.type == 'meta' else self.device
-        if refused and needed <= free:
-            return WeightsDoNotFitError(
-                f"{self.model_config.name}'s {self.role} weights ({format_bytes(needed)} on this rank) could not be "
-                f"allocated on {where} although {format_bytes(free)} were free before loading (another process may "
-                "hold memory there); what was allocated is freed", needed_bytes=needed, available_bytes=free,
-                suggestions=per_rank)
-        return WeightsDoNotFitError(
-            f"{self.model_config.name}'s {self.role} weights ({format_bytes(needed)} on this rank) do not fit "
-            f"in the {format_bytes(free)} free on {where}",
-            needed_bytes=needed, available_bytes=free,
-            suggestions=(*per_rank, *card_fixes(self.sizing, weights_bytes=needed, dry_run=self.device.type == "meta"))
-            if self.device.type != "cpu" else
-            memory_limit_fixes(self.sizing, used_bytes=self.memory_probe.total_bytes() - free, weights_bytes=needed,
-                               host_memory=host_memory_bytes()),
-        )
+        return self._refusals().weights_do_not_fit(needed, refused=refused)
 
     def _refuse_a_kv_cache_that_cannot_plan(self, weights: int) -> None:
-        """Before filling the weights (a CPU fills 15 GiB of dummy weights in ~26 s): plan with the most memory they
-        could leave free; a KV cache that does not plan with that does not plan after loading either."""
-        free = self.pre_model_load_memory or 0
-        best = WorkerMemory(total_bytes=self.memory_probe.total_bytes(), free_before_load=free, free_after_load=free - weights,
-                            reported_total_bytes=self.memory_probe.device_capacity_bytes())
-        try:
-            self.sizing.plan(best)
-        except (WeightsLeaveNoRoomError, BudgetBelowOnePageError, BudgetBelowOneRequestError) as exc:
-            raise exc.with_suggestions(self._tp_size_suggestion(kv_cache_plans_only=True) + exc.suggestions) from None
+        self._refusals().refuse_a_kv_cache_that_cannot_plan(weights)
 
     def _tp_size_suggestion(self, *, kv_cache_plans_only: bool) -> tuple[str, ...]:
-        """A larger --tp-size, checked by planning at it with the defaults' reserve (kvcache.sizing.tp_advice), on a
-        card (a CPU engine has no TP to offer); none when only the weights would fit and `kv_cache_plans_only`."""
-        if self.device.type == "cpu" or (kv_cache_plans_only and self.role != "target"):
-            return ()
-        loader = self._weight_loader()
-        engine_plans = self.sizing.engine.plans_pools  # vLLM's blocks are its own: its TP is checked for weights alone
-        found = tp_size_that_fits(  # a card's context grows by its kernels as the weights are filled
-            self.sizing, free_before_load=self.pre_model_load_memory or 0, total_bytes=self.memory_probe.total_bytes(),
-            device_capacity_bytes=self.memory_probe.device_capacity_bytes(),
-            weights_for=lambda state: loader.bytes_needed(self.weight_specs(state)),
-            context_growth=CUDA_KERNEL_LOAD_BYTES, check_kv_cache=self.role == "target" and engine_plans)
-        if found is None:
-            return ()
-        weights_alone = not (found.kv_cache_plans and engine_plans)
-        if kv_cache_plans_only and weights_alone:
-            return ()
-        return (f"--tp-size {found.tp_size} (about {format_bytes(found.weights_bytes)} per rank"
-                f"{', for the weights alone: the KV cache then needs more' if weights_alone else ''}"
-                + (f", each request capped at {found.request_token_cap:,} tokens" if found.request_token_cap else "") + ")",)
+        return self._refusals().tp_size_suggestion(kv_cache_plans_only=kv_cache_plans_only)

@@ -166,7 +166,7 @@ def test_the_suggested_memory_limit_plans(args: dict[str, Any]) -> None:
 
 def test_on_the_cpu_weights_that_do_not_fit_suggest_a_memory_limit(capsys: pytest.CaptureFixture[str],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("app.model_runner.host_memory_bytes", lambda: 64 << 30)  # a host that has the limit
+    monkeypatch.setattr("app.worker_refusals.host_memory_bytes", lambda: 64 << 30)  # a host that has the limit
     assert main(["--model", "Llama-3.1-8B-Instruct", "--device", "cpu", "--json"]) == 3
     (suggestion,) = json.loads(capsys.readouterr().out)["error"]["suggestions"]
     # 16,062,087,168 B of bf16 weights and one 131,072-token request of 131,072 B a token (16 GiB), not the weights

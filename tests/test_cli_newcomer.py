@@ -174,7 +174,7 @@ def test_a_one_layer_pool_reads_as_one_layer(capsys: pytest.CaptureFixture[str])
 
 def test_weights_larger_than_the_host_ask_for_a_bigger_host_not_a_refused_limit(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr("app.model_runner.host_memory_bytes", lambda: 16 << 30)
+    monkeypatch.setattr("app.worker_refusals.host_memory_bytes", lambda: 16 << 30)
     # the CPU probe counts this process's RSS growth, which other tests in the run (and the host's load) move
     monkeypatch.setattr("kvcache.memory.memory_probe._resident_bytes", lambda: 0)
     monkeypatch.setattr("kvcache.memory.memory_probe._host_available_bytes", lambda: None)  # and what it has free

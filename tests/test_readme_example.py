@@ -65,7 +65,7 @@ def test_a_one_gib_card_holds_what_the_formula_says(mocker):
 
 def test_the_container_example_s_old_model_is_refused_before_filling_with_the_field_to_set(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("app.model_runner.host_memory_bytes", lambda: 64 << 30)  # a host that has the limit named
+    monkeypatch.setattr("app.worker_refusals.host_memory_bytes", lambda: 64 << 30)  # a host that has the limit named
     # Llama-3.1-8B's 16,062,087,168 B of bf16 weights on the 8 GiB CPU default: refused before any is allocated,
     # naming the flag and the ServerArgs field (the README's example used to end in this traceback)
     assert main(["bootstrap", "--device", "cpu", "--model", "Llama-3.1-8B-Instruct"]) == 3

@@ -102,7 +102,7 @@ def host_of(monkeypatch: pytest.MonkeyPatch) -> Any:
     """A host of `n` MiB whose free memory is its --memory-limit less what this process grew by (none of it taken by
     other processes: the probe's cap at MemAvailable would make the numbers this machine's load)."""
     def make(n: int) -> None:
-        monkeypatch.setattr("app.model_runner.host_memory_bytes", lambda: n * MiB)
+        monkeypatch.setattr("app.worker_refusals.host_memory_bytes", lambda: n * MiB)
         monkeypatch.setattr("kvcache.sizing.worker_sizing.host_memory_bytes", lambda: n * MiB)
         monkeypatch.setattr("kvcache.memory.memory_probe._host_available_bytes", lambda: None)
     return make

@@ -1,0 +1,90 @@
+"""Why a worker cannot start, in one line with what would work: weights that do not fit the free memory, a KV cache
+that cannot plan with what the weights leave, and the larger --tp-size that would (checked by planning at it).
+
+Plain numbers in (the probe's readings, the worker's sizing, its weight bytes per rank), typed errors out: nothing
+here touches a device, so a dry run and a real start refuse alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from kvcache.byte_units import format_bytes
+from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, WeightsDoNotFitError, WeightsLeaveNoRoomError
+from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES
+from kvcache.inputs.parallel import ParallelState
+from kvcache.memory.host_memory import host_memory_bytes
+from kvcache.models.model_config import ModelConfig
+from kvcache.sizing.memory_size_advice import card_fixes, memory_limit_fixes
+from kvcache.sizing.tp_advice import tp_size_that_fits
+from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerRefusals:
+    """One worker's refusals: its role, model and sizing, the device it runs on, the probe's readings before its
+    weights loaded, and its weight bytes on a rank of any layout (`weights_for`, for the --tp-size search)."""
+
+    role: str
+    model_config: ModelConfig
+    sizing: WorkerSizing
+    device: str  # as the line names it: "cuda:0", "cpu" (a dry run's meta device is "the card")
+    device_type: str
+    free_before_load: int
+    total_bytes: int
+    device_capacity_bytes: int
+    weights_for: Callable[[ParallelState], int]
+
+    def weights_do_not_fit(self, needed: int, *, refused: bool = False) -> WeightsDoNotFitError:
+        """More weights than free memory; or (`refused`) the device refused their allocation although the probe
+        saw room for them (another process took it, or fragmentation): then no smaller limit is suggested."""
+        free = self.free_before_load
+        per_rank = self.tp_size_suggestion(kv_cache_plans_only=False)
+        where = 'the card' if self.device_type == 'meta' else self.device
+        if refused and needed <= free:
+            return WeightsDoNotFitError(
+                f"{self.model_config.name}'s {self.role} weights ({format_bytes(needed)} on this rank) could not be "
+                f"allocated on {where} although {format_bytes(free)} were free before loading (another process may "
+                "hold memory there); what was allocated is freed", needed_bytes=needed, available_bytes=free,
+                suggestions=per_rank)
+        return WeightsDoNotFitError(
+            f"{self.model_config.name}'s {self.role} weights ({format_bytes(needed)} on this rank) do not fit "
+            f"in the {format_bytes(free)} free on {where}",
+            needed_bytes=needed, available_bytes=free,
+            suggestions=(*per_rank, *card_fixes(self.sizing, weights_bytes=needed, dry_run=self.device_type == "meta"))
+            if self.device_type != "cpu" else
+            memory_limit_fixes(self.sizing, used_bytes=self.total_bytes - free, weights_bytes=needed,
+                               host_memory=host_memory_bytes()),
+        )
+
+    def refuse_a_kv_cache_that_cannot_plan(self, weights: int) -> None:
+        """Before filling the weights (a CPU fills 15 GiB of dummy weights in ~26 s): plan with the most memory they
+        could leave free; a KV cache that does not plan with that does not plan after loading either."""
+        free = self.free_before_load
+        best = WorkerMemory(total_bytes=self.total_bytes, free_before_load=free, free_after_load=free - weights,
+                            reported_total_bytes=self.device_capacity_bytes)
+        try:
+            self.sizing.plan(best)
+        except (WeightsLeaveNoRoomError, BudgetBelowOnePageError, BudgetBelowOneRequestError) as exc:
+            raise exc.with_suggestions(self.tp_size_suggestion(kv_cache_plans_only=True) + exc.suggestions) from None
+
+    def tp_size_suggestion(self, *, kv_cache_plans_only: bool) -> tuple[str, ...]:
+        """A larger --tp-size, checked by planning at it with the defaults' reserve (kvcache.sizing.tp_advice), on a
+        card (a CPU engine has no TP to offer); none when only the weights would fit and `kv_cache_plans_only`."""
+        if self.device_type == "cpu" or (kv_cache_plans_only and self.role != "target"):
+            return ()
+        engine_plans = self.sizing.engine.plans_pools  # vLLM's blocks are its own: its TP is checked for weights alone
+        found = tp_size_that_fits(  # a card's context grows by its kernels as the weights are filled
+            self.sizing, free_before_load=self.free_before_load, total_bytes=self.total_bytes,
+            device_capacity_bytes=self.device_capacity_bytes,
+            weights_for=self.weights_for,
+            context_growth=CUDA_KERNEL_LOAD_BYTES, check_kv_cache=self.role == "target" and engine_plans)
+        if found is None:
+            return ()
+        weights_alone = not (found.kv_cache_plans and engine_plans)
+        if kv_cache_plans_only and weights_alone:
+            return ()
+        return (f"--tp-size {found.tp_size} (about {format_bytes(found.weights_bytes)} per rank"
+                f"{', for the weights alone: the KV cache then needs more' if weights_alone else ''}"
+                + (f", each request capped at {found.request_token_cap:,} tokens" if found.request_token_cap else "") + ")",)
