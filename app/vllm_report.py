@@ -104,12 +104,14 @@ def plan_for_vllm(container: Any, *, card: str | None) -> VllmReport:
 
     `container` is an EngineContainer (app does not import containers); nothing else is built."""
     case = vllm_case(container.server_args(), container.model_config(), container.target.configurator().sizing)
+    rules = container.engine_rules()
     weights = container.target.model_runner().load_weights()
     answer = answer_on_card(case, total_bytes=container.memory_probe().total_bytes(), weights_bytes=weights.total_bytes,
                             card=card)
     return vllm_report(answer, model=case.model.name, device=str(container.device()), card=card,
                        model_dtype=case.model_dtype.name, kv_cache_dtype=case.kv_dtype.name,
-                       engine_notes=container.engine_rules().config_notes(case.model))
+                       engine_notes=(*rules.config_notes(case.model), *rules.kv_dtype_notes(
+                           case.model, kv_cache_dtype=case.kv_dtype.name, model_dtype=case.model_dtype.name)))
 
 
 def render_vllm_text(r: VllmReport) -> str:

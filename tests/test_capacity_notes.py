@@ -31,7 +31,7 @@ def test_a_huge_request_cap_says_what_the_table_costs(capsys: pytest.CaptureFixt
     assert r["buffers"]["req_to_token"] == slot_size((68_485 + 1) * (131_072 + 4) * 4) == 35_907_484_160
     (note,) = r["capacity_notes"]
     assert note["cap"] == "request_table" and note["tokens"] == 402_664 - 136_971
-    assert "--max-running-requests 1,000,000 (capped at 68,485" in note["message"] and "(402,664)" in note["message"]
+    assert "--max-running-requests 1000000 (capped at 68,485" in note["message"] and "(402,664)" in note["message"]
 
 
 def test_state_slots_that_bind_say_how_much_of_the_pool_running_requests_can_use(

@@ -166,6 +166,8 @@ def test_token_slots_that_bind_say_the_max_total_tokens_that_frees_them(capsys: 
     d = plan_json(argv, capsys)
     [note] = [n for n in d["capacity_notes"] if n["cap"] == "token_slots"]
     assert note["fixes"] == ["--max-total-tokens 8192"] and "fit 1 request of 2,048 tokens at once, while 4" in note["message"]
+    # counts in prose carry separators, the flag's value stays pasteable
+    assert note["message"].endswith("; for all of them at full length, 8,192 token slots: --max-total-tokens 8192")
     d = plan_json([*argv, "--max-total-tokens", "8192"], capsys)
     assert (d["max_total_num_tokens"], d["max_running_requests"]) == (8192, 4)
     assert not [n for n in d["capacity_notes"] if n["cap"] == "token_slots"]
@@ -221,3 +223,20 @@ def test_a_mamba2_width_the_engines_would_read_apart_is_refused_in_one_line(
     assert main(["plan", "--model", str(path), "--gpu", "H200"]) == 2
     err = capsys.readouterr().err
     assert expected in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_kv_cache_dtype_without_per_token_kv_is_accepted_and_named(engine: str,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """SGLang 0.5.23 (mem_cache/kv_cache_dtype.py) and vLLM 0.34.0 (CacheConfig) accept --kv-cache-dtype fp8_e4m3
+    for a model with no attention layer; it sizes nothing, so the plan says so in one note and its numbers stay."""
+    argv = ["plan", "--model", str(CORPUS / f"{CODESTRAL}.json"), "--gpu", "H200", "--engine", engine]
+    plain, fp8 = plan_json(argv, capsys), plan_json([*argv, "--kv-cache-dtype", "fp8_e4m3"], capsys)
+    label = {"sglang": "SGLang 0.5.23", "vllm": "vLLM 0.34.0"}[engine]
+    assert plain["engine_notes"] == [] and fp8["engine_notes"] == [
+        f"--kv-cache-dtype fp8_e4m3 sizes nothing for {CODESTRAL}: it has no per-token KV (every layer is recurrent "
+        f"state, which keeps its own dtypes); {label} accepts the flag and runs as without it"]
+    assert {k: v for k, v in fp8.items() if k not in ("engine_notes", "kv_cache_dtype", "timings_s")} == \
+        {k: v for k, v in plain.items() if k not in ("engine_notes", "kv_cache_dtype", "timings_s")}
+    if engine == "sglang":  # 3 slots a request x 64 layers x (10,240 x 3 x 2 conv + 128 x 64 x 128 x 4 SSM) B
+        assert fp8["state_bytes_per_request"] == 3 * 64 * (10_240 * 3 * 2 + 128 * 64 * 128 * 4) == 817_102_848

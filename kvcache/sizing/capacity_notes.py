@@ -93,7 +93,7 @@ def _table_takes_the_pool(sizing: WorkerSizing, plan: MemoryPoolConfig) -> Capac
         return None
     extra = plan.req_to_token_bytes - baseline.req_to_token_bytes
     return CapacityNote(cap="request_table", tokens=lost, bytes=extra, message=(
-        f"--max-running-requests {asked:,} (capped at {plan.max_running_requests:,}: at most tokens // 2, SGLang 0.5.23's "
+        f"--max-running-requests {asked} (capped at {plan.max_running_requests:,}: at most tokens // 2, SGLang 0.5.23's "
         f"rule) makes the request table {format_bytes(plan.req_to_token_bytes)}; the pool holds {lost:,} fewer tokens "
         f"than at the default {baseline.max_running_requests:,} requests ({baseline.max_total_num_tokens:,})"))
 
@@ -110,7 +110,7 @@ def _token_slots_bind(sizing: WorkerSizing, plan: MemoryPoolConfig) -> CapacityN
     return CapacityNote(cap="token_slots", tokens=requests * context - held * context, bytes=0, fixes=fixes, message=(
         f"the {slots:,} token slots ({sizing.engine.label}'s default without per-token KV: the context length; they "
         f"hold no bytes) fit {held:,} request{'' if held == 1 else 's'} of {context:,} tokens at once, while "
-        f"{requests:,} may run" + (f"; for all of them at full length: {fixes[0]}" if fixes else "")))
+        f"{requests:,} may run" + (f"; for all of them at full length, {wanted:,} token slots: {fixes[0]}" if fixes else "")))
 
 
 def _all_running_at_full_length(sizing: WorkerSizing, budget: MemoryBudget, tokens: int, context: int) -> int | None:

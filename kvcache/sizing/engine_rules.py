@@ -142,6 +142,14 @@ class EngineRules(ABC):
         """What the report says of a plan under this engine's rules (budget it charges and leaves unused)."""
         return ()
 
+    def kv_dtype_notes(self, model: ModelConfig, *, kv_cache_dtype: str, model_dtype: str) -> tuple[str, ...]:
+        """A --kv-cache-dtype other than the model's for a model with no per-token KV (a pure state-space model):
+        SGLang 0.5.23 and vLLM 0.34.0 both accept the flag and it sizes nothing, so say so rather than refuse."""
+        if model.kv_layer_count or kv_cache_dtype == model_dtype:
+            return ()
+        return (f"--kv-cache-dtype {kv_cache_dtype} sizes nothing for {model.name}: it has no per-token KV (every "
+                f"layer is recurrent state, which keeps its own dtypes); {self.label} accepts the flag and runs as without it",)
+
     def plan(self, request: PlanRequest) -> MemoryPoolConfig:
         """The pools for a budget: the project's planner unless an engine sizes them its own way."""
         return plan_pool_sizes(request)
