@@ -12,7 +12,7 @@ from app.failures import Failure
 from app.fit_sweep import FitRow, FitTarget
 from kvcache.byte_units import GiB
 
-FIT_SCHEMA = "kvcache-fit/1"  # bump when a key changes meaning or goes away
+FIT_SCHEMA = "kvcache-fit/2"  # bump when a key changes meaning or goes away (2: max_total_tokens is the headline)
 TOKENS_BY = {"static_plan": "static plan", "prediction_calibrated": "measured", "prediction_uncalibrated": "uncalibrated",
              "prediction_extrapolated": "extrapolated", "vllm_answer": "vLLM 0.34"}  # where `max tokens` comes from
 CLOSEST_SHOWN = 5  # rows that miss the target, shown beside those that meet it (all of them with --all)

@@ -176,7 +176,7 @@ def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
     result = json.loads(capsys.readouterr().out)
     assert set(result) == {"schema", "model", "target", "context_length", "space", "rows", "cheapest", "closest",
                            "error"}
-    assert result["schema"] == "kvcache-fit/1" and result["error"] is None and result["closest"] is None
+    assert result["schema"] == "kvcache-fit/2" and result["error"] is None and result["closest"] is None
     assert result["target"] == {"requests": None, "tokens": 1_000_000, "context_length": None}
     assert result["space"] == {"cards": ["L4", "A10"], "tp_sizes": [1, 2], "pp_sizes": [1],
                                "kv_cache_dtypes": ["auto", "fp8_e4m3"]}
