@@ -295,7 +295,10 @@ class WorkerSizing:
 
         def fits_from_top(k: int) -> bool:  # counts exponents down from the top: "false then true"
             smaller = replace(self, settings=self.settings.replace(page_size=1 << (top + 1 - k)))
-            return fits(smaller.plan_request(smaller.layout(), request.budget))
+            try:  # a page the engine refuses at start-up (one a given --chunked-prefill-size is no multiple of)
+                return fits(smaller.plan_request(smaller.layout(), request.budget))
+            except ConfigError:  # is no fix; the size returned is always one that planned
+                return False
 
         k = smallest_passing(1, top + 1, fits_from_top)
         return None if k is None else f"--page-size {1 << (top + 1 - k)} (the largest power of two that fits)"
