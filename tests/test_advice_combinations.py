@@ -12,7 +12,8 @@ import json
 import pytest
 
 from app.cli import main
-from kvcache.sizing.advice import largest_passing, round_shorter_contexts, smallest_passing
+from kvcache.sizing.advice import round_shorter_contexts
+from kvcache.sizing.knob_search import largest_passing, smallest_passing
 from kvcache.byte_units import GiB
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.sizing.planning import KVPoolDemand, PlanRequest

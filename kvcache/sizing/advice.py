@@ -1,5 +1,5 @@
-"""What would fit: re-run the pure planner with one knob changed and name the values that work; where
-no knob works alone, the first combination (a larger --mem-fraction-static with fp8 KV or a shorter
+"""What would fit: re-run the pure planner with one knob changed (kvcache.sizing.knob_search) and name the values
+that work; where no knob works alone, the first combination (a larger --mem-fraction-static with fp8 KV or a shorter
 context) that does.
 
 Each suggestion names flags and values that were checked by planning with them, together.
@@ -7,7 +7,6 @@ Each suggestion names flags and values that were checked by planning with them, 
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import Callable
 
 import msgspec
@@ -16,7 +15,12 @@ from kvcache.byte_units import GiB, MiB
 from kvcache.errors import DoesNotFitError
 from kvcache.memory.memory_budget import MemoryBudget, compute_budget, headroom_bytes
 from kvcache.arithmetic import align_down, align_up
-from kvcache.sizing.planning import MAX_DEFAULT_RUNNING_REQUESTS, PlanRequest, plan_pool_sizes, state_slots
+from kvcache.sizing.knob_search import (
+    fits, largest_fitting_state_slots, longest_fitting_context, most_running_requests_that_run, smallest_fitting_budget,
+    smallest_fitting_mamba_ratio, smallest_fitting_mem_fraction, smallest_fitting_swa_ratio, smallest_passing, with_budget,
+    with_context,
+)
+from kvcache.sizing.planning import PlanRequest, plan_pool_sizes
 
 
 class KeptFree(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,121 +46,6 @@ def runtime_uses(cuda_graphs: bool) -> str:
     return "activations and CUDA graphs" if cuda_graphs else "activations"
 
 
-def fits(req: PlanRequest, *, full_context: bool = True) -> bool:
-    """Whether `req` plans with one full-context request in its pools (what every suggestion is checked for);
-    with full_context=False, whether it plans as its engine runs it (requests capped, where the engine allows)."""
-    try:
-        plan_pool_sizes(msgspec.structs.replace(req, below_one_request="refuse") if full_context else req)
-    except DoesNotFitError:
-        return False
-    return True
-
-
-def _with_budget(req: PlanRequest, budget_bytes: int) -> PlanRequest:
-    return msgspec.structs.replace(req, budget=msgspec.structs.replace(req.budget, budget_bytes=budget_bytes))
-
-
-def smallest_passing(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
-    """The smallest n in [lo, hi] with ok(n), for ok monotone (false then true); None if ok(hi) fails."""
-    if lo > hi or not ok(hi):
-        return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def largest_passing(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
-    """The largest n in [lo, hi] with ok(n), for ok monotone (true then false); None if ok(lo) fails: the
-    same search counted down from `hi`."""
-    down = smallest_passing(0, hi - lo, lambda k: ok(hi - k))
-    return None if down is None else hi - down
-
-
-def smallest_fitting_mem_fraction(req: PlanRequest, budget_for: Callable[[float], int]) -> float | None:
-    """The smallest mem_fraction_static (to 0.001) whose budget plans, or None if even 0.99 does not."""
-    def ok(milli: int) -> bool:
-        budget = budget_for(milli / 1000)
-        return budget > 0 and fits(_with_budget(req, budget))
-
-    milli = smallest_passing(1, 990, ok)
-    return None if milli is None else milli / 1000
-
-
-def with_context(req: PlanRequest, context: int) -> PlanRequest:
-    """The request with another context_length; the request table keeps its extra (draft-token) columns."""
-    extra = req.req_to_token_row_width - req.context_length
-    return msgspec.structs.replace(req, context_length=context, req_to_token_row_width=context + extra)
-
-
-def longest_fitting_context(req: PlanRequest) -> int | None:
-    """The longest context_length (a page multiple, at least the engine's start-up minimum) that plans with
-    everything else unchanged."""
-    page = req.page_size
-    top = max(1, (req.context_length - 1) // page)
-    lowest = align_up(req.minimums.context_length, page) // page
-    pages = largest_passing(lowest, top, lambda n: fits(with_context(req, n * page)))
-    return None if pages is None else pages * page
-
-
-def most_running_requests_that_run(req: PlanRequest) -> int | None:
-    """Where the engine runs requests capped below the context and `req` does not plan: the most
-    --max-running-requests (fewer than today's cap) that plans, its request table leaving the pool more; else None.
-    A long context makes each row of the table long: SGLang 0.5.23's default 2,048 rows of 10M tokens take 80 GiB."""
-    if req.below_one_request != "cap" or fits(req, full_context=False):
-        return None
-    top = (req.max_running_requests or MAX_DEFAULT_RUNNING_REQUESTS) - 1
-    return largest_passing(1, top, lambda n: fits(msgspec.structs.replace(req, max_running_requests=n),
-                                                  full_context=False))
-
-
-def smallest_fitting_swa_ratio(req: PlanRequest) -> float | None:
-    """The smallest swa_full_tokens_ratio (to 0.001) above the current one that plans, or None."""
-    if not any(p.share == "swa" for p in req.kv_pools):
-        return None
-    milli = smallest_passing(
-        int(req.swa_ratio * 1000) + 1, 1000,
-        lambda m: fits(msgspec.structs.replace(req, swa_ratio=Fraction(m, 1000))),
-    )
-    return None if milli is None else milli / 1000
-
-
-def _with_state(req: PlanRequest, **fields: object) -> PlanRequest:
-    assert req.state is not None
-    return msgspec.structs.replace(req, state=msgspec.structs.replace(req.state, **fields))
-
-
-def largest_fitting_state_slots(req: PlanRequest) -> int | None:
-    """The most usable state slots (<= the asked --max-mamba-cache-size) that plan, or None; when fewer
-    than one request's are asked, that request's count if it plans."""
-    if req.state is None or req.state.max_slots is None:
-        return None
-    top, least = req.state.max_slots, req.state.slots_per_request  # fewer slots than one request never plans
-    if top < least:
-        return least if fits(_with_state(req, max_slots=least)) else None
-    return largest_passing(least, top, lambda n: fits(_with_state(req, max_slots=n)))
-
-
-def smallest_fitting_mamba_ratio(req: PlanRequest) -> float | None:
-    """Without --max-mamba-cache-size: the smallest mamba_full_memory_ratio (to 0.001) above the current one
-    whose state share holds one request's slots, if the plan fits with it; else None."""
-    s = req.state
-    if s is None or s.max_slots is not None:
-        return None
-
-    def holds_one_request(milli: int) -> bool:  # usable slots: the planner's count less the padding slot
-        return state_slots(_with_state(req, memory_ratio=Fraction(milli, 1000))) - 1 >= s.slots_per_request
-
-    current = int(s.memory_ratio * 1000)
-    milli = smallest_passing(current + 1, max(current + 1, 1000 * 1000), holds_one_request)
-    if milli is None or not fits(_with_state(req, memory_ratio=Fraction(milli, 1000))):
-        return None
-    return milli / 1000
-
-
 def mib_at_least(nbytes: int, limit: int) -> int:
     """`nbytes` rounded up to whole MiB (a value a person can type back), unless that passes `limit`."""
     rounded = align_up(nbytes, MiB)
@@ -166,11 +55,6 @@ def mib_at_least(nbytes: int, limit: int) -> int:
 def size_flag_value(nbytes: int) -> str:
     """A byte count as a size flag's value: '114138MiB' when it is whole MiB, else the bytes."""
     return f"{nbytes // MiB}MiB" if nbytes % MiB == 0 else str(nbytes)
-
-
-def smallest_fitting_budget(req: PlanRequest, limit: int) -> int | None:
-    """The fewest budget bytes (<= limit) that plan, or None."""
-    return smallest_passing(1, limit, lambda b: fits(_with_budget(req, b)))
 
 
 def suggest_kv_cache_memory(req: PlanRequest, free_after_load: int, *, kv_cache_memory: int | None = None,
@@ -183,18 +67,18 @@ def suggest_kv_cache_memory(req: PlanRequest, free_after_load: int, *, kv_cache_
     """
     on_host = host_total_bytes is not None
     out: list[str] = []
-    if on_host and kv_cache_memory is not None and fits(_with_budget(req, kv_cache_memory)):
+    if on_host and kv_cache_memory is not None and fits(with_budget(req, kv_cache_memory)):
         limit = host_limit_rounded(host_total_bytes + kv_cache_memory - free_after_load)
         if host_memory is None or limit <= host_memory:
             out.append(f"--memory-limit {limit // MiB}MiB (keeps --kv-cache-memory, if the host has it)")
-    at_most = _with_budget(req, free_after_load)
+    at_most = with_budget(req, free_after_load)
     least = smallest_fitting_budget(req, free_after_load)
     if least is not None:
         ninety = free_after_load * 9 // 10 // MiB * MiB
         uses = runtime_uses(not on_host)
         return (*out, f"--kv-cache-memory {size_flag_value(ninety)} (90% of what is free, leaving "
                 f"{(free_after_load - ninety) / GiB:.2f} GiB for {uses})"
-                if fits(_with_budget(req, ninety)) else
+                if fits(with_budget(req, ninety)) else
                 f"--kv-cache-memory {size_flag_value(free_after_load)} (all that is free: it leaves nothing for {uses})",
                 f"--kv-cache-memory {size_flag_value(mib_at_least(least, free_after_load))} "
                 "(the least that holds one full-length request)")
@@ -237,7 +121,7 @@ def smallest_fitting_memory_limit(req: PlanRequest, fraction_for_limit: Callable
 
     def ok(mib: int) -> bool:
         budget = budget_at_memory_limit(b, mib * MiB, fraction_for_limit(mib * MiB))
-        return budget > 0 and fits(_with_budget(req, budget))
+        return budget > 0 and fits(with_budget(req, budget))
 
     top = 64 * b.total_bytes // MiB if host_memory is None else min(64 * b.total_bytes, host_memory) // MiB
     mib = smallest_passing(b.total_bytes // MiB + 1, top, ok)
@@ -346,7 +230,7 @@ def first_fitting_combination(req: PlanRequest, *, budget_for_fraction: Callable
     for flags, variant, context in variants:
         fraction = smallest_fitting_mem_fraction(variant, budget_for_fraction)
         if fraction is not None:
-            tokens = plan_pool_sizes(_with_budget(variant, budget_for_fraction(fraction))).max_total_num_tokens
+            tokens = plan_pool_sizes(with_budget(variant, budget_for_fraction(fraction))).max_total_num_tokens
             context_flag = "" if context is None else f"--context-length {context} "
             trade = kept_free.trade(fraction) if kept_free else ""
             return (f"--mem-fraction-static {fraction:.3f} {flags}{context_flag}(together: {tokens:,} tokens fit"

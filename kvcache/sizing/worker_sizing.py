@@ -23,9 +23,8 @@ from kvcache.memory.memory_budget import MemoryBudget, compute_budget, derive_me
 from kvcache.memory.runtime_reserve import RuntimeShape, default_mem_fraction_static, prefill_graph_token_cap
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.model_page_size import forced_page_size
-from kvcache.sizing.advice import (
-    MORE_DEVICES, KeptFree, fits, smallest_passing, suggest_fixes, suggest_kv_cache_memory,
-)
+from kvcache.sizing.advice import MORE_DEVICES, KeptFree, suggest_fixes, suggest_kv_cache_memory
+from kvcache.sizing.knob_search import fits, smallest_passing
 from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory
 from kvcache.sizing.planning import KVPoolDemand, PlanRequest, max_total_tokens_fix, whole_request_tokens
 from kvcache.sizing.pool_config import MemoryPoolConfig
