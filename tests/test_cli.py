@@ -213,7 +213,7 @@ def test_a_pool_below_one_request_plans_capped_with_values_that_lift_the_cap(
     assert main(argv) == 0
     out = capsys.readouterr().out
     (note,) = [line for line in out.splitlines() if line.startswith("note: one request can hold at most ")]
-    assert "not --context-length 131,072" in note and message in note.split("for a full-length request: ")[1]
+    assert "not --context-length 131072" in note and message in note.split("for a full-length request: ")[1]
 
 
 def test_every_suggested_value_really_lifts_the_cap(capsys: pytest.CaptureFixture[str]) -> None:

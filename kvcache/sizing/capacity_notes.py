@@ -51,7 +51,7 @@ def _request_capped(sizing: WorkerSizing, plan: MemoryPoolConfig) -> CapacityNot
     left = context - cap
     return CapacityNote(cap="request_length", tokens=left, bytes=left * plan.bytes_per_token, fixes=fixes, message=(
         f"one request can hold at most {cap:,} tokens, prompt and output (the pool's {plan.max_total_num_tokens:,} "
-        f"less one), not --context-length {context:,}: {sizing.engine.label} runs so and refuses longer requests"
+        f"less one), not --context-length {context}: {sizing.engine.label} runs so and refuses longer requests"
         + (f"; for a full-length request: {'; '.join(fixes)}" if fixes else "")))
 
 
