@@ -192,8 +192,14 @@ def suggest_fixes(
     if beyond_host is not None:
         out.append(f"a host with more memory: --memory-limit {beyond_host // MiB}MiB is the least that holds the "
                    f"weights, the runtime's reserve and one full-length request; this host has {host_memory // MiB}MiB")
+    if not out and fraction_for_limit is not None:  # the limit searched up to 64x today's (smallest_fitting_memory_limit)
+        out.append(f"a host with more memory: no --memory-limit up to {64 * req.budget.total_bytes // MiB}MiB holds "
+                   "the weights, the runtime's reserve and one full-length request")
+    if not out and on_host:
+        out.append(f"a host with more memory: all {req.budget.free_after_load_bytes // MiB}MiB free after loading "
+                   "hold no full-length request")
     if not out:
-        out.append("a host with more memory" if on_host or fraction_for_limit is not None else MORE_DEVICES)
+        out.append(MORE_DEVICES)
     return tuple(out)
 
 
