@@ -23,7 +23,8 @@ from kvcache.engines.vllm import VLLM
 from kvcache.inputs.cards import KNOWN_CARDS, SimulatedCard, card_named, card_of_size
 from kvcache.models.presets import DEFAULT_PRESET, load_model_config, preset_names
 from kvcache.inputs.other_engines_flags import VLLM_FIELDS
-from kvcache.inputs.server_args import ServerArgs, read_settings_file
+from kvcache.inputs.server_args import ServerArgs
+from kvcache.inputs.settings_file import read_settings_file
 
 EXIT_OK = 0
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose pipe closed

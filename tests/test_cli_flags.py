@@ -20,6 +20,7 @@ from kvcache.byte_units import GiB, MiB, parse_bytes
 from kvcache.errors import ConfigError, DoesNotFitError
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.inputs.server_args import ServerArgs
+from kvcache.inputs.settings_file import server_args_from_file
 from kvcache.testing import tiny_model_config
 
 
@@ -46,7 +47,7 @@ def test_flags_decode_to_the_server_args_a_config_file_would_give(tmp_path: Path
     cfg.write_text(json.dumps({"page-size": 16, "kv_cache_memory": 20 * GiB, "memory_limit": 512 * MiB,
                                "swa_full_tokens_ratio": 0.5, "kv_cache_dtype": "fp8_e4m3", "disable_radix_cache": True,
                                "speculative_algorithm": "EAGLE3", "speculative_draft_model": "x", "tp_size": 2}))
-    assert from_flags == ServerArgs.from_file(cfg)
+    assert from_flags == server_args_from_file(cfg)
     assert cli.server_args_from(build_parser().parse_args(["plan", "--gpu", "H200"])) == ServerArgs()
 
 

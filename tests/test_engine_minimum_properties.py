@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from app.cli import main
 from kvcache.errors import ModelConfigFieldError, UnsupportedModelError
-from kvcache.inputs.server_args import MAX_COUNT
+from kvcache.inputs.server_arg_types import MAX_COUNT
 from kvcache.models.hf_config import model_config_from_hf
 from kvcache.models.presets import PRESET_DIR
 

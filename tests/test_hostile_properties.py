@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from app.cli import main
 from kvcache.errors import ModelConfigFieldError
 from kvcache.inputs.input_files import MAX_NESTING
-from kvcache.inputs.server_args import MAX_COUNT, ServerArgs
+from kvcache.inputs.server_args import ServerArgs
+from kvcache.inputs.server_arg_types import MAX_COUNT
 from kvcache.models.presets import PRESET_DIR
 from kvcache.models.hf_config import model_config_from_hf
 

@@ -11,7 +11,8 @@ import msgspec
 import pytest
 
 from kvcache.errors import ConfigError
-from kvcache.inputs.server_args import ServerArgs, read_settings_file
+from kvcache.inputs.server_args import ServerArgs
+from kvcache.inputs.settings_file import read_settings_file, server_args_from_file
 
 
 # ---- field-level decoding: msgspec's message and path ------------------------------------
@@ -165,9 +166,9 @@ def test_from_file_reads_toml_and_json(tmp_path: Path, suffix: str, dashes: bool
         path.write_text(_toml(FILE_SETTINGS, dashes))
     else:
         path.write_text(json.dumps({(k.replace("_", "-") if dashes else k): v for k, v in FILE_SETTINGS.items()}))
-    args = ServerArgs.from_file(path)
+    args = server_args_from_file(path)
     assert args == ServerArgs(**FILE_SETTINGS)
-    assert ServerArgs.from_file(str(path)) == args  # a str path works too
+    assert server_args_from_file(str(path)) == args  # a str path works too
 
 
 def test_read_settings_file_translates_dashes_in_keys(tmp_path: Path) -> None:
@@ -196,12 +197,12 @@ def test_from_file_errors_are_config_errors(tmp_path: Path, name: str, content: 
     path = tmp_path / name
     path.write_text(content)
     with pytest.raises(ConfigError, match=message):
-        ServerArgs.from_file(path)
+        server_args_from_file(path)
 
 
 def test_from_file_on_a_missing_file_names_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"cannot read config file .*nowhere\.toml"):
-        ServerArgs.from_file(tmp_path / "nowhere.toml")
+        server_args_from_file(tmp_path / "nowhere.toml")
 
 
 # ---- replace() --------------------------------------------------------------------------
@@ -301,7 +302,7 @@ def test_the_hybrid_ratio_defaults_are_the_one_sglang_constant_each() -> None:
 def test_a_settings_file_takes_sglangs_other_spellings_as_its_flags_do(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """tensor_parallel_size and cuda_graph_max_bs_decode (SGLang 0.5.23's fields) were refused as unknown settings."""
     from kvcache.errors import ConfigError
-    from kvcache.inputs.server_args import read_settings_file
+    from kvcache.inputs.settings_file import read_settings_file
 
     path = tmp_path / "sglang.json"
     path.write_text('{"tensor_parallel_size": 2, "cuda_graph_max_bs_decode": 128, "page_size": 16}')

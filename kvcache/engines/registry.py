@@ -9,7 +9,7 @@ from kvcache.sizing.engine_rules import EngineRules
 from kvcache.engines.sglang import SGLANG
 from kvcache.engines.vllm import VLLM
 from kvcache.errors import ConfigError
-from kvcache.inputs.server_args import EngineName
+from kvcache.inputs.server_arg_types import EngineName
 
 # None: the name is accepted by --engine but its rules have not landed yet.
 ENGINES: Mapping[str, EngineRules | None] = {"sglang": SGLANG, "vllm": VLLM}

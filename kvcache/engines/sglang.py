@@ -10,7 +10,7 @@ from kvcache.engines.sglang_hybrid_swa import architectures, is_hybrid_swa_model
 from kvcache.engines.sglang_minimums import SGLANG_MINIMUMS, chunk_page_refusal, draft_step_refusal
 from kvcache.engines.sglang_multimodal import sglang_multimodal_memory, sglang_served_model
 from kvcache.engines.sglang_request_table import sglang_request_table_width
-from kvcache.inputs.server_args import HybridSwaMemory
+from kvcache.inputs.server_arg_types import HybridSwaMemory
 from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory, WindowPools

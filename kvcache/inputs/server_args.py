@@ -1,61 +1,28 @@
 """ServerArgs: every knob that changes KV sizing, named as SGLang names it.
 
-A frozen msgspec Struct. Decode it with `ServerArgs.from_mapping` / `from_file` (or
-`msgspec.convert`): a bad value fails with msgspec's path (`... - at $.page_size`),
+A frozen msgspec Struct. Decode it with `ServerArgs.from_mapping` (a settings file:
+kvcache.inputs.settings_file; field types: kvcache.inputs.server_arg_types) or `msgspec.convert`: a bad value fails with msgspec's path (`... - at $.page_size`),
 an unknown field is refused, and cross-field rules run in `__post_init__`.
 No environment variable changes any of this.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 import typing
-from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import msgspec
 
 from kvcache.errors import ConfigError
-from kvcache.inputs.input_files import parse_json_object, parse_toml_table, read_input_text
 from kvcache.inputs.engine_knobs import engine_knob_problems
-from kvcache.inputs.other_engines_flags import other_engines_hint
+from kvcache.inputs.server_arg_types import (
+    DRAFT_MODEL_ALGORITHMS, ByteCount, EngineName, Fraction01, HybridSwaMemory, KVCacheDtypeName, ModelDtypeName,
+    NonNegativeInt, PositiveInt, SpeculativeAlgorithm, also as _also, doc as _doc,
+)
 from kvcache.arithmetic import align_up
 from kvcache.inputs.sglang_ratios import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_MIN_RANK_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
-
-# Every count here (tokens, requests, pages, steps, ranks) ends up as, or below, an int32 index on the device
-# (the request table maps positions to token indices in int32, as SGLang's does): larger is no setup at all.
-MAX_COUNT = 2**31 - 1
-PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)]
-NonNegativeInt = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
-Fraction01 = Annotated[float, msgspec.Meta(gt=0, lt=1)]
-# A count of bytes; the CLI reads it as a size ("80GiB") because of the "unit" mark.
-MAX_BYTES = 2**63 - 1  # what a torch size holds; past it no memory exists (and GiB as a float overflows)
-ByteCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_BYTES, extra={"unit": "bytes"})]
-
-# SGLang 0.5.23's names, then vLLM 0.34.0's others (its CacheDType, config/cache.py): each engine takes its own
-# (kvcache.inputs.other_engines_flags says which the other spells otherwise)
-KVCacheDtypeName = Literal["auto", "bfloat16", "bf16", "float16", "float32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1",
-                           "fp8", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla", "nvfp4", "nvfp4_4over6",
-                           "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
-                           "octave_k3v4", "octave_k3v3", "octave_k3v3_compact", "ultraquant_4bit",
-                           "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head"]
-ModelDtypeName = Literal["auto", "bfloat16", "float16", "float32", "half", "float", "bf16", "fp16", "fp32"]
-SpeculativeAlgorithm = Literal["none", "EAGLE", "EAGLE3", "STANDALONE", "NEXTN"]
-HybridSwaMemory = Literal["auto", "enable", "disable"]  # who decides on separate sliding-window pools
-EngineName = Literal["sglang", "vllm"]  # kvcache.engines.ENGINES holds each one's rules
-
-DRAFT_MODEL_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
-
-
-def _doc(text: str) -> msgspec.Meta:
-    return msgspec.Meta(description=text)
-
-
-def _also(*flags: str) -> msgspec.Meta:
-    """SGLang 0.5.23's other spellings of a field's flag (`--tensor-parallel-size` for `--tp-size`)."""
-    return msgspec.Meta(extra={"aliases": flags})
 
 
 class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -194,11 +161,6 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         except msgspec.ValidationError as exc:
             raise ConfigError(f"invalid server args: {exc}{_choices_of_failed_field(str(exc))}") from None
 
-    @classmethod
-    def from_file(cls, path: str | Path) -> "ServerArgs":
-        """Read ServerArgs from a TOML (.toml) or JSON file."""
-        return cls.from_mapping(read_settings_file(path))
-
     def replace(self, **changes: Any) -> "ServerArgs":
         """A copy with some fields changed, validated like a fresh decode."""
         return ServerArgs.from_mapping({**msgspec.structs.asdict(self), **changes})
@@ -237,78 +199,6 @@ class ServerArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         if self.speculative_num_draft_tokens is not None:
             return self.speculative_num_draft_tokens
         return self.resolved_speculative_num_steps + 1
-
-
-def read_settings_file(path: str | Path) -> dict[str, Any]:
-    """A TOML or JSON file as a dict; dashes in keys become underscores (flag spelling)."""
-    if not str(path).strip():  # Path('') is '.', the working directory
-        raise ConfigError("--config is empty: give a TOML or JSON settings file")
-    p = Path(path)
-    if p.suffix.lower() in (".yaml", ".yml"):
-        raise ConfigError(f"config file {p} is YAML (SGLang's --config format), which is not read here: write the "
-                          "same keys as TOML (page-size = 16) in a .toml file, or as JSON")
-    try:
-        text = read_input_text(p, what="config file")
-    except FileNotFoundError:
-        raise ConfigError(f"cannot read config file {p}: No such file or directory") from None
-
-    def once(pairs: Iterable[tuple[Any, Any]]) -> dict[str, Any]:
-        """Keys in flag spelling; one set twice with different values (tp-size and tp_size, or a JSON key
-        repeated, where the last silently won) is refused."""
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            name = str(key).replace("-", "_")
-            if name in out and out[name] != value:
-                raise ConfigError(f"config file {p} sets {name} twice with different values "
-                                  f"({out[name]!r}, {value!r}): keep one")
-            out[name] = value
-        return out
-
-    if p.suffix == ".toml":
-        data = parse_toml_table(text, p, what="config file")
-    else:
-        data = parse_json_object(text, p, what="config file", pairs=once)
-    aliases = field_aliases()
-    settings = once((aliases.get(k, k), v) for k, v in once(data.items()).items())
-    _refuse_unknown_settings(p, settings)
-    return settings
-
-
-def field_aliases() -> dict[str, str]:
-    """Each field's other spellings (`_also`: SGLang 0.5.23's, such as tensor_parallel_size or
-    cuda_graph_max_bs_decode) as a settings file writes them -> the field, so a file takes what a flag takes."""
-    out: dict[str, str] = {}
-    for name, hint in typing.get_type_hints(ServerArgs, include_extras=True).items():
-        for part in (hint, *typing.get_args(hint)):
-            for meta in getattr(part, "__metadata__", ()):
-                for flag in (getattr(meta, "extra", None) or {}).get("aliases", ()):
-                    out[flag.lstrip("-").replace("-", "_")] = name
-    return out
-
-
-COMMAND_LINE_ONLY = frozenset({"model", "model_path", "gpu", "gpu_memory", "json", "config"})
-MODEL_CONFIG_KEYS = ("architectures", "model_type", "hidden_size", "num_hidden_layers")
-
-
-def _refuse_unknown_settings(path: Path, settings: Mapping[str, Any]) -> None:
-    """A settings file holds ServerArgs fields only: a model's config.json passed to --config, or a misspelt
-    key, is refused naming what to do instead (msgspec's 'unknown field' names neither the file nor a fix)."""
-    known = ServerArgs.__struct_fields__
-    unknown = [k for k in settings if k not in known]
-    if not unknown:
-        return
-    model_keys = [k for k in MODEL_CONFIG_KEYS if k in settings]
-    if model_keys:
-        raise ConfigError(
-            f"config file {path} is a model's config.json (it has {model_keys[0]!r}), not server args: "
-            f"pass it with --model {path}; --config takes settings such as page_size or kv_cache_dtype"
-        )
-    hints = [f"{k!r}" + (" (a command-line flag only)" if k in COMMAND_LINE_ONLY else
-                         f" ({k} {hint})" if (hint := other_engines_hint(k)) else
-                         f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(k, known, n=1)) else "")
-             for k in unknown]
-    raise ConfigError(f"config file {path}: unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
-                      "settings are the server-args flags' names (see --help), with - or _")
 
 
 def _choices_of_failed_field(message: str) -> str:

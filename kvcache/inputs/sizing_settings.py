@@ -13,7 +13,8 @@ import msgspec
 
 from kvcache.arithmetic import exact_fraction
 from kvcache.errors import ConfigError
-from kvcache.inputs.server_args import HybridSwaMemory, ServerArgs, token_cap_below_one_page
+from kvcache.inputs.server_args import ServerArgs, token_cap_below_one_page
+from kvcache.inputs.server_arg_types import HybridSwaMemory
 from kvcache.inputs.sglang_ratios import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
 
 

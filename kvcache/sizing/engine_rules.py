@@ -15,7 +15,7 @@ import msgspec
 
 from kvcache.arithmetic import exact_fraction
 from kvcache.byte_units import MiB
-from kvcache.inputs.server_args import HybridSwaMemory
+from kvcache.inputs.server_arg_types import HybridSwaMemory
 from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.memory.memory_budget import MIN_DERIVED_FRACTION
 from kvcache.models.model_config import ModelConfig

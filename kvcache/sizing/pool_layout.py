@@ -17,7 +17,7 @@ from kvcache.errors import ConfigError, UnsupportedModelError
 from kvcache.sizing.layer_specs import LayerPlacement, RecurrentStateSpec, SlidingWindowSpec, TokenSpec, model_layer_specs
 from kvcache.models.model_config import KV_LAYER_KINDS, ModelConfig
 from kvcache.inputs.parallel import ParallelState
-from kvcache.inputs.server_args import HybridSwaMemory
+from kvcache.inputs.server_arg_types import HybridSwaMemory
 from kvcache.sizing.engine_rules import EngineRules
 from kvcache.sizing.planning import KVPoolDemand, StateDemand
 from kvcache.sizing.pool_config import DRAFT_POOL_PREFIX
