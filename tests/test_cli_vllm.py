@@ -88,6 +88,9 @@ def test_a_card_too_small_is_refused_with_the_length_that_fits(capsys: pytest.Ca
         (["--disable-radix-cache"], "--disable-radix-cache (use --no-enable-prefix-caching)"),
         (["--disable-hybrid-swa-memory"], "--disable-hybrid-swa-memory (vLLM's --disable-hybrid-kv-cache-manager, "
                                           "not modelled here: drop it)"),
+        # vLLM 0.34.0's FusedMoEParallelConfig.make splits experts over data_parallel_size x tp_size ranks
+        (["--dp-size", "2"], "--dp-size (vLLM's --data-parallel-size, not modelled here: it splits a MoE's experts "
+                             "over DP x TP ranks; drop it)"),
         (["--swa-full-tokens-ratio", "0.5"], "--swa-full-tokens-ratio (no vLLM counterpart: drop it)"),
         (["--block-size", "24"], "--block-size 24 is not a multiple of 16 (vLLM 0.34.0's FlashAttention kernel "
                                  "block); try --block-size 16"),

@@ -18,7 +18,7 @@ from kvcache.inputs.other_engines_flags import (
 # What `plan --engine vllm` reads (vLLM's own knobs and the ones both engines spell alike); any other field given
 # there is SGLang's and is refused, naming vLLM's flag for it where one exists (other_engines_flags.VLLM_COUNTERPARTS)
 VLLM_READS = frozenset({"engine", *VLLM_FIELDS, "allow_long_context", "dtype", "kv_cache_dtype", "device", "tp_size",
-                        "pp_size", "dp_size", "load_format", "memory_limit"})
+                        "pp_size", "load_format", "memory_limit"})
 
 
 def _flag(field: str) -> str:

@@ -42,6 +42,10 @@ VLLM_COUNTERPARTS: dict[str, str] = {
     "mamba_ssm_dtype": "vLLM's --mamba-ssm-cache-dtype, not modelled here (its per-model default is): drop it",
     "disable_overlap_schedule": "vLLM's --no-async-scheduling, not modelled here: drop it",
     "speculative_algorithm": "vLLM's --speculative-config, not modelled here: drop it",
+    # vLLM 0.34.0's FusedMoEParallelConfig.make splits a MoE's experts over DP x TP ranks even without expert
+    # parallelism, so data parallelism changes the weights a GPU holds there; not modelled
+    "dp_size": "vLLM's --data-parallel-size, not modelled here: it splits a MoE's experts "
+               "over DP x TP ranks; drop it",
     "language_model_only": "vLLM has it too, not modelled here (its encoder is measured at start-up): drop it",
 }
 NO_VLLM_COUNTERPART = "no vLLM counterpart: drop it"
