@@ -52,6 +52,15 @@ def _count(n: int | None) -> str:
     return "-" if n is None else f"{n:,}"
 
 
+def _tokens_by(row: FitRow) -> str:
+    """Where a row's `max tokens` comes from; a prediction that keeps the static plan says so ("static, kept")."""
+    if row.tokens_source is None:
+        return "-"
+    if row.tokens_source != "static_plan" and row.max_total_tokens == row.static_plan_tokens:
+        return "static, kept"
+    return TOKENS_BY[row.tokens_source]
+
+
 def _status(row: FitRow) -> str:
     """yes, or no and the short why (the whole line is the row's why_not, in --json)."""
     return "yes" if row.fits else {"target": "no: target", "one_request": "no: one request", "weights": "no: weights",
@@ -68,7 +77,7 @@ def render_table(result: FitResult, *, show_all: bool) -> str:
             "max running", f"reqs @ {c:,}", "headroom", "fits"]
     lines = [[("*" if r.cheapest else ""), r.card, str(r.gpus), str(r.tp_size), str(r.pp_size),
               r.kv_cache_dtype_resolved or r.kv_cache_dtype, _gib(r.weights_bytes), _gib(r.budget_bytes),
-              _count(r.max_total_tokens), TOKENS_BY.get(r.tokens_source or "", "-"), _count(r.max_running_requests),
+              _count(r.max_total_tokens), _tokens_by(r), _count(r.max_running_requests),
               _count(r.requests_at_context), "-" if r.headroom is None else f"{r.headroom:.2f}x", _status(r)]
              for r in shown]
     right = {2, 3, 4, 6, 7, 8, 10, 11, 12}
@@ -94,7 +103,8 @@ def render_table(result: FitResult, *, show_all: bool) -> str:
                    "null block, at most --max-num-seqs")
     elif any(r.tokens_source not in (None, "static_plan") for r in shown):
         out.append("max tokens: what a bootstrap with these flags holds: SGLang's static plan, or where the card's start "
-                   "measures its headroom (--kv-headroom auto) the measured bootstrap's prediction, and how it was made")
+                   "measures its headroom (--kv-headroom auto) the measured bootstrap's prediction, and how it was made "
+                   "('static, kept': predicted to keep the static plan)")
     if result.cheapest is not None:
         r = result.cheapest
         out.append(f"* cheapest (fewest GPUs, then the least headroom over the target): "
