@@ -41,9 +41,8 @@ from reference_tree import add_reference_src_argument  # noqa: E402
 from app.cli import main as cli_main  # noqa: E402
 from kvcache.engines import vllm_rules  # noqa: E402
 from kvcache.engines.vllm_answer import vllm_answer  # noqa: E402
-from kvcache.engines.vllm_plan import (  # noqa: E402
-    VllmPlan, VllmSettings, plan_vllm, resolve_block_size, vllm_layer_specs, vllm_layers,
-)
+from kvcache.engines.vllm_layers import VllmSettings, vllm_layer_specs, vllm_layers  # noqa: E402
+from kvcache.engines.vllm_plan import VllmPlan, plan_vllm, resolve_block_size  # noqa: E402
 from kvcache.errors import BudgetBelowOneRequestError, UnsupportedModelError  # noqa: E402
 from kvcache.byte_units import GiB  # noqa: E402
 from kvcache.inputs.cards import KNOWN_CARDS  # noqa: E402

@@ -25,7 +25,7 @@ import pytest
 import torch
 from reference_sources import reference_src_holding
 
-from kvcache.engines.vllm_plan import vllm_layer_specs
+from kvcache.engines.vllm_layers import vllm_layer_specs
 from kvcache.inputs.dtypes import FLOAT32, resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.models.hf_config import model_config_from_hf

@@ -14,7 +14,8 @@ import pytest
 
 from kvcache.engines import vllm_rules
 from kvcache.engines.vllm_answer import vllm_answer, vllm_available_bytes
-from kvcache.engines.vllm_plan import VllmPlan, VllmSettings, plan_vllm, vllm_layer_specs
+from kvcache.engines.vllm_layers import VllmSettings, vllm_layer_specs
+from kvcache.engines.vllm_plan import VllmPlan, plan_vllm
 from kvcache.errors import BudgetBelowOneRequestError, ConfigError
 from kvcache.byte_units import GiB
 from kvcache.inputs.dtypes import BFLOAT16, FLOAT32, resolve_kv_cache_dtype, resolve_model_dtype

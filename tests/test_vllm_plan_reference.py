@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from reference_sources import reference_src_holding
 
-from kvcache.engines.vllm_plan import VllmSettings
+from kvcache.engines.vllm_layers import VllmSettings
 from kvcache.errors import ConfigError, UnsupportedModelError
 from kvcache.byte_units import GiB
 

@@ -14,7 +14,8 @@ from typing import Callable
 
 import msgspec
 from kvcache.engines import vllm_rules
-from kvcache.engines.vllm_plan import VllmSettings, plan_vllm, vllm_layer_specs
+from kvcache.engines.vllm_layers import VllmSettings, vllm_layer_specs
+from kvcache.engines.vllm_plan import plan_vllm
 from kvcache.byte_units import MiB
 from kvcache.errors import BudgetBelowOneRequestError, ConfigError
 from kvcache.inputs.dtypes import DType, KVCacheDtype
