@@ -77,6 +77,19 @@ def test_a_card_too_small_is_refused_with_the_length_that_fits(capsys: pytest.Ca
                  "--max-model-len", str(longest + 64)]) == 3
 
 
+def test_a_utilization_below_the_weights_says_nothing_is_left_not_a_negative_budget(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # 0.01 x 150,109,880,320 B = 1.5 GB is below Qwen3-8B's weights (about 16 GB) alone: no KV memory at all.
+    # One request of 40,960 tokens is 40,960 / 64 = 640 blocks of 9,437,184 B, the null block one more:
+    # 641 x 9,437,184 = 6,049,234,944 B needed
+    code, _, err = plan(["--gpu-memory-utilization", "0.01"], capsys)
+    assert code == 3 and err.count("\n") == 1 and "-" not in err.split("(needed")[1].split(";")[0]
+    assert "needs 640 blocks of 9,437,184 B, and the memory vLLM may use leaves nothing for them" in err
+    assert "(needed 5.63 GiB (6,049,234,944 B), available 0.00 GiB (0 B))" in err
+    fraction = err.split("--gpu-memory-utilization ")[1].split()[0]
+    assert plan(["--gpu-memory-utilization", fraction], capsys)[0] == 0
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

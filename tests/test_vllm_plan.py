@@ -98,7 +98,7 @@ def test_nemotron_h_keeps_its_ssm_state_in_float32() -> None:
 def test_one_request_must_fit_besides_the_null_block() -> None:
     block = 7_340_032  # Qwen3-0.6B, 512 blocks a request
     assert plan("Qwen3-0.6B", available=513 * block).num_blocks == 513
-    with pytest.raises(BudgetBelowOneRequestError, match="needs 512 blocks of 7340032 bytes, and 511 fit") as e:
+    with pytest.raises(BudgetBelowOneRequestError, match="needs 512 blocks of 7,340,032 B, and 511 fit") as e:
         plan("Qwen3-0.6B", available=512 * block)
     assert (e.value.needed_bytes, e.value.available_bytes) == (513 * block, 512 * block)
 

@@ -216,10 +216,12 @@ def plan_vllm(placements: tuple[LayerPlacement, ...], layer_kinds: tuple[str, ..
     usable_blocks = max(available_bytes - bytes_per_block, 0) // bytes_per_block  # the null block is kept back
     if usable_blocks < per_request:
         longest = _longest_fitting_len(specs, settings, usable_blocks)
+        room = (f"{usable_blocks:,} fit besides the null block" if available_bytes > 0 else
+                "the memory vLLM may use leaves nothing for them after the weights and activations")
         raise BudgetBelowOneRequestError(
             f"vLLM {plan.version} would refuse to start: one request of max_model_len {settings.max_model_len} "
-            f"needs {per_request} blocks of {bytes_per_block} bytes, and {usable_blocks} fit besides the null block",
-            needed_bytes=(per_request + 1) * bytes_per_block, available_bytes=available_bytes,
+            f"needs {per_request:,} blocks of {bytes_per_block:,} B, and {room}",
+            needed_bytes=(per_request + 1) * bytes_per_block, available_bytes=max(available_bytes, 0),
             suggestions=(f"--max-model-len {longest} (the longest that fits, as vLLM estimates it)",) if longest else (),
         )
     return plan
