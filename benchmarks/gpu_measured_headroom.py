@@ -153,7 +153,10 @@ def dry(model: str, card: str, mixed_chunk: bool = False) -> dict[str, Any]:
     with redirect_stdout(buf):
         code = cli_main(["plan", "--model", model, "--gpu", card, "--json", *["--enable-mixed-chunk"] * mixed_chunk])
     data = json.loads(buf.getvalue())
-    return dict(exit=code, tokens=data.get("max_total_num_tokens"), measured_headroom=data.get("measured_headroom"),
+    # tokens: the dry run's headline (the measured bootstrap's prediction where the card measures); static_tokens:
+    # SGLang's static plan beside it
+    return dict(exit=code, tokens=data.get("max_total_num_tokens"), source=data.get("max_total_num_tokens_source"),
+                static_tokens=data.get("static_plan_tokens"), measured_headroom=data.get("measured_headroom"),
                 prediction=data.get("measured_prediction"))
 
 
