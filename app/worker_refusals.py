@@ -17,7 +17,7 @@ from kvcache.inputs.parallel import ParallelState
 from kvcache.memory.host_memory import host_memory_bytes
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.memory_size_advice import card_fixes, memory_limit_fixes
-from kvcache.sizing.tp_advice import tp_size_that_fits
+from kvcache.sizing.tp_advice import TensorParallelFit, tp_size_that_fits
 from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
 
 
@@ -40,7 +40,9 @@ class WorkerRefusals:
         """More weights than free memory; or (`refused`) the device refused their allocation although the probe
         saw room for them (another process took it, or fragmentation): then no smaller limit is suggested."""
         free = self.free_before_load
-        per_rank = self.tp_size_suggestion(kv_cache_plans_only=False)
+        found = self._larger_tp_size()
+        per_rank = self._tp_size_line(found, kv_cache_plans_only=False)
+        tp_plans = bool(self._tp_size_line(found, kv_cache_plans_only=True))
         where = 'the card' if self.device_type == 'meta' else self.device
         if refused and needed <= free:
             return WeightsDoNotFitError(
@@ -52,7 +54,8 @@ class WorkerRefusals:
             f"{self.model_config.name}'s {self.role} weights ({format_bytes(needed)} on this rank) do not fit "
             f"in the {format_bytes(free)} free on {where}",
             needed_bytes=needed, available_bytes=free,
-            suggestions=(*per_rank, *card_fixes(self.sizing, weights_bytes=needed, dry_run=self.device_type == "meta"))
+            suggestions=(*per_rank, *card_fixes(self.sizing, weights_bytes=needed, dry_run=self.device_type == "meta",
+                                                only_found=tp_plans))
             if self.device_type != "cpu" else
             memory_limit_fixes(self.sizing, used_bytes=self.total_bytes - free, weights_bytes=needed,
                                host_memory=host_memory_bytes()),
@@ -72,16 +75,23 @@ class WorkerRefusals:
     def tp_size_suggestion(self, *, kv_cache_plans_only: bool) -> tuple[str, ...]:
         """A larger --tp-size, checked by planning at it with the defaults' reserve (kvcache.sizing.tp_advice), on a
         card (a CPU engine has no TP to offer); none when only the weights would fit and `kv_cache_plans_only`."""
-        if self.device_type == "cpu" or (kv_cache_plans_only and self.role != "target"):
-            return ()
-        engine_plans = self.sizing.engine.plans_pools  # vLLM's blocks are its own: its TP is checked for weights alone
-        found = tp_size_that_fits(  # a card's context grows by its kernels as the weights are filled
+        return self._tp_size_line(self._larger_tp_size(), kv_cache_plans_only=kv_cache_plans_only)
+
+    def _larger_tp_size(self) -> TensorParallelFit | None:
+        """The least larger --tp-size whose weights fit (its KV cache checked where the engine plans pools here)."""
+        if self.device_type == "cpu":
+            return None
+        return tp_size_that_fits(  # a card's context grows by its kernels as the weights are filled
             self.sizing, free_before_load=self.free_before_load, total_bytes=self.total_bytes,
             device_capacity_bytes=self.device_capacity_bytes,
-            weights_for=self.weights_for,
-            context_growth=CUDA_KERNEL_LOAD_BYTES, check_kv_cache=self.role == "target" and engine_plans)
-        if found is None:
+            weights_for=self.weights_for, context_growth=CUDA_KERNEL_LOAD_BYTES,
+            check_kv_cache=self.role == "target" and self.sizing.engine.plans_pools)
+
+    def _tp_size_line(self, found: TensorParallelFit | None, *, kv_cache_plans_only: bool) -> tuple[str, ...]:
+        """The --tp-size suggestion for `found`; none when only its weights fit and `kv_cache_plans_only`."""
+        if found is None or (kv_cache_plans_only and self.role != "target"):
             return ()
+        engine_plans = self.sizing.engine.plans_pools  # vLLM's blocks are its own: its TP is checked for weights alone
         weights_alone = not (found.kv_cache_plans and engine_plans)
         if kv_cache_plans_only and weights_alone:
             return ()

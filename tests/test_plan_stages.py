@@ -90,6 +90,19 @@ def test_a_stage_that_does_not_fit_fails_every_stage_in_one_line(capsys: pytest.
     assert err.count("\n") == 1 and err.startswith("kvcache: does not fit: rank 0 (tp 0/1, pp 0/2)")
 
 
+def test_a_tp_size_that_plans_is_not_contradicted_by_a_no_card_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # the last stage holds 54 of DeepSeek-V3's 61 layers: ~580 GiB of weights, more than any known card at TP 1;
+    # at --tp-size 8 each rank holds about an eighth (73 GiB) and the stage plans, so "no known card holds the
+    # weights ... at this --tp-size" would only contradict the value named
+    flags = ["plan", "--model", "DeepSeek-V3", "--gpu", "H200", "--pp-size", "8",
+             "--pp-layer-partition", "1,1,1,1,1,1,1,54"]
+    assert main(flags) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "what would work: --tp-size 8 (about 73.42 GiB" in err
+    assert "no known card" not in err
+    assert main([*flags, "--tp-size", "8"]) == 0
+
+
 def test_more_stages_than_layers_are_refused_before_any_stage_starts(capsys: pytest.CaptureFixture[str]) -> None:
     # one thread (and one gather slot) a stage: 2**31 - 1 stages took 20 GB of host memory before this check
     assert main(["plan", "--gpu", "H200", "--pp-size", "2147483647"]) == 2

@@ -63,10 +63,11 @@ def holds_a_full_request(sizing: WorkerSizing, memory: WorkerMemory) -> bool:
     return plan is not None and plan.request_token_cap is None
 
 
-def card_fixes(sizing: WorkerSizing, *, weights_bytes: int, dry_run: bool) -> tuple[str, ...]:
+def card_fixes(sizing: WorkerSizing, *, weights_bytes: int, dry_run: bool, only_found: bool = False) -> tuple[str, ...]:
     """On a card: the smallest known card on which these weights (and the kernels loading them adds to the context),
     the runtime's reserve and one full-length request plan at this TP size; `--gpu NAME` for a dry run. An engine
-    whose answer is its own block plan (vLLM) is checked for the weights alone."""
+    whose answer is its own block plan (vLLM) is checked for the weights alone. Where no card does, a line saying
+    so, or nothing when `only_found` (a --tp-size already suggested plans: the line would only contradict it)."""
     pools = sizing.engine.plans_pools
     held = "the runtime's reserve and one full-length request" if pools else "(the engine's own blocks need more)"
     for name in sorted(KNOWN_CARDS, key=lambda known: KNOWN_CARDS[known].budget_total_bytes):
@@ -78,5 +79,6 @@ def card_fixes(sizing: WorkerSizing, *, weights_bytes: int, dry_run: bool) -> tu
             why = f"{total / GiB:.0f} GiB, the smallest known card that holds the weights{', ' if pools else ' '}{held} " \
                   "at this --tp-size"
             return (f"--gpu {name} ({why})",) if dry_run else (f"a card such as {name} ({why})",)
-    return ("no known card holds the weights and one full-length request at this --tp-size: a larger --tp-size or "
-            "--pp-size",)
+    return () if only_found else (
+        "no known card holds the weights and one full-length request at this --tp-size: a larger --tp-size or "
+        "--pp-size",)
