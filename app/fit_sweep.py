@@ -24,10 +24,12 @@ from kvcache.inputs.server_args import ServerArgs
 from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.measured_prediction import predict_measured_plan
-from kvcache.sizing.planning import PlanRequest, plan_pool_sizes, requests_at_context
+from kvcache.sizing.planning import plan_pool_sizes, requests_at_context
+from kvcache.sizing.plan_request import PlanRequest
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.pool_layout import CacheLayout
-from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
+from kvcache.sizing.worker_sizing import WorkerSizing
+from kvcache.sizing.worker_memory import WorkerMemory
 
 Outcome = Literal["fits", "target", "one_request", "weights", "invalid"]
 # How close a cell that does not fit came: it planned but misses the target, holds no full request, or

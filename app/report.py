@@ -15,7 +15,7 @@ from kvcache.inputs.cards import KNOWN_CARDS
 from kvcache.memory.memory_budget import MemoryBudget, headroom_bytes
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.capacity_notes import CapacityNote, capacity_notes
-from kvcache.sizing.worker_sizing import WorkerMemory
+from kvcache.sizing.worker_memory import WorkerMemory
 
 
 class WorkerReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -211,7 +211,7 @@ def _prediction(target: ModelRunner, card: str | None) -> tuple[dict[str, Any] |
     if card is None or target.role != "target":
         return None, None
     from kvcache.sizing.measured_prediction import predict_measured_plan
-    from kvcache.sizing.worker_sizing import WorkerMemory
+    from kvcache.sizing.worker_memory import WorkerMemory
 
     memory = WorkerMemory.of_budget(target.memory_pool_config.budget)
     predicted = predict_measured_plan(sizing=target.configurator_sizing(), memory=memory, card_name=card)

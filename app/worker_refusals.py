@@ -18,7 +18,8 @@ from kvcache.memory.host_memory import host_memory_bytes
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.memory_size_advice import card_fixes, memory_limit_fixes
 from kvcache.sizing.tp_advice import TensorParallelFit, tp_size_that_fits
-from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
+from kvcache.sizing.worker_sizing import WorkerSizing
+from kvcache.sizing.worker_memory import WorkerMemory
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

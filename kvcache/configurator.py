@@ -28,7 +28,8 @@ from kvcache.pools.builder import KVPool, WorkerPools, build_worker_pools
 from kvcache.runtime.streams import ForwardStream
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.pool_layout import CacheLayout
-from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
+from kvcache.sizing.worker_sizing import WorkerSizing
+from kvcache.sizing.worker_memory import WorkerMemory
 
 
 class KVCacheConfigResult(msgspec.Struct, frozen=True, kw_only=True, eq=False):

@@ -16,7 +16,7 @@ from kvcache.sizing.advice import round_shorter_contexts
 from kvcache.sizing.knob_search import largest_passing, smallest_passing
 from kvcache.byte_units import GiB
 from kvcache.memory.memory_budget import MemoryBudget
-from kvcache.sizing.planning import KVPoolDemand, PlanRequest
+from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest
 
 LLAMA_ON_L4 = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "L4"]
 QWEN3_NEXT_ON_L4 = ["plan", "--model", "Qwen3-Next-80B-A3B-Thinking", "--gpu", "L4", "--tp-size", "8"]

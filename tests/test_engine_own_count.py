@@ -66,7 +66,8 @@ def test_a_resized_plans_budget_is_not_one_sglang_computes() -> None:
     from kvcache.models.presets import load_model_config
     from kvcache.sizing.planning import plan_pool_sizes
     from kvcache.sizing.resized_plan import resized_plan_request
-    from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
+    from kvcache.sizing.worker_sizing import WorkerSizing
+    from kvcache.sizing.worker_memory import WorkerMemory
 
     rules, settings = engine_rules("sglang"), SizingSettings()
     sizing = WorkerSizing(settings=settings, model_config=load_model_config("Llama-3.1-8B-Instruct"),

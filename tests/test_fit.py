@@ -15,7 +15,8 @@ from app.fit_sweep import FitRow, FitSweep, FitTarget, closest, ordered
 from kvcache.inputs.cards import card_named
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.models.presets import load_model_config
-from kvcache.sizing.planning import KVPoolDemand, PlanRequest, candidate_plan, requests_at_context
+from kvcache.sizing.planning import candidate_plan, requests_at_context
+from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest
 
 CORPUS = Path(__file__).parent / "model_corpus"
 LLAMA_70B = str(CORPUS / "Meta-Llama-3.1-70B.json")

@@ -25,7 +25,7 @@ from kvcache.inputs.cards import KNOWN_CARDS, card_named
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.memory.memory_probe import probe_for_device
 from kvcache.models.presets import load_model_config
-from kvcache.sizing.worker_sizing import WorkerMemory
+from kvcache.sizing.worker_memory import WorkerMemory
 from reference_sources import reference_src_holding
 
 import torch

@@ -24,7 +24,8 @@ from kvcache.runtime.measured_headroom import (
 )
 from kvcache.sizing.measured_prediction import measured_margin_bytes
 from kvcache.runtime.resize import resized_plan_request
-from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_cost, plan_pool_sizes
+from kvcache.sizing.planning import plan_cost, plan_pool_sizes
+from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest
 from kvcache.testing import FixedActivationStep, FixedMemoryProbe, tiny_model_config
 
 BPT = 256
@@ -225,13 +226,13 @@ def test_a_run_recorded_without_the_sampler_gets_its_logprob_bytes_by_formula(mo
 
     from app.cli import main
     from kvcache.byte_units import MiB
-    from kvcache.sizing import measured_prediction
+    from kvcache.sizing import measured_calibration
 
-    unsampled = tuple(c for c in measured_prediction.CALIBRATION if not c.sampled)
-    monkeypatch.setattr(measured_prediction, "CALIBRATION", unsampled)
+    unsampled = tuple(c for c in measured_calibration.CALIBRATION if not c.sampled)
+    monkeypatch.setattr(measured_calibration, "CALIBRATION", unsampled)
     assert main(["plan", "--model", model, "--gpu", "H200", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    prediction, run = report["measured_prediction"], measured_prediction.calibration_for("H200", model)
+    prediction, run = report["measured_prediction"], measured_calibration.calibration_for("H200", model)
     assert not run.sampled
     requests, vocab = SAMPLED[model]
     sampler = 2048 * vocab * 10 + requests * vocab * 4
@@ -246,9 +247,16 @@ def test_extrapolation_keeps_more_free_than_each_calibrated_run_and_says_it_is_e
 
     from app.cli import main
     from kvcache.models.presets import load_model_config
-    from kvcache.sizing.measured_prediction import CALIBRATION, extrapolated_kept_free_bytes, sampler_bytes
+    from kvcache.sizing.measured_prediction import (
 
     # the decode batch each run stepped: the built plan's max running requests on that card
+        extrapolated_kept_free_bytes, sampler_bytes,
+    )
+    from kvcache.sizing.measured_calibration import (
+
+    # the decode batch each run stepped: the built plan's max running requests on that card
+        CALIBRATION,
+    )
     batches = {("H200", "Llama-3.1-8B-Instruct"): 3858, ("H200", "Qwen3-8B"): 4096, ("H200", "DeepSeek-V2-Lite"): 4096,
                ("H100-80GB", "Llama-3.1-8B-Instruct"): 2048}
     for run in CALIBRATION:
@@ -293,7 +301,7 @@ def test_the_static_floor_is_sglangs_tokens_holding_the_request_table_as_built()
 
     from app.forward.measured_sizing import static_plan
     from kvcache.inputs.parallel import ParallelState
-    from kvcache.sizing.worker_sizing import WorkerMemory
+    from kvcache.sizing.worker_memory import WorkerMemory
 
     sizing = _llama_cuda_sizing()
     memory = WorkerMemory(total_bytes=150_109_880_320, free_before_load=149_458_911_232,
@@ -314,7 +322,7 @@ def test_a_rank_agreeing_down_to_another_ranks_capped_floor_plans_capped_too():
     from kvcache.inputs.rank_agreement import RankAgreement
     from kvcache.runtime.measured_headroom import agreed_plan
     from kvcache.sizing.static_floor import static_floor
-    from kvcache.sizing.worker_sizing import WorkerMemory
+    from kvcache.sizing.worker_memory import WorkerMemory
 
     sizing = _llama_cuda_sizing()
     memory = WorkerMemory(total_bytes=36 * GiB, free_before_load=36 * GiB, free_after_load=36 * GiB - 16_062_087_168)
@@ -331,7 +339,7 @@ def test_a_floor_running_fewer_requests_than_the_table_holds_still_charges_every
     rows, not 1,938 (58,198,016 B more)."""
     from kvcache.inputs.rank_agreement import RankAgreement
     from kvcache.sizing.static_floor import static_floor
-    from kvcache.sizing.worker_sizing import WorkerMemory
+    from kvcache.sizing.worker_memory import WorkerMemory
 
     total = 47 * GiB // 2
     built = (sizing := _llama_cuda_sizing()).plan(WorkerMemory(total_bytes=total, free_before_load=total,
@@ -350,7 +358,7 @@ def test_the_floor_keeps_sglangs_tokens_where_the_arenas_rounding_costs_more_tha
 
     from kvcache.inputs.rank_agreement import RankAgreement
     from kvcache.sizing.static_floor import static_floor
-    from kvcache.sizing.worker_sizing import WorkerMemory
+    from kvcache.sizing.worker_memory import WorkerMemory
 
     sizing, total = _llama_cuda_sizing(), 87_701_882_715
     memory = WorkerMemory(total_bytes=total, free_before_load=total, free_after_load=total - 16_062_087_168)

@@ -29,7 +29,8 @@ from kvcache.allocators.factory import allocator_for_plan
 from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.memory.torch_dtypes import dtype_name
-from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
+from kvcache.sizing.worker_sizing import WorkerSizing
+from kvcache.sizing.worker_memory import WorkerMemory
 
 CORPUS = Path(__file__).with_name("model_corpus")
 REFUSED = {"DeepSeek-V4-Flash", "gemma-4-26B-A4B"}  # caches this engine does not model (test_model_corpus)

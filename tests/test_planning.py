@@ -27,9 +27,8 @@ from kvcache.errors import (
 )
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.inputs.parallel import ParallelState
-from kvcache.sizing.planning import (
-    KVPoolDemand, PlanRequest, StateDemand, align_down, plan_cost, plan_pool_sizes, running_requests,
-)
+from kvcache.sizing.planning import align_down, plan_cost, plan_pool_sizes, running_requests
+from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest, StateDemand
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.memory.arena_sizes import arena_size, slot_size
 from kvcache.sizing.pool_layout import DRAFT_POOL_PREFIX, worker_cache_layout

@@ -17,7 +17,8 @@ from kvcache.configurator import KVCacheConfigurator
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.inputs.parallel import ParallelState
-from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_cost, plan_pool_sizes
+from kvcache.sizing.planning import plan_cost, plan_pool_sizes
+from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest
 from kvcache.sizing.pool_layout import worker_cache_layout
 from kvcache.models.presets import load_model_config
 from kvcache.runtime.resize import compute_post_capture_kv_resize, post_capture_headroom_bytes, resized_plan_request

@@ -14,7 +14,8 @@ from kvcache.byte_units import GiB, MiB
 from kvcache.errors import ConfigError, DoesNotFitError, RankFailedError, RankLostError, UnbalancedMemoryError
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.inputs.parallel import ParallelState, group_ranks
-from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_pool_sizes
+from kvcache.sizing.planning import plan_pool_sizes
+from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest
 from kvcache.inputs.rank_agreement import RankAgreement, _failure_of, check_memory_balance
 from kvcache.runtime.resize import compute_post_capture_kv_resize
 from kvcache.inputs.server_args import ServerArgs

@@ -22,7 +22,8 @@ from kvcache.engines.sglang_minimums import SGLANG_MINIMUMS
 from kvcache.errors import BudgetBelowOneRequestError
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.memory.arena_sizes import slot_size
-from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_pool_sizes
+from kvcache.sizing.planning import plan_pool_sizes
+from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest
 
 SCOUT = "tests/model_corpus/Llama-4-Scout-17B-16E-Instruct.json"
 

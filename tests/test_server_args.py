@@ -288,7 +288,7 @@ def test_the_hybrid_ratio_defaults_are_the_one_sglang_constant_each() -> None:
     from fractions import Fraction
 
     from kvcache.inputs.sglang_ratios import SGLANG_MAMBA_FULL_MEMORY_RATIO, SGLANG_SWA_FULL_TOKENS_RATIO
-    from kvcache.sizing.planning import PlanRequest
+    from kvcache.sizing.plan_request import PlanRequest
     from kvcache.inputs.sizing_settings import SizingSettings
 
     assert (SGLANG_SWA_FULL_TOKENS_RATIO, SGLANG_MAMBA_FULL_MEMORY_RATIO) == (Fraction(4, 5), Fraction(9, 10))

@@ -36,7 +36,8 @@ from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.memory.memory_budget import headroom_bytes
 from kvcache.models.hf_config import model_config_from_hf
 from kvcache.models.model_config import ModelConfig
-from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
+from kvcache.sizing.worker_sizing import WorkerSizing
+from kvcache.sizing.worker_memory import WorkerMemory
 from reference_sources import reference_src_holding
 
 CORPUS = Path(__file__).with_name("model_corpus")

@@ -116,7 +116,7 @@ def test_the_dry_run_adds_the_mla_context_step_by_formula_in_turn_with_the_recor
     8,192 x 145 x 2,048 B of activations and 2,048 x 10 x 102,400 B of prompt logprobs. In turn with the recorded
     steps' 7,818,182,656 B (the H200 run of 2026-12-06, sampled, which ran no MLA context step): the larger plus 3/5
     of the smaller."""
-    from kvcache.sizing.measured_prediction import calibration_for
+    from kvcache.sizing.measured_calibration import calibration_for
 
     step = (131_072 + 8192) * 2 * (512 + 64 + 16 * (128 + 2 * 192 + 128 + 192)) + 8192 * 145 * 2048 \
         + 2048 * 10 * 102_400

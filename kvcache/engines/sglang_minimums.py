@@ -17,7 +17,7 @@ import msgspec
 
 from kvcache.engines.sglang_request_table import decode_allocation_per_request
 from kvcache.inputs.sizing_settings import SizingSettings
-from kvcache.sizing.planning import StartupMinimums
+from kvcache.sizing.plan_request import StartupMinimums
 
 SGLANG_MINIMUMS = StartupMinimums(context_length=2, pool_tokens=2)  # tp_worker.py: assert max_req_len > 0
 DEFAULT_CHAIN = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}  # SGLang's

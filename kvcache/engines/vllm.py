@@ -12,7 +12,7 @@ from kvcache.engines.vllm_rules import VLLM_VERSION
 from kvcache.errors import ConfigError
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.engine_rules import EngineRules
-from kvcache.sizing.planning import PlanRequest, StartupMinimums
+from kvcache.sizing.plan_request import PlanRequest, StartupMinimums
 from kvcache.sizing.pool_config import MemoryPoolConfig
 
 

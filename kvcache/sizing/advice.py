@@ -20,7 +20,8 @@ from kvcache.sizing.knob_search import (
     smallest_fitting_mamba_ratio, smallest_fitting_mem_fraction, smallest_fitting_swa_ratio, smallest_passing, with_budget,
     with_context,
 )
-from kvcache.sizing.planning import PlanRequest, plan_pool_sizes
+from kvcache.sizing.planning import plan_pool_sizes
+from kvcache.sizing.plan_request import PlanRequest
 
 
 class KeptFree(msgspec.Struct, frozen=True, kw_only=True):

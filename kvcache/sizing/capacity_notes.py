@@ -22,7 +22,8 @@ from kvcache.errors import DoesNotFitError
 from kvcache.byte_units import format_bytes
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.sizing.pool_config import MemoryPoolConfig
-from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
+from kvcache.sizing.worker_sizing import WorkerSizing
+from kvcache.sizing.worker_memory import WorkerMemory
 
 
 class CapacityNote(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,7 +19,8 @@ from kvcache.inputs.server_arg_types import HybridSwaMemory
 from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.memory.memory_budget import MIN_DERIVED_FRACTION
 from kvcache.models.model_config import ModelConfig
-from kvcache.sizing.planning import BelowOneRequest, PlanRequest, StartupMinimums, plan_pool_sizes
+from kvcache.sizing.planning import plan_pool_sizes
+from kvcache.sizing.plan_request import BelowOneRequest, PlanRequest, StartupMinimums
 from kvcache.sizing.pool_config import MemoryPoolConfig
 
 

@@ -12,7 +12,8 @@ import msgspec
 
 from kvcache.arithmetic import align_up
 from kvcache.errors import DoesNotFitError
-from kvcache.sizing.planning import MAX_DEFAULT_RUNNING_REQUESTS, PlanRequest, plan_pool_sizes, state_slots
+from kvcache.sizing.planning import plan_pool_sizes, state_slots
+from kvcache.sizing.plan_request import MAX_DEFAULT_RUNNING_REQUESTS, PlanRequest
 
 
 def fits(req: PlanRequest, *, full_context: bool = True) -> bool:

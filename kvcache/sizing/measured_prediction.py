@@ -3,8 +3,8 @@
 The measured bootstrap keeps free, after its pools: the decode graphs, the worst-case steps'
 peak (prefill chunk and eager decode, run in turn), the margin, and what the resize itself
 costs (the request table and allocator of the larger plan, whole VMM granules, workspaces).
-That sum, `kept_free`, is recorded per card and model at the defaults (CALIBRATION, one table of
-rows: card, model, torch, date, data file; re-fitting from new runs is a change of that data); a dry
+That sum, `kept_free`, is recorded per card and model at the defaults (CALIBRATION in
+kvcache.sizing.measured_calibration, one table of rows: card, model, torch, date, data file; re-fitting from new runs is a change of that data); a dry
 run for one of them on that card predicts the same kept_free plus PREDICTION_SAFETY, so it states the
 tokens within 0.5% and never above. Anything else (another card, model, or a setting that changes the
 steps) is EXTRAPOLATED from the model's shapes with coefficients fitted to those runs, rounded up
@@ -28,6 +28,7 @@ import msgspec
 from kvcache.byte_units import GiB, MiB
 from kvcache.errors import DoesNotFitError
 from kvcache.memory.runtime_reserve import decode_cuda_graph_max_bs, default_chunked_prefill_size
+from kvcache.sizing.measured_calibration import calibration_for, fitted_on
 from kvcache.sizing.planning import plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.inputs.rank_agreement import RankAgreement
@@ -38,71 +39,6 @@ from kvcache.sizing.worst_case_shapes import mixed_chunk_riders, mla_context_tok
 MEASURED_MARGIN = Fraction(1, 200)  # of the card's total bytes (why: kvcache.runtime.measured_headroom)
 MEASURED_MARGIN_FLOOR = 256 * MiB
 PREDICTION_SAFETY = 64 * MiB  # run-to-run spread of the recorded kept_free, kept so a prediction is never above
-
-class Calibration(msgspec.Struct, frozen=True, kw_only=True):
-    """One measured bootstrap at the defaults on one card (bytes): what it kept free beside its pools, and the
-    parts; where it was run. A row of CALIBRATION: re-fitting from new runs changes that table, not code."""
-
-    card: str  # a name of kvcache.inputs.cards (the card `plan --gpu` names)
-    card_total_bytes: int  # cudaMemGetInfo's total on that card
-    model: str  # the preset's name
-    source: str  # torch, date, the benchmark and its data file
-    graph_bytes: int
-    prefill_chunk_bytes: int
-    eager_decode_bytes: int
-    alternating_bytes: int
-    kept_free_bytes: int  # free after load - the measured plan's bytes
-    tokens: int
-    sampled: bool = False  # whether the steps ran the sampler with logprobs (sample_with_logprobs)
-    steps_run: tuple[str, ...] = ("prefill_chunk", "eager_decode")  # the worst-case steps that run measured
-
-
-_H200_2026_12_04 = ("torch 2.11.0+cu130, 2026-12-04, benchmarks/gpu_measured_headroom.py "
-                    "(benchmarks/data/h200_measured_headroom_2026-12-04.json)")
-_H200_2026_12_06 = ("torch 2.11.0+cu130, 2026-12-06, benchmarks/gpu_measured_headroom.py, the steps sampled with "
-                    "logprobs (benchmarks/data/h200_measured_headroom_2026-12-06.json)")
-_H100_2026_12_06 = ("torch 2.11.0+cu130, 2026-12-06, benchmarks/gpu_measured_headroom.py, the steps sampled with "
-                    "logprobs (benchmarks/data/h100_measured_headroom_2026-12-06.json)")
-# Every recorded run the prediction is calibrated on, one row each (card, model; the newest row of a pair is the
-# one used); the extrapolation's coefficients below were fitted to the 2026-12-04 rows (the steps without the
-# sampler), whose sampler bytes the 2026-12-06 rows measured: 10.0 B per prompt-logprob vocab entry, as counted.
-CALIBRATION: tuple[Calibration, ...] = (
-    Calibration(card="H200", card_total_bytes=150_109_880_320, model="Llama-3.1-8B-Instruct", source=_H200_2026_12_04,
-                graph_bytes=725_614_592, prefill_chunk_bytes=1_577_058_304, eager_decode_bytes=3_630_170_112,
-                alternating_bytes=4_548_722_688, kept_free_bytes=6_875_643_904, tokens=949_067),
-    Calibration(card="H200", card_total_bytes=150_109_880_320, model="Qwen3-8B", source=_H200_2026_12_04,
-                graph_bytes=805_306_368, prefill_chunk_bytes=1_746_927_616, eager_decode_bytes=4_575_985_664,
-                alternating_bytes=5_481_955_328, kept_free_bytes=7_624_327_168, tokens=845_553),
-    Calibration(card="H200", card_total_bytes=150_109_880_320, model="DeepSeek-V2-Lite", source=_H200_2026_12_04,
-                graph_bytes=1_426_063_360, prefill_chunk_bytes=2_373_976_064, eager_decode_bytes=3_726_639_104,
-                alternating_bytes=4_894_752_768, kept_free_bytes=7_586_578_432, tokens=3_459_106),
-    Calibration(card="H200", card_total_bytes=150_109_880_320, model="Llama-3.1-8B-Instruct", source=_H200_2026_12_06,
-                graph_bytes=725_614_592, prefill_chunk_bytes=4_204_789_760, eager_decode_bytes=5_674_893_312,
-                alternating_bytes=8_166_309_888, kept_free_bytes=10_260_447_232, tokens=923_249, sampled=True),
-    Calibration(card="H200", card_total_bytes=150_109_880_320, model="Qwen3-8B", source=_H200_2026_12_06,
-                graph_bytes=805_306_368, prefill_chunk_bytes=4_659_871_744, eager_decode_bytes=6_931_087_360,
-                alternating_bytes=9_638_510_592, kept_free_bytes=11_850_088_448, tokens=816_901, sampled=True),
-    # run before the MLA chunked-context step existed: that step is added by formula (uncalibrated) until re-run
-    Calibration(card="H200", card_total_bytes=150_109_880_320, model="DeepSeek-V2-Lite", source=_H200_2026_12_06,
-                graph_bytes=1_426_063_360, prefill_chunk_bytes=4_458_545_152, eager_decode_bytes=5_404_360_704,
-                alternating_bytes=7_818_182_656, kept_free_bytes=10_495_328_256, tokens=3_365_683, sampled=True),
-    Calibration(card="H100-80GB", card_total_bytes=85_017_493_504, model="Llama-3.1-8B-Instruct", source=_H100_2026_12_06,
-                graph_bytes=725_614_592, prefill_chunk_bytes=4_204_789_760, eager_decode_bytes=2_940_207_104,
-                alternating_bytes=4_206_886_912, kept_free_bytes=5_939_331_072, tokens=466_952, sampled=True),
-)
-
-
-def calibration_for(card: str | None, model: str) -> Calibration | None:
-    """The recorded run for this card and model (the newest where several are), or None."""
-    rows = [c for c in CALIBRATION if c.card == card and c.model == model]
-    return rows[-1] if rows else None
-
-
-def fitted_on() -> str:
-    """Which runs the extrapolation's coefficients come from (the rows without the sampler, which they model by
-    formula): each card once, with its runs' source."""
-    cards = dict.fromkeys(f"{c.card} ({c.source})" for c in CALIBRATION if not c.sampled)
-    return "; ".join(cards)
 
 
 # Extrapolation, fitted to CALIBRATION and rounded up (per unit of hidden size; MoE layers run experts

@@ -17,7 +17,8 @@ from kvcache.byte_units import GiB, MiB
 from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES, KNOWN_CARDS, card_named
 from kvcache.sizing.advice import HOST_LIMIT_STEP
 from kvcache.sizing.knob_search import smallest_passing
-from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
+from kvcache.sizing.worker_sizing import WorkerSizing
+from kvcache.sizing.worker_memory import WorkerMemory
 
 LARGEST_SUGGESTED_GROWTH = 64  # a limit is looked for up to this many times the weights and today's limit
 

@@ -22,94 +22,13 @@ charges and leaves unused.
 
 from __future__ import annotations
 
-from fractions import Fraction
-from typing import Literal
-
-import msgspec
-
 from kvcache.byte_units import format_bytes
 from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, DoesNotFitError
-from kvcache.memory.memory_budget import MemoryBudget
-from kvcache.sizing.pool_config import KVPoolPlan, MemoryPoolConfig, PoolKind, StatePoolPlan
-from kvcache.sizing.tensor_plan import PlannedTensor
+from kvcache.sizing.plan_request import (
+    DEFAULT_REQUESTS_PER_CONTEXT, MAX_DEFAULT_RUNNING_REQUESTS, MIN_DEFAULT_RUNNING_REQUESTS, KVPoolDemand, PlanRequest,
+)
+from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.arithmetic import align_down, align_up
-from kvcache.inputs.sglang_ratios import SGLANG_SWA_FULL_TOKENS_RATIO
-
-DEFAULT_REQUESTS_PER_CONTEXT = 512
-
-# What a pool holding fewer tokens than one full-context request means: "refuse" it (the project's strict answer,
-# the one advice and `fit` search against), or "cap" each request at the pool less one token and plan it (SGLang
-# 0.5.23 warns and runs; kvcache.engines.sglang sets it).
-BelowOneRequest = Literal["refuse", "cap"]
-MIN_DEFAULT_RUNNING_REQUESTS = 2048
-MAX_DEFAULT_RUNNING_REQUESTS = 4096
-
-
-class KVPoolDemand(msgspec.Struct, frozen=True, kw_only=True):
-    """A per-token pool to size: its layers' bytes per token and whether it holds every token or a window."""
-
-    name: str
-    kind: PoolKind
-    num_layers: int
-    bytes_per_token: int
-    window: int | None = None  # the sliding window of a sliding-window pool
-    share: Literal["all", "swa"] = "all"  # "swa": align_down(T * swa_ratio) tokens, paired with a full pool
-    layer_ids: tuple[int, ...] = ()  # the layers it holds, and one token's tensors in each (from the layer spec);
-    row: tuple[PlannedTensor, ...] = ()  # empty only for a demand written by hand with its bytes alone
-    charged_bytes_per_token: int | None = None  # the engine's charge a token where more than it holds (KVPoolPlan's)
-
-    def sized(self, num_tokens: int, page_size: int) -> KVPoolPlan:
-        """This pool holding `num_tokens` tokens in pages of `page_size`: its part of a plan."""
-        return KVPoolPlan(
-            name=self.name, kind=self.kind, num_layers=self.num_layers, bytes_per_token=self.bytes_per_token,
-            num_tokens=num_tokens, page_size=page_size, holds_every_token=self.share == "all",
-            layer_ids=self.layer_ids, row=self.row, charged_bytes_per_token=self.charged_bytes_per_token,
-        )
-
-
-class StateDemand(msgspec.Struct, frozen=True, kw_only=True):
-    """Recurrent state to size: bytes of one slot (all this rank's state layers) and how slots are shared."""
-
-    num_layers: int
-    bytes_per_slot: int
-    slots_per_request: int
-    memory_ratio: Fraction  # state : KV share of the budget (mamba_full_memory_ratio)
-    max_slots: int | None = None  # usable slots asked for (max_mamba_cache_size)
-    layer_ids: tuple[int, ...] = ()  # the state layers, and one slot's tensors in each (from the layer spec)
-    slot: tuple[PlannedTensor, ...] = ()
-
-    def sized(self, num_slots: int) -> StatePoolPlan:
-        """This state in `num_slots` slots (padding slot included): its part of a plan."""
-        return StatePoolPlan(
-            num_layers=self.num_layers, bytes_per_slot=self.bytes_per_slot, num_slots=num_slots,
-            slots_per_request=self.slots_per_request, layer_ids=self.layer_ids, slot=self.slot,
-        )
-
-
-class StartupMinimums(msgspec.Struct, frozen=True, kw_only=True):
-    """The least an engine's own start-up checks accept; below it the engine refuses to start, so nothing is
-    planned or suggested there. Each engine states its own once, citing its source (kvcache.engines)."""
-
-    context_length: int = 1  # tokens one request may reach
-    pool_tokens: int = 1  # KV tokens the pool holds
-
-
-class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything the planner needs, as plain numbers."""
-
-    budget: MemoryBudget
-    page_size: int
-    context_length: int
-    req_to_token_row_width: int
-    kv_pools: tuple[KVPoolDemand, ...]
-    swa_ratio: Fraction = SGLANG_SWA_FULL_TOKENS_RATIO
-    state: StateDemand | None = None
-    max_total_tokens: int | None = None
-    max_running_requests: int | None = None
-    attention_dp_size: int = 1
-    below_one_request: BelowOneRequest = "refuse"
-    request_table_requests: int | None = None  # a table already built with this many rows (MemoryPoolConfig's)
-    minimums: StartupMinimums = StartupMinimums()  # the engine's (EngineRules.minimums)
 
 
 def _pool_tokens(req: PlanRequest, pool: KVPoolDemand, tokens: int) -> int:

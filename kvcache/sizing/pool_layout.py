@@ -19,7 +19,7 @@ from kvcache.models.model_config import KV_LAYER_KINDS, ModelConfig
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.server_arg_types import HybridSwaMemory
 from kvcache.sizing.engine_rules import EngineRules
-from kvcache.sizing.planning import KVPoolDemand, StateDemand
+from kvcache.sizing.plan_request import KVPoolDemand, StateDemand
 from kvcache.sizing.pool_config import DRAFT_POOL_PREFIX
 
 

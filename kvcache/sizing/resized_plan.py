@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import msgspec
 
-from kvcache.sizing.planning import KVPoolDemand, PlanRequest, plan_pool_sizes
+from kvcache.sizing.planning import plan_pool_sizes
+
+from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest
 from kvcache.sizing.pool_config import MemoryPoolConfig
 
 

@@ -14,7 +14,8 @@ import dataclasses
 from kvcache.inputs.rank_agreement import RankAgreement
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.resized_plan import built_rows_plan
-from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
+from kvcache.sizing.worker_sizing import WorkerSizing
+from kvcache.sizing.worker_memory import WorkerMemory
 
 
 def static_floor(sizing: WorkerSizing, built: MemoryPoolConfig, ranks: RankAgreement) -> MemoryPoolConfig:

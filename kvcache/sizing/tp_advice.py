@@ -14,7 +14,8 @@ import msgspec
 
 from kvcache.inputs.parallel import ParallelState
 from kvcache.sizing.layer_specs import tensor_parallel_sizes
-from kvcache.sizing.worker_sizing import WorkerMemory, WorkerSizing
+from kvcache.sizing.worker_sizing import WorkerSizing
+from kvcache.sizing.worker_memory import WorkerMemory
 
 
 class TensorParallelFit(msgspec.Struct, frozen=True, kw_only=True):

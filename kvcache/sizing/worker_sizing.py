@@ -26,42 +26,15 @@ from kvcache.models.model_page_size import forced_page_size
 from kvcache.sizing.advice import MORE_DEVICES, KeptFree, suggest_fixes, suggest_kv_cache_memory
 from kvcache.sizing.knob_search import fits, smallest_passing
 from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory
-from kvcache.sizing.planning import KVPoolDemand, PlanRequest, max_total_tokens_fix, whole_request_tokens
+from kvcache.sizing.planning import max_total_tokens_fix, whole_request_tokens
+from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.pool_layout import CacheLayout, worker_cache_layout
 from kvcache.sizing.post_capture_eligibility import (
     PostCaptureEligibility, post_capture_eligibility, post_capture_reserve_mib,
 )
 from kvcache.sizing.state_slots import requested_state_slots, state_slots_per_request
-
-
-class WorkerMemory(msgspec.Struct, frozen=True, kw_only=True):
-    """What a worker's device holds and has free around loading its weights (bytes)."""
-
-    total_bytes: int  # cudaMemGetInfo's total
-    free_before_load: int
-    free_after_load: int
-    reported_total_bytes: int | None = None  # nvidia-smi's total where the card reports one apart from total_bytes
-
-    @property
-    def device_capacity_bytes(self) -> int:
-        """The card as SGLang 0.5.23's get_device_memory_capacity reads it (nvidia-smi's): what its card-size
-        defaults and derived mem_fraction_static read; total_bytes where the card reports one total."""
-        return self.total_bytes if self.reported_total_bytes is None else self.reported_total_bytes
-
-    @classmethod
-    def of_budget(cls, budget: MemoryBudget) -> "WorkerMemory":
-        """The readings a plan's budget was computed from (to plan again for the same memory)."""
-        return cls(total_bytes=budget.total_bytes, free_before_load=budget.free_before_load_bytes,
-                   free_after_load=budget.free_after_load_bytes, reported_total_bytes=budget.reported_total_bytes)
-
-    @classmethod
-    def smallest(cls, memories: "list[WorkerMemory] | tuple[WorkerMemory, ...]") -> "WorkerMemory":
-        """What ranks plan with: the smallest of each reading (SGLang's MIN over the ranks)."""
-        return cls(total_bytes=min(m.total_bytes for m in memories),
-                   free_before_load=min(m.free_before_load for m in memories),
-                   free_after_load=min(m.free_after_load for m in memories),
-                   reported_total_bytes=min(m.device_capacity_bytes for m in memories))
+from kvcache.sizing.worker_memory import WorkerMemory
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
