@@ -102,8 +102,15 @@ def _counts_reader(field: str, kind: mi.IntType) -> Callable[[str], tuple[int, .
     def read(text: str) -> tuple[int, ...]:
         parts = [p.strip() for p in text.split(",")]
         if not all(parts):
-            raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 7,7,8, got {text!r}")
-        return tuple(read_one(p) for p in parts)
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 16,16, got {text!r}")
+        values = []
+        for entry, part in enumerate(parts):
+            try:
+                values.append(read_one(part))
+            except argparse.ArgumentTypeError as exc:  # which entry, and a list that reads
+                raise argparse.ArgumentTypeError(f"entry {entry} of {text!r}: {exc}; e.g. 16,16 (32 layers over "
+                                                 "--pp-size 2)") from None
+        return tuple(values)
 
     return read
 

@@ -121,6 +121,32 @@ def test_a_partition_that_is_not_counts_is_refused_by_its_flag(value: str, capsy
     assert code == 2 and isinstance(err, str) and err.count("\n") == 1 and "--pp-layer-partition" in err
 
 
+@pytest.mark.parametrize(("entries", "why"), [("[0, 32]", "expected int >= 1 at entry 0"),
+                                              ("[-1, 33]", "expected int >= 1 at entry 0"),
+                                              ("[true, 31]", "expected int, got bool at entry 0")])
+def test_a_settings_files_partition_entry_is_refused_naming_the_file_key_flag_and_a_split(
+        entries: str, why: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # msgspec names the entry as `$.pp_layer_partition[0]`: the line still names the file, the key and the flag;
+    # 16,16 is SGLang's own split of Llama-3.1-8B's 32 layers over 2 stages, and it plans
+    settings = tmp_path / "s.toml"
+    settings.write_text(f"pp-size = 2\npp-layer-partition = {entries}\n")
+    code, err = _plan(capsys, "--model", "Llama-3.1-8B-Instruct", "--config", str(settings))
+    assert code == 2 and isinstance(err, str) and err.count("\n") == 1 and "$." not in err
+    assert f"config file {settings}: pp-layer-partition = " in err
+    assert f"(--pp-layer-partition, ServerArgs.pp_layer_partition): {why}; " in err
+    assert "e.g. pp-layer-partition = [16, 16] (32 layers over --pp-size 2)" in err
+    settings.write_text("pp-size = 2\npp-layer-partition = [16, 16]\n")
+    assert _plan(capsys, "--model", "Llama-3.1-8B-Instruct", "--config", str(settings))[0] == 0
+
+
+def test_a_flags_partition_entry_below_one_names_the_entry_and_a_split(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _plan(capsys, "--model", "Llama-3.1-8B-Instruct", "--pp-size", "2", "--pp-layer-partition", "0,32")
+    assert code == 2 and isinstance(err, str) and err.count("\n") == 1
+    assert "argument --pp-layer-partition: entry 0 of '0,32': expected an integer >= 1" in err
+    assert "e.g. 16,16 (32 layers over --pp-size 2)" in err
+    assert _plan(capsys, "--model", "Llama-3.1-8B-Instruct", "--pp-size", "2", "--pp-layer-partition", "16,16")[0] == 0
+
+
 def test_deepseek_v3_pp8_stages_and_agreed_tokens_by_hand(capsys: pytest.CaptureFixture[str]) -> None:
     code, report = _plan(capsys, "--model", "DeepSeek-V3", "--pp-size", "8")
     assert code == 0 and isinstance(report, dict)
