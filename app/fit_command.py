@@ -22,6 +22,7 @@ from app.server_args_flags import server_args_fields
 from app.settings_file import checked_server_args
 from kvcache.errors import ConfigError
 from kvcache.inputs.cards import KNOWN_CARDS, SimulatedCard, card_named
+from kvcache.inputs.pipeline_stages import stage_layer_counts
 from kvcache.models.model_config import ModelConfig
 
 SWEPT_FIELDS = frozenset({"tp_size", "pp_size", "kv_cache_dtype"})
@@ -148,6 +149,33 @@ def swept_text(ns: argparse.Namespace, field: str, from_file: dict[str, Any], en
     return str(getattr(checked, field))
 
 
+def check_partition_fits_every_pp_size(partition: Any, pp_sizes: list[int], num_layers: int) -> None:
+    """A --pp-layer-partition splits the layers over one PP size: refused up front (exit 2) when the sweep has
+    others, naming the swept sizes it fits, rather than every other size's cells reading "no: layout"."""
+    if not partition:
+        return
+    partition = tuple(partition)
+    fits = [pp for pp in pp_sizes if _splits(num_layers, pp, partition)]
+    if len(fits) == len(pp_sizes):
+        return
+    stages = len(partition)
+    if not fits and not _splits(num_layers, stages, partition):  # no size takes it: the split's own refusal
+        stage_layer_counts(num_layers, stages, partition)
+    others = ",".join(str(pp) for pp in pp_sizes if pp not in fits)
+    raise ConfigError(f"--pp-layer-partition {','.join(map(str, partition))} splits the layers over {stages} "
+                      f"stages, so the sweep's --pp-size {others} cannot take it; use --pp-size "
+                      f"{','.join(map(str, fits or [stages]))}, or leave out --pp-layer-partition to sweep SGLang's "
+                      "own splits")
+
+
+def _splits(num_layers: int, pp_size: int, partition: tuple[int, ...]) -> bool:
+    try:
+        stage_layer_counts(num_layers, pp_size, partition)
+    except ConfigError:
+        return False
+    return True
+
+
 def run_fit(ns: argparse.Namespace, model: ModelConfig, *, from_file: dict[str, Any], flags: dict[str, Any]) -> int:
     """Sweep, print the table (or JSON), draw the chart if asked; the exit code. `from_file` are the --config
     file's values (its swept fields restrict the sweep), `flags` the ServerArgs flags given, which override them."""
@@ -164,6 +192,7 @@ def run_fit(ns: argparse.Namespace, model: ModelConfig, *, from_file: dict[str, 
     checked_server_args({**fixed, "device": "meta", "tp_size": tp_sizes[0], "pp_size": pp_sizes[0],  # exit 2 before
                          "kv_cache_dtype": dtypes[0]}, from_file=from_file, flags=flags,
                         path=ns.config)  # the sweep, a file's bad value in the file's words
+    check_partition_fits_every_pp_size(settings.get("pp_layer_partition"), pp_sizes, model.num_hidden_layers)
     target = fit_target(ns, settings)  # after the check: the length is named as --engine's rules name it
     sweep_class = VllmFitSweep if settings.get("engine") == "vllm" else FitSweep  # whose rules answer each cell
     sweep = sweep_class(model=model, settings=fixed, target=target)

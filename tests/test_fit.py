@@ -307,3 +307,19 @@ def test_fit_engine_vllm_sweeps_with_vllms_flags(tmp_path: Path, capsys: pytest.
     assert "--context-length (use --max-model-len)" in capsys.readouterr().err
     assert main(argv) == 2
     assert "--requests 64 needs --max-model-len C" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("sizes", "fits"), [(["--pp-size", "1,2"], "2"), ([], "2"), (["--pp-size", "1,2,4"], "2")])
+def test_a_partition_for_one_pp_size_is_refused_up_front_naming_the_sizes_it_fits(
+        sizes: list[str], fits: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # 8 + 24 = Llama-3.1-8B's 32 layers over 2 stages: no other PP size can take it, and each of those cells read
+    # "no: layout" while the command exited 0 (`plan` refuses the same mismatch in one line)
+    flags = ["fit", "--model", "Llama-3.1-8B-Instruct", "--requests", "64", "--context-length", "32768",
+             "--gpu", "H200", "--pp-layer-partition", "8,24"]
+    assert main([*flags, *sizes]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1
+    assert "--pp-layer-partition 8,24 splits the layers over 2 stages, so the sweep's --pp-size " in out.err
+    assert f"cannot take it; use --pp-size {fits}," in out.err
+    assert main([*flags, "--pp-size", fits, "--json"]) == 0
+    assert {row["pp_size"] for row in json.loads(capsys.readouterr().out)["rows"]} == {2}
