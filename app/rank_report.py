@@ -12,7 +12,8 @@ import msgspec
 import torch
 
 from app.engine import Engine
-from app.report import BootstrapReport, render_text
+from app.report import BootstrapReport
+from app.report_text import render_text
 from kvcache.byte_units import format_bytes
 
 

@@ -194,3 +194,19 @@ def test_every_name_imported_from_the_project_exists() -> None:
             missing += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
                         if a.name != "*" and not hasattr(module, a.name) and not is_module(f"{node.module}.{a.name}")]
     assert missing == []
+
+
+MAX_MODULE_LINES = 300  # a module one reads in one sitting; split where the job splits (issue 33)
+
+
+def test_no_module_of_kvcache_or_app_is_over_300_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "app").rglob("*.py")])
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def test_no_import_circles_in_app_either() -> None:
+    modules = {module_name(p): p for p in [*PACKAGE.rglob("*.py"), *(ROOT / "app").rglob("*.py"),
+                                           *(ROOT / "containers").rglob("*.py")]}
+    graph = {m: {n for n in imports_of(p) if n in modules and n != m} for m, p in modules.items()}
+    assert cycles(graph) == []
