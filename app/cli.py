@@ -115,7 +115,8 @@ def server_args_from(ns: argparse.Namespace, *, device: str | None = None) -> Se
     data = {**from_file, **flags}
     if device is not None:
         data["device"] = device
-    return checked_server_args(data, from_file=from_file, flags=flags, path=ns.config)
+    return checked_server_args(data, from_file=from_file, flags=flags, path=ns.config,
+                               model_layers=lambda: load_model_config(ns.model).num_hidden_layers)
 
 
 def _card(ns: argparse.Namespace) -> SimulatedCard:

@@ -189,9 +189,10 @@ def run_fit(ns: argparse.Namespace, model: ModelConfig, *, from_file: dict[str, 
     if ns.plot is not None:
         plot_destination(ns.plot)
     fixed = {k: v for k, v in settings.items() if k not in SWEPT_FIELDS}
-    checked_server_args({**fixed, "device": "meta", "tp_size": tp_sizes[0], "pp_size": pp_sizes[0],  # exit 2 before
+    # exit 2 before the sweep, a file's bad value in the file's words
+    checked_server_args({**fixed, "device": "meta", "tp_size": tp_sizes[0], "pp_size": pp_sizes[0],
                          "kv_cache_dtype": dtypes[0]}, from_file=from_file, flags=flags,
-                        path=ns.config)  # the sweep, a file's bad value in the file's words
+                        path=ns.config, model_layers=lambda: model.num_hidden_layers)
     check_partition_fits_every_pp_size(settings.get("pp_layer_partition"), pp_sizes, model.num_hidden_layers)
     target = fit_target(ns, settings)  # after the check: the length is named as --engine's rules name it
     sweep_class = VllmFitSweep if settings.get("engine") == "vllm" else FitSweep  # whose rules answer each cell

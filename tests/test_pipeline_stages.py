@@ -134,9 +134,22 @@ def test_a_settings_files_partition_entry_is_refused_naming_the_file_key_flag_an
     assert code == 2 and isinstance(err, str) and err.count("\n") == 1 and "$." not in err
     assert f"config file {settings}: pp-layer-partition = " in err
     assert f"(--pp-layer-partition, ServerArgs.pp_layer_partition): {why}; " in err
-    assert "e.g. pp-layer-partition = [16, 16] (32 layers over --pp-size 2)" in err
+    assert "e.g. pp-layer-partition = [16, 16] (SGLang's own split of 32 layers over --pp-size 2)" in err
     settings.write_text("pp-size = 2\npp-layer-partition = [16, 16]\n")
     assert _plan(capsys, "--model", "Llama-3.1-8B-Instruct", "--config", str(settings))[0] == 0
+
+
+def test_a_settings_files_partition_example_is_the_models_own_split(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # DeepSeek-V3's 61 layers over 2 stages as SGLang 0.5.23's get_pp_indices splits them: 61 // 2 = 30, the one
+    # left over on the last stage: [30, 31]; `fit` names the same split
+    settings = tmp_path / "s.toml"
+    settings.write_text("pp-size = 2\npp-layer-partition = [0, 61]\n")
+    split = "e.g. pp-layer-partition = [30, 31] (SGLang's own split of 61 layers over --pp-size 2)"
+    code, err = _plan(capsys, "--model", "DeepSeek-V3", "--config", str(settings))
+    assert code == 2 and isinstance(err, str) and err.count("\n") == 1 and split in err
+    assert main(["fit", "--model", "DeepSeek-V3", "--gpu", "H200", "--config", str(settings)]) == 2
+    assert split in capsys.readouterr().err
 
 
 def test_a_flags_partition_entry_below_one_names_the_entry_and_a_split(capsys: pytest.CaptureFixture[str]) -> None:
