@@ -166,13 +166,16 @@ def test_a_per_layer_list_of_the_wrong_length_is_refused(case: tuple[str, str | 
 # ---- refusals name a value of the knob that failed, and that value plans ---------------------------------------
 
 @FEW
-@given(page=st.one_of(st.integers(420_000, MAX_COUNT), st.sampled_from([2**19, 10**6, 10**8])))
-def test_a_page_past_the_budget_names_the_largest_page_that_fits(page: int, capsys: pytest.CaptureFixture[str]) -> None:
+@given(page=st.one_of(st.integers(8193, MAX_COUNT), st.sampled_from([100, 2**19, 10**6, 10**8])))
+def test_a_page_that_does_not_divide_the_cards_default_chunk_names_one_that_does(
+        page: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """SGLang 0.5.23 asserts chunked_prefill_size % page_size == 0 at start-up (validation_hook.py), and with no
+    --chunked-prefill-size the chunk is the card's default: 8,192 on an H200 (143,771 MiB, below 160 GiB). So a page
+    that does not divide 8,192 is refused, naming the largest page that does (64 for 100, 8,192 past it), which plans."""
     code, err = run([*PLAN, "--page-size", str(page)], capsys)
-    # Qwen3-8B on an H200, 147,456 B a token: the pool is a page more than its tokens, so a page past 110.34 GiB / 2 /
-    # 147,456 B (401,772 tokens) does not fit; 2**18 = 262,144 is the largest power of two that does
-    assert code == 3 and "--page-size 262144 (the largest power of two that fits)" in err, err
-    assert "spread weights and KV over more devices" not in err
+    fit = 64 if page == 100 else 8192
+    assert code == 2 and f"default --chunked-prefill-size on this card (8,192)" in err and \
+        f"use --page-size {fit}" in err, err
     assert run([*PLAN, "--page-size", suggested(err, "--page-size")], capsys)[0] == 0
 
 

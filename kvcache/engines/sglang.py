@@ -42,10 +42,12 @@ class SGLangRules(EngineRules):
         """A draft pool charged more than it holds, and the budget that leaves unused."""
         return draft_charge_notes(plan, self.label)
 
-    def startup_refusal(self, context_length: int, settings: SizingSettings) -> str | None:
-        """The minimums' refusal, then a draft step too long for one request (kvcache.engines.sglang_minimums)."""
+    def startup_refusal(self, context_length: int, settings: SizingSettings,
+                        default_chunk: int | None = None) -> str | None:
+        """The minimums' refusal, then a draft step too long for one request, then a chunk the page does not divide
+        (kvcache.engines.sglang_minimums); `default_chunk`: the card's default prefill chunk (None off a card)."""
         return (super().startup_refusal(context_length, settings) or draft_step_refusal(context_length, settings)
-                or chunk_page_refusal(settings))
+                or chunk_page_refusal(settings, default_chunk))
 
     def window_pools(self, model: ModelConfig, switch: HybridSwaMemory) -> WindowPools:
         """Separate sliding-window pools only for is_hybrid_swa_model's architectures, not overridden

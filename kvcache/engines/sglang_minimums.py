@@ -44,11 +44,18 @@ def draft_step_refusal(context_length: int, settings: SizingSettings) -> str | N
             f"{context_length:,} holds; use {fix}")
 
 
-def chunk_page_refusal(settings: SizingSettings) -> str | None:
+def chunk_page_refusal(settings: SizingSettings, default_chunk: int | None = None) -> str | None:
     """A --chunked-prefill-size the page size does not divide (validation_hook.py's assert), with the nearest that
-    it does: the chunk rounded down to whole pages, or one page."""
+    it does: the chunk rounded down to whole pages, or one page. Where no chunk is given, the assert reads the
+    card's default (`default_chunk`, None off a card): then the largest page size that divides it."""
     chunk, page = settings.chunked_prefill_size, settings.page_size
-    if chunk is None or chunk % page == 0:
+    if chunk is None:
+        if default_chunk is None or default_chunk % page == 0:
+            return None
+        fit = next(d for d in range(min(page, default_chunk), 0, -1) if default_chunk % d == 0)
+        return (f"--page-size {page} does not divide SGLang 0.5.23's default --chunked-prefill-size on this card "
+                f"({default_chunk:,}), which it asserts at start-up; use --page-size {fit}")
+    if chunk % page == 0:
         return None
     return (f"--chunked-prefill-size {chunk} is not a multiple of the page size {page}, which SGLang 0.5.23 asserts "
             f"at start-up; use --chunked-prefill-size {max(page, chunk // page * page)}")

@@ -123,9 +123,10 @@ class EngineRules(ABC):
         """Token slots per request-table row: the context, plus what one verify step writes past it."""
         return context_length + settings.speculative_num_draft_tokens
 
-    def startup_refusal(self, context_length: int, settings: SizingSettings) -> str | None:
+    def startup_refusal(self, context_length: int, settings: SizingSettings,
+                        default_chunk: int | None = None) -> str | None:
         """Why the engine would refuse to start with these settings before sizing anything (one line naming the
-        flag and a value it starts with), or None."""
+        flag and a value it starts with), or None; `default_chunk`: the card's default prefill chunk, if on one."""
         least = self.minimums.context_length
         if context_length < least:
             return (f"--context-length {context_length} is below the {least} tokens {self.label} starts with; "

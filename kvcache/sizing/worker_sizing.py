@@ -20,7 +20,8 @@ from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.inputs.speculative_defaults import default_max_running_requests
 from kvcache.memory.host_memory import host_memory_bytes
 from kvcache.memory.memory_budget import MemoryBudget, compute_budget, derive_mem_fraction_static
-from kvcache.memory.runtime_reserve import RuntimeShape, default_mem_fraction_static, prefill_graph_token_cap
+from kvcache.memory.runtime_reserve import (RuntimeShape, default_chunked_prefill_size, default_mem_fraction_static,
+                                          prefill_graph_token_cap)
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.model_page_size import forced_page_size
 from kvcache.sizing.advice import MORE_DEVICES, KeptFree, suggest_fixes, suggest_kv_cache_memory
@@ -159,7 +160,8 @@ class WorkerSizing:
         """The planner's input for this layout and budget (and the draft's pools, if any)."""
         a = self.settings
         context = self.model_config.context_length(a.context_length, allow_long_context=a.allow_long_context)
-        if (refusal := self.engine.startup_refusal(context, a)) is not None:
+        default_chunk = None if self.device_type == "cpu" else default_chunked_prefill_size(budget.device_capacity_bytes)
+        if (refusal := self.engine.startup_refusal(context, a, default_chunk)) is not None:
             raise ConfigError(refusal)
         draft = draft_layout or self.draft_layout
         demands = tuple(g.demand() for g in layout.kv_groups) + (self._draft_demands(layout, draft) if draft else ())
