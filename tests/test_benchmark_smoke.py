@@ -42,9 +42,11 @@ SMALL = {"device": "cpu", "memory_limit": CARD, "page_size": 16, "max_running_re
          "chunked_prefill_size": 64}
 
 
-def bench(name: str) -> ModuleType:
-    """benchmarks/<name>.py as a module (its own sys.path entry is the repository root, already importable)."""
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+def bench(path: str) -> ModuleType:
+    """A script of benchmarks/ ("benchmarks/<name>.py") as a module (its own sys.path entry is the repository root,
+    already importable)."""
+    name = Path(path).stem
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS.parent / path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
@@ -100,7 +102,7 @@ def on_the_card(monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str =
 
 
 def test_gpu_measured_headroom(fake_gpu: FakeCudaReadings, monkeypatch: pytest.MonkeyPatch) -> None:
-    b = bench("gpu_measured_headroom")
+    b = bench("benchmarks/gpu_measured_headroom.py")
     monkeypatch.setattr(b, "outside_reading", lambda: {"outside": "not read in CI"})  # a process of its own
     on_the_card(monkeypatch, b)
     for mixed in (False, True):  # the bootstrap measures the mixed chunk when the flag is on, and the run cycles it
@@ -118,12 +120,12 @@ def test_gpu_measured_headroom(fake_gpu: FakeCudaReadings, monkeypatch: pytest.M
 
 
 def test_gpu_measured_headroom_dry_run() -> None:
-    dry = bench("gpu_measured_headroom").dry("Llama-3.1-8B-Instruct", "H200", mixed_chunk=True)
+    dry = bench("benchmarks/gpu_measured_headroom.py").dry("Llama-3.1-8B-Instruct", "H200", mixed_chunk=True)
     assert dry["exit"] == 0 and dry["prediction"]["tokens"] == dry["tokens"]  # on the meta device, as for real
 
 
 def test_gpu_post_capture_resize(fake_gpu: FakeCudaReadings, monkeypatch: pytest.MonkeyPatch) -> None:
-    b = bench("gpu_post_capture_resize")
+    b = bench("benchmarks/gpu_post_capture_resize.py")
     on_the_card(monkeypatch, b)
     out = b.smoke("cpu", FakeVirtualMemory(granularity=4096, capacity_bytes=GiB), unit=4096)
     assert out["vmm_kept_bytes_intact"] and out["vmm_released"] > 0
@@ -137,7 +139,7 @@ def test_gpu_post_capture_resize(fake_gpu: FakeCudaReadings, monkeypatch: pytest
 
 def test_gpu_headroom() -> None:
     """A child's case (the smallest model) on the meta device, torch.cuda read from the simulated card."""
-    b = bench("gpu_headroom")
+    b = bench("benchmarks/gpu_headroom.py")
     smallest = next(i for i, (model, extra) in enumerate(b.CASES) if model == "SmolLM2-135M" and not extra)
     out = io.StringIO()
     with FakeCudaReadings(total_bytes=CARD, free_bytes=CARD).installed(), contextlib.redirect_stdout(out):
@@ -149,22 +151,22 @@ def test_gpu_headroom() -> None:
 def test_gpu_pool_build(capsys: pytest.CaptureFixture[str]) -> None:
     """Every case's pools built on the meta device (an H200's numbers), torch.cuda read from the simulated card."""
     with FakeCudaReadings(total_bytes=CARD, free_bytes=CARD).installed():
-        bench("gpu_pool_build").main(["--device", "meta", "--budget-gib", "1", "--memset-gib", "1"])
+        bench("benchmarks/gpu_pool_build.py").main(["--device", "meta", "--budget-gib", "1", "--memset-gib", "1"])
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]  # under the header
-    assert len(table) == len(bench("gpu_pool_build").CASES)
+    assert len(table) == len(bench("benchmarks/gpu_pool_build.py").CASES)
 
 
 def test_gpu_op_costs(capsys: pytest.CaptureFixture[str]) -> None:
     """The host-side operations on the CPU, one chunk of one call each (the kernels and pinned copies need CUDA)."""
     with FakeCudaReadings(total_bytes=CARD, free_bytes=CARD).installed():
-        bench("gpu_op_costs").main(["--device", "cpu", "--chunk", "1", "--chunks", "1"])
+        bench("benchmarks/gpu_op_costs.py").main(["--device", "cpu", "--chunk", "1", "--chunks", "1"])
     lines = capsys.readouterr().out.splitlines()
     assert any(line.endswith("us  torch.cat((free_list, ids)) (SGLang's free, 500k free)") for line in lines)
 
 
 def test_gpu_fault_matrix(capsys: pytest.CaptureFixture[str]) -> None:
     """The CPU walk (the script's own --device cpu), the first hit of each fault point it meets, each row PASS."""
-    assert bench("gpu_fault_matrix").main_(["--device", "cpu", "--max-hits", "1"]) == 0
+    assert bench("benchmarks/gpu_fault_matrix.py").main_(["--device", "cpu", "--max-hits", "1"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.endswith(" PASS, 0 FAIL on cpu") and not last.startswith("0 ")
 
@@ -174,7 +176,7 @@ def test_gpu_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     model from a config.json on a 1 GiB host limit."""
     import torch.distributed as dist
 
-    b = bench("gpu_ranks")
+    b = bench("benchmarks/gpu_ranks.py")
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp, "config.json")
         config.write_text(json.dumps(TINY_MODEL_HF_CONFIG))
@@ -187,14 +189,14 @@ def test_gpu_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_bench_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    bench("bench_plan").main_bench(["--models", "Llama-3.1-8B-Instruct", "--repeat", "1", "--processes", "0"])
+    bench("benchmarks/bench_plan.py").main_bench(["--models", "Llama-3.1-8B-Instruct", "--repeat", "1", "--processes", "0"])
     (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Llama-3.1-8B-Instruct ")]
     assert row.split()[1] == "0"  # the plan's exit code
 
 
 def test_bench_fit(capsys: pytest.CaptureFixture[str]) -> None:
     """The default sweep once (96 cells), without the plan loop and the processes."""
-    bench("bench_fit").main_bench(["--repeat", "0", "--processes", "0", "--skip-plan-loop"])
+    bench("benchmarks/bench_fit.py").main_bench(["--repeat", "0", "--processes", "0", "--skip-plan-loop"])
     assert capsys.readouterr().out.startswith("default sweep, 96 cells: ")
 
 
@@ -220,7 +222,7 @@ def test_bench_allocator(scripts_beside_reference: None, monkeypatch: pytest.Mon
     """Ours, SGLang's and vLLM's allocators on one small pool per workload, 100 steps each (not time-boxed)."""
     root = reference_src_holding("vllm/v1/core/block_pool.py", "vLLM 0.34.0")
     reference_src_holding("sglang/srt/mem_cache/allocator/token.py", "SGLang 0.5.23")
-    b = bench("bench_allocator")
+    b = bench("benchmarks/bench_allocator.py")
     monkeypatch.setattr(b, "TIME_BOX_S", 0.0)
     monkeypatch.setattr(b, "MAX_STEPS", 2 * b.CHUNK)
     b.main(["--reference-src", str(root), "--sizes", "4096", "--page-sizes", "1", "16", "--trials", "1"])
@@ -230,36 +232,129 @@ def test_bench_allocator(scripts_beside_reference: None, monkeypatch: pytest.Mon
 
 def test_vllm_kv_plan(scripts_beside_reference: None, capsys: pytest.CaptureFixture[str]) -> None:
     root = reference_src_holding("vllm/v1/core/kv_cache_planning.py", "vLLM 0.34.0")
-    assert bench("vllm_kv_plan").main(["--reference-src", str(root), "--max-model-len", "4096",
+    assert bench("benchmarks/vllm_kv_plan.py").main(["--reference-src", str(root), "--max-model-len", "4096",
                                         "--models", "Meta-Llama-3.1-70B"]) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Meta-Llama-3.1-70B | ")]
     assert "refuses" not in row
 
 
+@pytest.fixture
+def scripts_importable() -> Iterator[None]:
+    """benchmarks/ importable by name (the scripts import each other), with no reference tree."""
+    path = list(sys.path)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield
+    finally:
+        sys.path[:] = path
+
+
+def test_bench_allocator_runs_ours_alone_without_the_reference(scripts_importable: None,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The harness on our allocators (token and paged), as measure() runs them beside SGLang's and vLLM's: each
+    workload's step, its timing over one chunk, and the table it is printed in."""
+    b = bench("benchmarks/bench_allocator.py")
+    monkeypatch.setattr(b, "TIME_BOX_S", 0.0)
+    monkeypatch.setattr(b, "MAX_STEPS", b.CHUNK)
+    cpu = torch.device("cpu")
+    rows = []
+    for ps, workload in ((1, "page 1"), (16, "decode"), (16, "extend")):
+        a = b.our_allocator(8192, ps, cpu)
+        held = a.alloc(8192 // 2 // ps * ps)
+        batches = None if ps == 1 else b.Batches(ps, (held[::ps] // ps).cpu(), cpu)
+        best = b.step_times({"ours": (b.token_steps(a, ps, batches, workload), cpu)}, trials=1)
+        wall, inside = best["ours"]
+        assert 0 < inside <= wall and b.syncs_per_step(b.token_steps(a, ps, batches, workload), cpu) is None
+        rows.append(b.Row(workload, ps, 8192, wall * 1e6, None, None, inside * 1e6, None, None, None, None, None))
+    table = b.markdown(rows, gpu=False).splitlines()
+    assert len(table) == 4 + 3 and table[4].startswith("| page 1 | 1 | 8,192 | ")
+
+
+def test_reference_allocators_loads_one_definition_of_a_source_file(tmp_path: Path, scripts_importable: None) -> None:
+    """The loader's two moves on a source tree of our own: a whole module by path, and one definition of a file
+    whose other lines could not be imported (the reference engines' modules import half their runtime)."""
+    b = bench("benchmarks/reference_allocators.py")
+    source = tmp_path / "engine_module.py"
+    source.write_text("import module_that_is_not_there\n\nPAGE = 16\n\n\ndef pages(tokens: int) -> int:\n"
+                      "    return -(-tokens // PAGE)\n")
+    namespace: dict[str, Any] = {}
+    assert b._definition_from(source, "PAGE", namespace) == 16
+    assert b._definition_from(source, "pages", namespace)(33) == 3
+    plain = tmp_path / "plain_module.py"
+    plain.write_text("ANSWER = 42\n")
+    try:
+        assert b._load("plain_module_smoke", plain).ANSWER == 42
+    finally:
+        sys.modules.pop("plain_module_smoke", None)
+
+
+def test_sglang_request_fakes_carry_the_lengths_sglangs_helpers_read() -> None:
+    """Req and Batch as sglang_radix_trace hands them to SGLang's cache helpers, without SGLang: an extend batch's
+    prefix and extend lengths, and a decode batch's committed lengths and request rows."""
+    from array import array
+    from types import SimpleNamespace
+
+    f = bench("benchmarks/sglang_request_fakes.py")
+    reqs = [f.Req(rid=str(i), origin_input_ids=array("q", range(10)), prefix_len=4 * i, extend_end=10,
+                  kv=SimpleNamespace(kv_committed_len=10 + i, req_pool_idx=i + 1, holds_kv=True)) for i in range(2)]
+    extend = f.Batch(reqs=reqs, tree_cache=None, req_to_token_pool=None).for_extend()
+    assert (extend.prefix_lens, extend.extend_lens, extend.extend_num_tokens) == ([0, 4], [10, 6], 16)
+    assert extend.seq_lens.tolist() == [10, 10]
+    decode = f.Batch(reqs=reqs, tree_cache=None, req_to_token_pool=None).for_decode()
+    assert decode.seq_lens.tolist() == [10, 11] and decode.req_pool_indices.tolist() == [1, 2]
+    reqs[0].refresh_fill_ids()
+    assert not reqs[0].finished() and list(reqs[0].full_untruncated_fill_ids) == list(range(10))
+
+
+def test_vllm_steps_times_a_block_pool_step_without_vllm() -> None:
+    """block_pool_step against a pool with vLLM's BlockPool calls (get_new_blocks, free_blocks): every block taken
+    is given back, each step timed; and the Request stand-in's token counts."""
+    pytest.importorskip("numpy", reason="benchmarks/vllm_steps.py imports NumPy, which this project does not install")
+    v = bench("benchmarks/vllm_steps.py")
+
+    class Pool:
+        def __init__(self) -> None:
+            self.free = list(range(64))
+
+        def get_new_blocks(self, count: int) -> list[int]:
+            taken, self.free = self.free[:count], self.free[count:]
+            return taken
+
+        def free_blocks(self, blocks: list[int]) -> None:
+            self.free.extend(blocks)
+
+    pool = Pool()
+    step = v.block_pool_step(pool, 16)
+    assert all(step(i) >= 0 for i in range(3)) and sorted(pool.free) == list(range(64))
+    request = v._Request("r", computed=7, prompt=5, status=None)
+    assert (request.num_tokens, request.num_prompt_tokens, request.num_in_flight_tokens) == (8, 5, 0)
+
+
+
 # Where each script in benchmarks/ runs in CI (a test that calls it, its main or its functions); helpers that only
 # other scripts import run with those. A new script without a smoke form fails the test below.
 SMOKED = {
-    "bench_allocator": "test_benchmark_smoke.py::test_bench_allocator",
-    "bench_fit": "test_benchmark_smoke.py::test_bench_fit",
-    "bench_plan": "test_benchmark_smoke.py::test_bench_plan",
-    "gpu_fault_matrix": "test_benchmark_smoke.py::test_gpu_fault_matrix",
-    "gpu_headroom": "test_benchmark_smoke.py::test_gpu_headroom",
-    "gpu_measured_headroom": "test_benchmark_smoke.py::test_gpu_measured_headroom",
-    "gpu_op_costs": "test_benchmark_smoke.py::test_gpu_op_costs",
-    "gpu_pool_build": "test_benchmark_smoke.py::test_gpu_pool_build",
-    "gpu_post_capture_resize": "test_benchmark_smoke.py::test_gpu_post_capture_resize",
-    "gpu_ranks": "test_benchmark_smoke.py::test_gpu_ranks",
-    "reference_allocators": "test_benchmark_smoke.py::test_bench_allocator",  # the loader bench_allocator uses
-    "reference_tree": "reference_sources.py::reference_src_holding",  # every reference test reads the tree through it
-    "sglang_radix_trace": "test_sglang_radix_trace.py::test_sglang_radix_cache_runs_on_our_objects_and_matches_sglangs_allocator",
-    "sglang_request_fakes": "test_sglang_radix_trace.py::test_sglang_radix_cache_runs_on_our_objects_and_matches_sglangs_allocator",
-    "vllm_kv_plan": "test_benchmark_smoke.py::test_vllm_kv_plan",
-    "vllm_steps": "test_bench_vllm_steps.py::test_decode_step_rotates_one_page_per_crossing_without_losing_blocks",
+    "benchmarks/bench_allocator.py": "test_benchmark_smoke.py::test_bench_allocator_runs_ours_alone_without_the_reference",
+    "benchmarks/bench_fit.py": "test_benchmark_smoke.py::test_bench_fit",
+    "benchmarks/bench_plan.py": "test_benchmark_smoke.py::test_bench_plan",
+    "benchmarks/gpu_fault_matrix.py": "test_benchmark_smoke.py::test_gpu_fault_matrix",
+    "benchmarks/gpu_headroom.py": "test_benchmark_smoke.py::test_gpu_headroom",
+    "benchmarks/gpu_measured_headroom.py": "test_benchmark_smoke.py::test_gpu_measured_headroom",
+    "benchmarks/gpu_op_costs.py": "test_benchmark_smoke.py::test_gpu_op_costs",
+    "benchmarks/gpu_pool_build.py": "test_benchmark_smoke.py::test_gpu_pool_build",
+    "benchmarks/gpu_post_capture_resize.py": "test_benchmark_smoke.py::test_gpu_post_capture_resize",
+    "benchmarks/gpu_ranks.py": "test_benchmark_smoke.py::test_gpu_ranks",
+    "benchmarks/reference_allocators.py": "test_benchmark_smoke.py::test_reference_allocators_loads_one_definition_of_a_source_file",
+    "benchmarks/reference_tree.py": "reference_sources.py::reference_src_holding",  # every reference test reads the tree through it
+    "benchmarks/sglang_radix_trace.py": "test_sglang_radix_trace.py::test_sglang_radix_cache_runs_on_our_objects_and_matches_sglangs_allocator",
+    "benchmarks/sglang_request_fakes.py": "test_benchmark_smoke.py::test_sglang_request_fakes_carry_the_lengths_sglangs_helpers_read",
+    "benchmarks/vllm_kv_plan.py": "test_benchmark_smoke.py::test_vllm_kv_plan",
+    "benchmarks/vllm_steps.py": "test_benchmark_smoke.py::test_vllm_steps_times_a_block_pool_step_without_vllm",
 }
 
 
 def test_every_benchmark_script_has_a_smoke_form_in_ci() -> None:
-    scripts = sorted(p.stem for p in BENCHMARKS.glob("*.py"))
+    scripts = sorted(f"benchmarks/{p.name}" for p in BENCHMARKS.glob("*.py"))
     assert scripts == sorted(SMOKED), f"give each script in benchmarks/ a smoke form here: {set(scripts) ^ set(SMOKED)}"
     tests = Path(__file__).resolve().parent
     for script, where in SMOKED.items():
