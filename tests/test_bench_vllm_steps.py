@@ -6,18 +6,15 @@ skips without that tree or without numpy (neither is in a fresh CI venv).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from reference_sources import reference_src_holding
+from reference_sources import benchmarks_importable, reference_src_holding
 
 from kvcache.testing.allocator_plans import paged_allocator
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
@@ -25,18 +22,11 @@ def vllm() -> Iterator[SimpleNamespace]:
     """vLLM's classes loaded through the benchmark's loader; the stand-in modules are removed afterwards."""
     pytest.importorskip("numpy")
     reference_src = reference_src_holding("vllm/v1/core/kv_cache_manager.py", "vLLM")
-    finders, modules = list(sys.meta_path), set(sys.modules)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
+    with benchmarks_importable():
         from reference_allocators import load_vllm
         from vllm_steps import SchedulerPath
 
         yield SimpleNamespace(classes=load_vllm(reference_src), SchedulerPath=SchedulerPath)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        sys.meta_path[:] = finders
-        for name in set(sys.modules) - modules:
-            del sys.modules[name]
 
 
 def _t(*values: int) -> torch.Tensor:

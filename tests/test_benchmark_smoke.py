@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import torch
-from reference_sources import reference_src_holding
+from reference_sources import benchmarks_importable, reference_src_holding
 from test_forward_decode import TINY_MLA
 
 import app.model_runner as model_runner
@@ -205,16 +205,8 @@ def scripts_beside_reference() -> Iterator[None]:
     """benchmarks/ importable by name (the scripts import each other), and the reference engines' stand-in
     modules they load removed afterwards (compiled libraries stay: they cannot be imported twice)."""
     pytest.importorskip("numpy", reason="SGLang's and vLLM's modules import NumPy, which this project does not install")
-    finders, modules, path = list(sys.meta_path), set(sys.modules), list(sys.path)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
+    with benchmarks_importable():
         yield
-    finally:
-        sys.path[:] = path
-        sys.meta_path[:] = finders
-        for name in set(sys.modules) - modules:
-            if name.split(".")[0] not in ("numpy", "triton", "torch"):
-                del sys.modules[name]
 
 
 def test_bench_allocator(scripts_beside_reference: None, monkeypatch: pytest.MonkeyPatch,
@@ -241,12 +233,8 @@ def test_vllm_kv_plan(scripts_beside_reference: None, capsys: pytest.CaptureFixt
 @pytest.fixture
 def scripts_importable() -> Iterator[None]:
     """benchmarks/ importable by name (the scripts import each other), with no reference tree."""
-    path = list(sys.path)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
+    with benchmarks_importable():
         yield
-    finally:
-        sys.path[:] = path
 
 
 def test_bench_allocator_runs_ours_alone_without_the_reference(scripts_importable: None,

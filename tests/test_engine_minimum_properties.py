@@ -174,7 +174,7 @@ def test_a_page_that_does_not_divide_the_cards_default_chunk_names_one_that_does
     that does not divide 8,192 is refused, naming the largest page that does (64 for 100, 8,192 past it), which plans."""
     code, err = run([*PLAN, "--page-size", str(page)], capsys)
     fit = 64 if page == 100 else 8192
-    assert code == 2 and f"default --chunked-prefill-size on this card (8,192)" in err and \
+    assert code == 2 and "default --chunked-prefill-size on this card (8,192)" in err and \
         f"use --page-size {fit}" in err, err
     assert run([*PLAN, "--page-size", suggested(err, "--page-size")], capsys)[0] == 0
 

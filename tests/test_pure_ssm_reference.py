@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import torch
-from reference_sources import reference_src_holding
+from reference_sources import benchmarks_importable, reference_src_holding
 
 from kvcache.engines.vllm_layers import vllm_layer_specs
 from kvcache.inputs.dtypes import FLOAT32, resolve_kv_cache_dtype, resolve_model_dtype
@@ -117,9 +117,7 @@ def test_state_bytes_equal_sglangs_own_code(sglang_mamba_utils: ModuleType, name
 def vllm_state() -> Iterator[SimpleNamespace]:
     """vLLM's state shape and dtype calculators, its divide and dtype resolution, and its MambaSpec."""
     root = reference_src_holding("vllm/model_executor/layers/mamba/mamba_utils.py", "vLLM 0.34.0")
-    finders, modules = list(sys.meta_path), set(sys.modules)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
+    with benchmarks_importable():
         import vllm_kv_plan
         from reference_allocators import _definition_from
 
@@ -134,11 +132,6 @@ def vllm_state() -> Iterator[SimpleNamespace]:
         yield SimpleNamespace(shapes=_definition_from(mamba_utils, "MambaStateShapeCalculator", names),
                               dtypes=_definition_from(mamba_utils, "MambaStateDtypeCalculator", names),
                               spec=planner.interface.MambaSpec)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        sys.meta_path[:] = finders
-        for name in set(sys.modules) - modules:
-            del sys.modules[name]
 
 
 def _vllm_state(v: SimpleNamespace, name: str, tp: int) -> int:

@@ -9,17 +9,15 @@ are reused).
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
-from reference_sources import reference_src_holding
+from reference_sources import benchmarks_importable, reference_src_holding
 
 TRITON_PATHS = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture()
@@ -35,18 +33,10 @@ def trace(sglang_src: Path) -> Iterator[ModuleType]:
     Only sglang's modules and the two benchmark scripts go: a real library first imported meanwhile (triton,
     loaded by SGLang's kernel file) stays, as a compiled extension cannot be imported twice."""
     pytest.importorskip("numpy", reason="SGLang's mem_cache imports NumPy, which this project does not install")
-    finders, modules, path = list(sys.meta_path), set(sys.modules), list(sys.path)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
+    with benchmarks_importable():
         import sglang_radix_trace
 
         yield sglang_radix_trace
-    finally:
-        sys.path[:] = path
-        sys.meta_path[:] = finders
-        for name in set(sys.modules) - modules:
-            if name.split(".")[0] in ("sglang", "reference_allocators", "sglang_radix_trace"):
-                del sys.modules[name]
 
 
 def test_sglang_radix_cache_runs_on_our_objects_and_matches_sglangs_allocator(trace: ModuleType, sglang_src: Path) -> None:

@@ -7,19 +7,17 @@ available memory. Skips without that tree (KVCACHE_REFERENCE_SRC names it).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from reference_sources import reference_src_holding
+from reference_sources import benchmarks_importable, reference_src_holding
 
 from kvcache.engines.vllm_layers import VllmSettings
 from kvcache.errors import ConfigError, UnsupportedModelError
 from kvcache.byte_units import GiB
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 CORPUS = Path(__file__).with_name("model_corpus")
 NAMES = sorted(p.stem for p in CORPUS.glob("*.json"))
 SPARSE_MLA = {"DeepSeek-V3.2", "GLM-5"}  # an indexer key cache per layer beside the MLA latent
@@ -41,17 +39,10 @@ CASES = {
 def bench() -> Iterator[SimpleNamespace]:
     """The benchmark module and vLLM's planner; the stand-in modules are removed afterwards."""
     reference_src = reference_src_holding("vllm/v1/core/kv_cache_planning.py", "vLLM 0.34.0")
-    finders, modules = list(sys.meta_path), set(sys.modules)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
+    with benchmarks_importable():
         import vllm_kv_plan
 
         yield SimpleNamespace(module=vllm_kv_plan, vllm=vllm_kv_plan.load_vllm_planner(reference_src))
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        sys.meta_path[:] = finders
-        for name in set(sys.modules) - modules:
-            del sys.modules[name]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
