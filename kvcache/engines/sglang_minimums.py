@@ -5,7 +5,8 @@ Below them SGLang stops at start-up, so no plan is made there and no suggestion 
   pool tokens - 1) and `assert max_req_len > 0, "Memory pool size is too small"`: a request must hold at least one
   token after the one reserved, so the context and the pool are each at least 2 tokens.
 - srt/arg_groups/validation_hook.py: `assert chunked_prefill_size % page_size == 0` ("chunked_prefill_size must be
-  divisible by page_size"), for a --chunked-prefill-size given (the page may be the model's: DSA pages at 64).
+  divisible by page_size"), for a --chunked-prefill-size given and, on a card, for the default it sets by the
+  card's size (the page may be the model's: DSA pages at 64).
 - One decode step of a draft allocates its KV slots in each request (get_alloc_len_per_decode,
   kvcache.engines.sglang_request_table): a step that takes more slots than a request of the context holds cannot
   run even once, and its request-table rows alone outgrow any card (2e9 steps: a 104 GiB table for 25 tokens).
