@@ -6,9 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from containers import EngineContainer
-from kvcache.models.presets import load_model_config
-from kvcache.inputs.server_args import ServerArgs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -25,10 +22,10 @@ def test_a_vmm_allocation_releases_what_is_not_kept_and_keeps_its_bytes():
     assert torch.equal(alloc.view(0, keep[0][1]), expected)
 
 
-def test_graph_replay_equals_eager_decode_and_survives_the_resize():
-    args = ServerArgs.from_mapping({"device": "cuda", "enable_post_capture_kv_resize": True, "cuda_graph_max_bs": 16,
-                                    "max_running_requests": 16, "context_length": 4096})
-    engine = EngineContainer(server_args=args, model_config=load_model_config("Llama-3.2-1B-Instruct"))
+def test_graph_replay_equals_eager_decode_and_survives_the_resize(make_engine):
+    args = {"device": "cuda", "enable_post_capture_kv_resize": True, "cuda_graph_max_bs": 16,
+            "max_running_requests": 16, "context_length": 4096}
+    engine = make_engine(model="Llama-3.2-1B-Instruct", **args)
     runner = engine.engine().target
     runner.load_weights()
     runner.init_memory_pool()
@@ -47,20 +44,18 @@ def test_graph_replay_equals_eager_decode_and_survives_the_resize():
     assert resize.tokens_after <= resize.tokens_before
     assert runner.memory_probe.free_bytes() >= resize.headroom_bytes
     assert torch.equal(runner.decode_graphs.replay(batch), replayed)
-    engine.shutdown_resources()
 
 
 @pytest.mark.parametrize("max_bs", [16, 0])
-def test_an_engine_bootstrap_with_the_knob_on_captures_and_resizes(max_bs):
-    args = ServerArgs.from_mapping({"device": "cuda", "enable_post_capture_kv_resize": True, "cuda_graph_max_bs": max_bs,
-                                    "max_running_requests": 16, "context_length": 4096, "kv_headroom": "fraction"})
-    engine = EngineContainer(server_args=args, model_config=load_model_config("Llama-3.2-1B-Instruct"))
+def test_an_engine_bootstrap_with_the_knob_on_captures_and_resizes(max_bs, make_engine):
+    args = {"device": "cuda", "enable_post_capture_kv_resize": True, "cuda_graph_max_bs": max_bs,
+            "max_running_requests": 16, "context_length": 4096, "kv_headroom": "fraction"}
+    engine = make_engine(model="Llama-3.2-1B-Instruct", **args)
     engine.engine().bootstrap()
     runner = engine.engine().target
     assert runner.graph_capture is not None and runner.post_capture_kv_resize is not None
     assert runner.graph_capture.max_bs == max_bs and (runner.decode_graphs is None) == (max_bs == 0)
     assert runner.memory_probe.free_bytes() >= runner.post_capture_kv_resize.headroom_bytes
-    engine.shutdown_resources()
 
 
 def test_a_remap_that_fails_on_the_driver_leaves_every_byte_mapped_and_the_kept_bytes_intact():

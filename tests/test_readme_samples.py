@@ -67,9 +67,11 @@ def test_the_readme_shows_samples_of_each_command() -> None:
 def test_each_sample_is_what_the_program_prints(block: str, capsys: pytest.CaptureFixture[str],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     argv, shown = sample(block)
-    # the machine the README describes: the 8 GiB limit free (the probe would also cap it at what this loaded host
-    # has available)
+    # the machine the README describes: no GPU (a CUDA host's bootstrap picks cuda:0), the 8 GiB limit free (the
+    # probe would also cap it at what this loaded host has available)
     monkeypatch.setattr("kvcache.memory.memory_probe._host_available_bytes", lambda: None)
+    if not argv:
+        monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     monkeypatch.chdir(ROOT)  # a --model path is the repository's
     assert main(argv) == 0, capsys.readouterr().err
     compare(shown, capsys.readouterr().out.splitlines(), loose=not argv)

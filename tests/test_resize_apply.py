@@ -12,7 +12,7 @@ from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec
 from kvcache.testing.pool_plans import standalone_kv_pool
 from kvcache.errors import VmmError
 from kvcache.runtime.shrink import (
-    LiveTokensInTailError, carry_tokens_in_use, complement, pool_buffers, released_address_ranges,
+    CARRY_CHUNK_TOKENS, LiveTokensInTailError, carry_tokens_in_use, carry_transient_bytes, complement, pool_buffers, released_address_ranges,
 )
 from kvcache.testing.allocator_plans import paged_allocator, token_allocator
 
@@ -25,11 +25,12 @@ def _allocator(size: int, page: int):  # type: ignore[no-untyped-def]
     return paged_allocator(size=size, page_size=page, device=CPU, check_frees=True)
 
 
+@pytest.mark.parametrize("chunk", [CARRY_CHUNK_TOKENS, 1, 48], ids=["one-chunk", "page-by-page", "3-pages-of-16"])
 @pytest.mark.parametrize("page", [1, 16])
-def test_the_smaller_allocator_keeps_the_tokens_in_use_and_frees_the_rest(page):
+def test_the_smaller_allocator_keeps_the_tokens_in_use_and_frees_the_rest(page, chunk):
     old = _allocator(64 * page, page)
     held = old.alloc(8 * page)  # the first 8 pages of a fresh allocator
-    swap = carry_tokens_in_use(old, _allocator(32 * page, page))
+    swap = carry_tokens_in_use(old, _allocator(32 * page, page), chunk_tokens=chunk)
     smaller = swap.allocator
     assert old.available_size() == 0  # drained until the resize commits or is undone
     assert smaller.size == 32 * page and smaller.available_size() == 24 * page
@@ -43,11 +44,12 @@ def test_the_smaller_allocator_keeps_the_tokens_in_use_and_frees_the_rest(page):
     assert old.available_size() == 56 * page
 
 
+@pytest.mark.parametrize("chunk", [CARRY_CHUNK_TOKENS, 1, 48], ids=["one-chunk", "page-by-page", "3-pages-of-16"])
 @pytest.mark.parametrize("page", [1, 16])
-def test_a_larger_allocator_keeps_the_tokens_in_use_and_frees_the_rest_and_every_grown_page(page):
+def test_a_larger_allocator_keeps_the_tokens_in_use_and_frees_the_rest_and_every_grown_page(page, chunk):
     old = _allocator(32 * page, page)
     held = old.alloc(8 * page)
-    larger = carry_tokens_in_use(old, _allocator(64 * page, page)).allocator
+    larger = carry_tokens_in_use(old, _allocator(64 * page, page), chunk_tokens=chunk).allocator
     assert old.available_size() == 0 and larger.available_size() == 56 * page
     rest = larger.alloc(56 * page)
     assert sorted(rest.tolist() + held.tolist()) == list(range(page, 65 * page))  # pages 1..64, each once
@@ -55,12 +57,13 @@ def test_a_larger_allocator_keeps_the_tokens_in_use_and_frees_the_rest_and_every
     assert larger.available_size() == 8 * page
 
 
+@pytest.mark.parametrize("chunk", [CARRY_CHUNK_TOKENS, 1], ids=["one-chunk", "page-by-page"])
 @pytest.mark.parametrize("page", [1, 16])
-def test_live_tokens_in_the_tail_refuse_the_resize_and_change_nothing(page):
+def test_live_tokens_in_the_tail_refuse_the_resize_and_change_nothing(page, chunk):
     old = _allocator(64 * page, page)
     old.alloc(40 * page)  # pages 1..40: pages 33..40 would be cut off
     with pytest.raises(LiveTokensInTailError, match=f"{8 * page} KV tokens in use lie past token {32 * page}"):
-        carry_tokens_in_use(old, _allocator(32 * page, page))
+        carry_tokens_in_use(old, _allocator(32 * page, page), chunk_tokens=chunk)
     assert old.available_size() == 24 * page and old.size == 64 * page
 
 
@@ -235,3 +238,11 @@ def test_a_resize_releases_every_per_token_buffer_of_an_mla_pool(dtype: str, ind
     assert sum(t.nbytes for t in buffers) == 3 * 80 * row_bytes  # 3 layers x (64 + 16) rows
     released = released_address_ranges(buffers, 16 + 16)
     assert sum(e - s for s, e in released) == 3 * (80 - 32) * row_bytes  # rows 32..79 of every buffer
+
+
+def test_the_swap_holds_a_bounded_chunk_beside_the_ids_of_the_grown_tokens():
+    """3 int64 lists of one chunk (2^16 tokens: 1,572,864 B, or fewer where the lists are shorter), plus 8 B per
+    grown token."""
+    assert carry_transient_bytes(tokens=30_000_000, grown_tokens=-3_000_000) == 3 * 8 * 65_536 == 1_572_864
+    assert carry_transient_bytes(tokens=1_000, grown_tokens=0) == 24_000
+    assert carry_transient_bytes(tokens=30_000_000, grown_tokens=100_000) == 1_572_864 + 800_000

@@ -30,7 +30,9 @@ from kvcache.inputs.rank_agreement import RankAgreement
 from kvcache.memory.vmm_storage import VmmAllocation, VmmBacking
 from kvcache.pools.allocator_protocol import AllocatorFactory
 from kvcache.pools.planned_views import slots_nbytes
-from kvcache.runtime.shrink import AllocatorSwap, carry_tokens_in_use, complement, pool_buffers, released_address_ranges
+from kvcache.runtime.shrink import (
+    AllocatorSwap, carry_tokens_in_use, carry_transient_bytes, complement, pool_buffers, released_address_ranges,
+)
 from kvcache.sizing.pool_config import MemoryPoolConfig
 
 Ranges = list[tuple[int, int]]
@@ -83,9 +85,11 @@ def resize_slack_bytes(*, backing: VmmBacking, pool: Any, plan: MemoryPoolConfig
     leaves room for: two granules per per-token buffer (a released tail keeps the granules it starts and ends in
     mapped), and the built allocator's index lists, which stay mapped in the arena while the fresh allocator's
     (the ones the resized plan counts) sit beside them: `plan`'s allocator slots, with the is_free flags when
-    `allocator` checks frees."""
+    `allocator` checks frees; and what the swap itself holds meanwhile (carry_transient_bytes)."""
     fresh = slots_nbytes(plan.allocator_slots(check_frees=allocator.check_frees))
-    return 2 * backing.granularity * len(pool_buffers(pool)) + fresh
+    tokens = plan.max_total_num_tokens
+    carry = carry_transient_bytes(tokens=max(tokens, allocator.size), grown_tokens=tokens - allocator.size)
+    return 2 * backing.granularity * len(pool_buffers(pool)) + fresh + carry
 
 
 def mapping_targets(backing: VmmBacking, buffers: list[torch.Tensor], rows: int) -> list[tuple[VmmAllocation, Ranges]]:

@@ -35,20 +35,33 @@ class AllocatorSwap:
         self.old.free(self.taken)
 
 
-def carry_tokens_in_use(old: Any, new: Any) -> AllocatorSwap:
+CARRY_CHUNK_TOKENS = 1 << 16  # the swap works through the token lists this many at a time (1.5 MiB of temporaries)
+
+
+def carry_transient_bytes(*, tokens: int, grown_tokens: int) -> int:
+    """Device bytes carry_tokens_in_use holds beyond both allocators (lists of up to `tokens` ids): one chunk's
+    masks and copies, and the ids of the `grown_tokens` new tokens copied out before any is freed (int64 each)."""
+    return 3 * 8 * min(CARRY_CHUNK_TOKENS, tokens) + 8 * max(grown_tokens, 0)
+
+
+def carry_tokens_in_use(old: Any, new: Any, *, chunk_tokens: int = CARRY_CHUNK_TOKENS) -> AllocatorSwap:
     """`new` (fresh: every token free, of any size in whole pages) made to hold exactly the tokens `old` has in use.
 
     The old allocator is left with nothing free (a stale holder of it cannot hand out a released
-    slot) until `undo()`; tokens in use past `new.size` refuse the swap and change nothing."""
+    slot) until `undo()`; tokens in use past `new.size` refuse the swap and change nothing. The token lists
+    are worked through `chunk_tokens` (whole pages) at a time: the swap runs when the built pools fill the
+    card, so its temporaries must not grow with the pool (carry_transient_bytes)."""
     page = old.page_size
     if new.page_size != page or new.size % page:
         raise ValueError(f"the new allocator's {new.size} tokens in pages of {new.page_size} do not continue the old "
                          f"one's pages of {page}")
+    step = max(chunk_tokens // page, 1) * page  # a paged free frees every page it touches: never split one
+    last_new, last_old = new.size // page, old.size // page  # page p holds tokens p*page .. p*page+page-1
     free = old.alloc(old.available_size())
     assert free is not None
     try:
-        past = free // page > new.size // page  # page p holds tokens p*page .. p*page+page-1; pages 1..size/page
-        live_past = max(old.size - new.size, 0) - int(past.sum())
+        kept_free = sum(int((part // page <= last_new).sum()) for part in free.split(step))
+        live_past = max(old.size - new.size, 0) - (free.numel() - kept_free)
         if live_past:
             raise LiveTokensInTailError(
                 f"{live_past} KV tokens in use lie past token {new.size}; shrinking the pool from {old.size} would "
@@ -57,7 +70,11 @@ def carry_tokens_in_use(old: Any, new: Any) -> AllocatorSwap:
         every = new.alloc(new.size)
         if every is None:
             raise ValueError(f"the new allocator has {new.size - new.available_size()} tokens in use; it must be fresh")
-        new.free(torch.cat((free[~past], every[every // page > old.size // page])))  # old free ones, and any grown
+        grown = [part[part // page > last_old] for part in every.split(step)]  # copies: `every` is new's own list
+        for part in free.split(step):  # old free ones, then any grown
+            new.free(part[part // page <= last_new])
+        for part in grown:
+            new.free(part)
     except BaseException:
         old.free(free)  # the old allocator as it was
         raise
