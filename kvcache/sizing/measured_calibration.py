@@ -36,9 +36,19 @@ _H100_2026_12_06 = ("torch 2.11.0+cu130, 2026-12-06, benchmarks/gpu_measured_hea
                     "logprobs (benchmarks/data/h100_measured_headroom_2026-12-06.json)")
 
 
-# Every recorded run the prediction is calibrated on, one row each (card, model; the newest row of a pair is the
-# one used); the extrapolation's coefficients below were fitted to the 2026-12-04 rows (the steps without the
-# sampler), whose sampler bytes the 2026-12-06 rows measured: 10.0 B per prompt-logprob vocab entry, as counted.
+_H100_2026_12_06_B = ("torch 2.11.0+cu130, 2026-12-06 05:11 UTC, benchmarks/gpu_measured_headroom.py, the steps "
+                      "sampled with logprobs (benchmarks/data/h100_measured_headroom_2026-12-06b.json)")
+
+
+_H100_2026_12_06_MIXED = ("torch 2.11.0+cu130, 2026-12-06 05:16 UTC, benchmarks/gpu_measured_headroom.py "
+                          "--mixed-chunk, the steps sampled with logprobs "
+                          "(benchmarks/data/h100_measured_headroom_mixed_2026-12-06.json)")
+
+
+# Every recorded run the prediction is calibrated on, one row each (card, model, whether the mixed step ran; the
+# newest row of a pair is the one used); the extrapolation's coefficients below were fitted to the 2026-12-04 rows
+# (the steps without the sampler), whose sampler bytes the 2026-12-06 rows measured: 10.0 B per prompt-logprob vocab
+# entry, as counted.
 CALIBRATION: tuple[Calibration, ...] = (
     Calibration(card="H200", card_total_bytes=150_109_880_320, model="Llama-3.1-8B-Instruct", source=_H200_2026_12_04,
                 graph_bytes=725_614_592, prefill_chunk_bytes=1_577_058_304, eager_decode_bytes=3_630_170_112,
@@ -62,13 +72,29 @@ CALIBRATION: tuple[Calibration, ...] = (
     Calibration(card="H100-80GB", card_total_bytes=85_017_493_504, model="Llama-3.1-8B-Instruct", source=_H100_2026_12_06,
                 graph_bytes=725_614_592, prefill_chunk_bytes=4_204_789_760, eager_decode_bytes=2_940_207_104,
                 alternating_bytes=4_206_886_912, kept_free_bytes=5_939_331_072, tokens=466_952, sampled=True),
+    Calibration(card="H100-80GB", card_total_bytes=85_017_493_504, model="Qwen3-8B", source=_H100_2026_12_06_B,
+                graph_bytes=803_209_216, prefill_chunk_bytes=4_659_871_744, eager_decode_bytes=6_931_087_360,
+                alternating_bytes=9_638_510_592, kept_free_bytes=11_498_881_024, tokens=377_942, sampled=True),
+    # the MLA chunked-context step (2,787,115,008 B) ran in turn with the others and raised no peak
+    Calibration(card="H100-80GB", card_total_bytes=85_017_493_504, model="DeepSeek-V2-Lite", source=_H100_2026_12_06_B,
+                graph_bytes=1_426_063_360, prefill_chunk_bytes=4_458_545_152, eager_decode_bytes=5_337_251_840,
+                alternating_bytes=7_818_182_656, kept_free_bytes=10_026_680_320, tokens=1_290_152, sampled=True,
+                steps_run=("prefill_chunk", "eager_decode", "mla_context")),
+    # --enable-mixed-chunk: the mixed step (4,204,789,760 B, the prefill chunk's own peak) raised no peak either
+    Calibration(card="H100-80GB", card_total_bytes=85_017_493_504, model="Llama-3.1-8B-Instruct",
+                source=_H100_2026_12_06_MIXED, graph_bytes=725_614_592, prefill_chunk_bytes=4_204_789_760,
+                eager_decode_bytes=2_940_207_104, alternating_bytes=4_206_886_912, kept_free_bytes=5_939_331_072,
+                tokens=466_952, sampled=True, steps_run=("prefill_chunk", "eager_decode", "mixed_chunk")),
 )
 
 
-def calibration_for(card: str | None, model: str) -> Calibration | None:
-    """The recorded run for this card and model (the newest where several are), or None."""
+def calibration_for(card: str | None, model: str, *, mixed_chunk: bool = False) -> Calibration | None:
+    """The recorded run for this card and model (the newest where several are), or None: one that ran the mixed
+    step exactly when `mixed_chunk` asks for it, where there is one (a run without it gets the step by formula; a
+    run with it covers a start without it, holding more)."""
     rows = [c for c in CALIBRATION if c.card == card and c.model == model]
-    return rows[-1] if rows else None
+    alike = [c for c in rows if ("mixed_chunk" in c.steps_run) == mixed_chunk]
+    return (alike or rows)[-1] if rows else None
 
 
 def fitted_on() -> str:

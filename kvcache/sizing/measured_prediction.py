@@ -191,7 +191,7 @@ def predict_measured_plan(*, sizing: object, memory: object,
     defaults = all(v is None for v in (s.chunked_prefill_size, s.cuda_graph_max_bs, s.max_running_requests,
                                        s.max_total_tokens, s.context_length)) and not any(
         (s.disable_cuda_graph_padding, s.disable_cuda_graph, s.disable_decode_cuda_graph, s.disable_prefill_cuda_graph))
-    calibration = calibration_for(card_name, m.name)
+    calibration = calibration_for(card_name, m.name, mixed_chunk=s.enable_mixed_chunk)
     single = cuda.parallel_state.tp_size * cuda.parallel_state.pp_size == 1
     total = memory.total_bytes  # type: ignore[attr-defined]
     card = memory.device_capacity_bytes  # type: ignore[attr-defined]  # SGLang's card-size defaults read nvidia-smi's
