@@ -15,12 +15,14 @@ from typing import Any, Mapping, NoReturn, Sequence
 
 from app.failures import OutputUnwritableError, UsageError, failure_of
 from app.fit_command import SWEPT_FIELDS, add_fit_flags, run_fit
+from app.plan_command import plan_output
 from app.flag_hints import BOOTSTRAP_ONLY_FIELDS, COMMANDS, unknown_command, unrecognized, value_read_as_flag
 from app.server_args_flags import add_server_args_flags, server_args_values, sizes_read
 from app.settings_file import checked_server_args
 from kvcache.byte_units import SIZE_UNITS_HELP
 from kvcache.engines.vllm import VLLM
 from kvcache.inputs.cards import KNOWN_CARDS, SimulatedCard, card_named, card_of_size
+from kvcache.models.model_config import ModelConfig
 from kvcache.models.presets import DEFAULT_PRESET, load_model_config, preset_names
 from kvcache.inputs.other_engines_flags import VLLM_FIELDS
 from kvcache.inputs.server_args import ServerArgs
@@ -143,48 +145,38 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _run_engine(ns: argparse.Namespace, command: str) -> int:
-    """`bootstrap`, or `plan` (the engine's start-up on the meta device): the only commands that import the engine,
-    and with it torch (presets, fit and --help answer without it)."""
-    from app.parallel_setup import launched_world_size
-    from app.rank_report import render_for_this_rank
-    from app.report import build_report
-    from app.stage_plans import run_stages
-    from app.vllm_report import plan_for_vllm, render_vllm
-    from containers import EngineContainer
-
-    card = _card(ns) if command == "plan" else None
+    """`plan` (a dry run: app.plan_command, no torch), or `bootstrap`: the only command that imports the engine,
+    and with it torch (presets, fit, plan and --help answer without it)."""
     server_args = server_args_from(ns, device="meta" if command == "plan" else None)
     if server_args.engine == VLLM.name and command != "plan":
         raise UsageError("--engine vllm is a dry run of vLLM's block plan: use plan --engine vllm --gpu NAME "
                          f"({command} builds this engine's pools)")
     model = load_model_config(ns.model)
-
-    def make_container() -> EngineContainer:
-        return EngineContainer(server_args=server_args, model_config=model, card=card)
-
-    def run_one(container: EngineContainer) -> str | None:
-        try:
-            rules = container.engine_rules()  # an --engine not available yet stops here, before any weights load
-            if rules is VLLM:  # vLLM's answer is its own block plan: no pools are built (kvcache.engines.vllm)
-                return render_vllm(plan_for_vllm(container, card=card.name if card else None), as_json=ns.json)
-            container.draft_model_config()
-            engine = container.engine()
-            engine.bootstrap()
-            report = build_report(engine, rules=rules, card=card.name if card else None,
-                                  page_size_note=container.page_size_note())
-            return render_for_this_rank(engine, report, as_json=ns.json)  # rank 0 gathers every rank's plan
-        finally:
-            container.shutdown_resources()
-
-    if command == "plan" and server_args.pp_size > 1 and server_args.engine != VLLM.name and \
-            launched_world_size(os.environ) == 1:
-        output = run_stages(make_container, server_args, run_one,  # every stage, as its rank would plan it
-                            num_layers=model.num_hidden_layers)
+    if command == "plan":
+        output = plan_output(server_args, model, _card(ns), as_json=ns.json)
     else:
-        output = run_one(make_container())
+        output = _bootstrap(server_args, model, as_json=ns.json)
     if output is not None:
         _write_report(output)
     return EXIT_OK
+
+
+def _bootstrap(server_args: ServerArgs, model: ModelConfig, *, as_json: bool) -> str | None:
+    """Start the engine on this machine's device (dummy weights, the pools built) and report it."""
+    from app.rank_report import render_for_this_rank
+    from app.report import build_report
+    from containers import EngineContainer
+
+    container = EngineContainer(server_args=server_args, model_config=model, card=None)
+    try:
+        rules = container.engine_rules()  # an --engine not available yet stops here, before any weights load
+        container.draft_model_config()
+        engine = container.engine()
+        engine.bootstrap()
+        report = build_report(engine, rules=rules, page_size_note=container.page_size_note())
+        return render_for_this_rank(engine, report, as_json=as_json)  # rank 0 gathers every rank's plan
+    finally:
+        container.shutdown_resources()
 
 
 def _write_report(text: str) -> None:

@@ -21,15 +21,13 @@ from app.forward.graphs import DecodeGraphs, GraphCapture, decode_graph_batch_si
 from app.forward.measured_sizing import size_from_worst_case
 from app.forward.post_capture import apply_post_capture_resize
 from app.forward.worst_case import ReferenceWorstCaseStep
-from app.worker_refusals import WorkerRefusals
+from app.worker_refusals import KV_CACHE_REFUSALS, WorkerRefusals
 from kvcache.runtime.measured_headroom import MeasuredSizing, WorstCaseStep
 from kvcache.runtime.resize import PostCaptureKVResize
 from kvcache.memory.vmm_storage import VmmBacking
 from kvcache.inputs.dtypes import DType
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
-from kvcache.errors import (
-    BudgetBelowOnePageError, BudgetBelowOneRequestError, KVCacheError, WeightsDoNotFitError, WeightsLeaveNoRoomError,
-)
+from kvcache.errors import KVCacheError, WeightsDoNotFitError
 from kvcache.sizing.worker_sizing import WorkerSizing
 from kvcache.memory.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
 from kvcache.memory.memory_probe import MemoryProbe
@@ -97,8 +95,8 @@ class ModelRunner:
         configurator = self._configurator_factory()
         try:
             self._kv_cache = self._configure_kv_cache(configurator, self.pre_model_load_memory)
-        except (WeightsLeaveNoRoomError, BudgetBelowOnePageError, BudgetBelowOneRequestError) as exc:
-            raise exc.with_suggestions(self._tp_size_suggestion(kv_cache_plans_only=True) + exc.suggestions) from None
+        except KV_CACHE_REFUSALS as exc:
+            raise self._refusals().with_tp_advice(exc) from None
         self._synchronize()
         self.timings["configure_kv_cache_s"] = time.perf_counter() - start
         return self._kv_cache
@@ -294,6 +292,3 @@ class ModelRunner:
 
     def _refuse_a_kv_cache_that_cannot_plan(self, weights: int) -> None:
         self._refusals().refuse_a_kv_cache_that_cannot_plan(weights)
-
-    def _tp_size_suggestion(self, *, kv_cache_plans_only: bool) -> tuple[str, ...]:
-        return self._refusals().tp_size_suggestion(kv_cache_plans_only=kv_cache_plans_only)

@@ -24,6 +24,7 @@ from typing import Iterator, Mapping
 import torch
 import torch.distributed as dist
 
+from app.launcher_env import launched_world_size, launcher_int
 from app.plan_wiring import single_process_state
 from kvcache.errors import ConfigError, RankLostError
 from kvcache.inputs.parallel import ParallelState, ProcessGroups, group_ranks
@@ -38,20 +39,6 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 # kills the rest when one exits, so a rank missing for this long failed before joining, or was never started;
 # waiting out the collective timeout instead would keep the others hung for minutes.
 RENDEZVOUS_TIMEOUT = timedelta(minutes=2)
-
-
-def _launcher_int(environ: Mapping[str, str], name: str, default: int) -> int:
-    """An integer torchrun sets in the environment (`default` when it is unset)."""
-    value = environ.get(name, str(default))
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} from the launcher is not a number") from None
-
-
-def launched_world_size(environ: Mapping[str, str]) -> int:
-    """The world size torchrun announced (1 when not launched by it)."""
-    return _launcher_int(environ, "WORLD_SIZE", 1)
 
 
 def check_layout(world_size: int, server_args: ServerArgs) -> None:
@@ -76,13 +63,13 @@ def check_local_rank(local_rank: int, device_count: int) -> None:
 
 def _init_default_group(server_args: ServerArgs, environ: Mapping[str, str]) -> int:
     """Initialise the default group from torchrun's environment; returns the local rank."""
-    local_rank = _launcher_int(environ, "LOCAL_RANK", 0)
+    local_rank = launcher_int(environ, "LOCAL_RANK", 0)
     backend = "gloo"
     if resolve_device(server_args.device).type == "cuda":
         check_local_rank(local_rank, torch.cuda.device_count())
         torch.cuda.set_device(local_rank)
         backend = "nccl"
-    rank, world_size = _launcher_int(environ, "RANK", 0), launched_world_size(environ)
+    rank, world_size = launcher_int(environ, "RANK", 0), launched_world_size(environ)
     # torchrun's agent serves the store on MASTER_PORT and ends every worker when one exits: its rendezvous
     agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = None if agent_store else _rendezvous(environ, world_size=world_size, rank=rank)
@@ -123,7 +110,7 @@ def _rendezvous(environ: Mapping[str, str], *, world_size: int, rank: int) -> di
     """Every rank meets at torchrun's MASTER_ADDR:MASTER_PORT (rank 0 serves the store), waiting at most
     RENDEZVOUS_TIMEOUT for the others: a rank that never comes is RankLostError (exit 4), not a hang."""
     host = environ.get("MASTER_ADDR", "127.0.0.1")
-    port = _launcher_int(environ, "MASTER_PORT", 29500)
+    port = launcher_int(environ, "MASTER_PORT", 29500)
     if not 1 <= port <= 65535:
         raise ConfigError(f"MASTER_PORT={port} from the launcher is not a TCP port; give one in 1-65535 (29500, say)")
     waited = f"{RENDEZVOUS_TIMEOUT.total_seconds():g}"
@@ -181,7 +168,7 @@ def parallel_state_resource(server_args: ServerArgs, environ: Mapping[str, str] 
         check_layout(dist.get_world_size(), a)
         rank = dist.get_rank()
         if not owns_default_group:
-            local_rank = _launcher_int(env, "LOCAL_RANK", rank)
+            local_rank = launcher_int(env, "LOCAL_RANK", rank)
         groups = _new_groups(a, rank, created)
         yield ParallelState(
             tp_size=a.tp_size, tp_rank=rank % a.tp_size, pp_size=a.pp_size, pp_rank=rank // a.tp_size,

@@ -8,11 +8,12 @@ a `ranks` list in --json.
 
 from __future__ import annotations
 
-import msgspec
-import torch
+from typing import Any
 
-from app.engine import Engine
+import msgspec
+
 from app.report import BootstrapReport
+from app.started_worker import StartedEngine
 from app.report_text import render_text
 from kvcache.byte_units import format_bytes
 
@@ -40,7 +41,7 @@ class RankPlan(msgspec.Struct, frozen=True, kw_only=True):
     engine_own_tokens: int | None = None  # what the engine itself would size on this rank alone (report's, if known)
 
 
-def rank_plan(engine: Engine, report: BootstrapReport) -> RankPlan:
+def rank_plan(engine: StartedEngine, report: BootstrapReport) -> RankPlan:
     """This rank's RankPlan (`report`: this rank's own report)."""
     target = engine.target
     p = target.parallel_state
@@ -53,11 +54,20 @@ def rank_plan(engine: Engine, report: BootstrapReport) -> RankPlan:
         weights_bytes=sum(w.weights.total_bytes for w in engine.workers if w.weights is not None),
         free_before_load_bytes=target.pre_model_load_memory or 0,
         free_after_load_bytes=target.kv_cache.own_memory.free_after_load, free_now_bytes=target.memory_probe.free_bytes(),
-        memory_allocated_bytes=int(torch.cuda.memory_allocated(target.device)) if target.device.type == "cuda" else None,
+        memory_allocated_bytes=_memory_allocated(target.device),
         headline_tokens=report.max_total_num_tokens,
         state_bytes_per_request=None if plan.kv_pools else report.state_bytes_per_request,
         engine_own_tokens=report.engine_own_tokens,
     )
+
+
+def _memory_allocated(device: Any) -> int | None:
+    """torch.cuda.memory_allocated on a CUDA rank's GPU; None elsewhere (torch is imported only for a CUDA rank)."""
+    if device.type != "cuda":
+        return None
+    import torch
+
+    return int(torch.cuda.memory_allocated(device))
 
 
 def _cache_of(r: RankPlan) -> str:
@@ -83,7 +93,7 @@ def agreed_headline(report: BootstrapReport, plans: list[RankPlan]) -> Bootstrap
                                    else {**prediction, "tokens": agreed})
 
 
-def render_for_this_rank(engine: Engine, report: BootstrapReport, *, as_json: bool) -> str | None:
+def render_for_this_rank(engine: StartedEngine, report: BootstrapReport, *, as_json: bool) -> str | None:
     """What this rank prints: the report (with every rank's plan on rank 0), or None on the other ranks.
     A collective when there are several ranks: every rank must call it. A dry run's pipeline stages
     (app.stage_plans: one thread per stage) list as `stages`."""

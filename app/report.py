@@ -1,4 +1,5 @@
-"""The bootstrap report: what was sized and built, as text for people or one JSON object."""
+"""The bootstrap report: what was sized and built (or, for a dry run, planned), as text for people or one JSON
+object."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ from typing import Any
 
 import msgspec
 
-from app.engine import Engine
-from app.model_runner import ModelRunner
+from app.started_worker import StartedEngine, StartedWorker
 from kvcache.engines import EngineRules
 from kvcache.inputs.cards import KNOWN_CARDS
 from kvcache.memory.memory_budget import MemoryBudget, headroom_bytes
@@ -79,7 +79,7 @@ class BootstrapReport(msgspec.Struct, frozen=True, kw_only=True):
     card_total_measured: bool | None = None  # a named card: False where nvidia-smi's total stands in for cudaMemGetInfo's
 
 
-def _worker(runner: ModelRunner) -> WorkerReport:
+def _worker(runner: StartedWorker) -> WorkerReport:
     kv = runner.kv_cache
     assert runner.weights is not None
     return WorkerReport(
@@ -90,12 +90,12 @@ def _worker(runner: ModelRunner) -> WorkerReport:
     )
 
 
-def _pool_names(runner: ModelRunner) -> list[str]:
+def _pool_names(runner: StartedWorker) -> list[str]:
     plan = runner.memory_pool_config
     return [p.name for p in plan.kv_pools if p.of_draft_worker == (runner.role == "draft")]
 
 
-def build_report(engine: Engine, *, rules: EngineRules, card: str | None = None,
+def build_report(engine: StartedEngine, *, rules: EngineRules, card: str | None = None,
                  page_size_note: str | None = None) -> BootstrapReport:
     target = engine.target
     kv = target.kv_cache
@@ -162,7 +162,7 @@ def _ranks_smallest_memory(own: WorkerMemory, budget: MemoryBudget) -> dict[str,
     return {"free_before_load_bytes": agreed.free_before_load, "free_after_load_bytes": agreed.free_after_load}
 
 
-def _multimodal(target: ModelRunner) -> dict[str, Any]:
+def _multimodal(target: StartedWorker) -> dict[str, Any]:
     """The engine's multimodal rule for the target and what it kept free: the fraction before and after its cut
     (a derived fraction only), the bytes that cut keeps beyond the uncut fraction, and the budget's reserve."""
     sizing, budget = target.sizing, target.memory_pool_config.budget
@@ -179,7 +179,7 @@ def _multimodal(target: ModelRunner) -> dict[str, Any]:
     return out
 
 
-def _prediction(target: ModelRunner, card: str | None) -> tuple[dict[str, Any] | None, MemoryPoolConfig | None]:
+def _prediction(target: StartedWorker, card: str | None) -> tuple[dict[str, Any] | None, MemoryPoolConfig | None]:
     """A dry run for a card: the tokens a measured bootstrap (--kv-headroom) there will hold, and its source; and
     the plan it predicts (None for either where the card's start would not measure)."""
     if card is None or target.role != "target":
@@ -192,7 +192,7 @@ def _prediction(target: ModelRunner, card: str | None) -> tuple[dict[str, Any] |
     return (predicted[0].to_dict(), predicted[1]) if predicted is not None else (None, None)
 
 
-def _measured_off(target: ModelRunner, card: str | None) -> str | None:
+def _measured_off(target: StartedWorker, card: str | None) -> str | None:
     """A dry run for a card whose settings ask for measured headroom (--kv-headroom, auto by default) that its CUDA
     start would not measure: the reason (the fraction then keeps the headroom); None otherwise."""
     if card is None or target.role != "target":

@@ -1,6 +1,6 @@
 """`plan --pp-size N` in one process: every pipeline stage planned as its rank would plan it under torchrun.
 
-Each stage bootstraps (meta device, nothing allocated) in a thread of its own with a ParallelState
+Each stage starts (app.dry_run: planned, nothing built) in a thread of its own with a ParallelState
 for that stage, and the stages agree through the ranks' own collectives (kvcache.inputs.in_process_group):
 the smallest free memory, then the smallest stage's tokens, which every stage keeps. Stage 0
 prints, as rank 0 does, with a `stages` table (`stages` in --json). A stage that fails outside a
@@ -12,9 +12,6 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from dependency_injector import providers
-
-from containers import EngineContainer
 from kvcache.inputs.parallel import ParallelState, ProcessGroups
 from kvcache.inputs.pipeline_stages import stage_layer_counts
 from kvcache.inputs.server_args import ServerArgs
@@ -30,9 +27,10 @@ def stage_state(server_args: ServerArgs, stage: int, group: InProcessGroup) -> P
                          groups=ProcessGroups(agreement=group, tp=None, pp=None, attention_tp=None, attention_dp=None))
 
 
-def run_stages(make_container: Callable[[], EngineContainer], server_args: ServerArgs,
-               run_one: Callable[[EngineContainer], str | None], *, num_layers: int) -> str | None:
-    """`run_one` on a container per stage, each in its own thread; stage 0's output (the others print nothing)."""
+def run_stages(server_args: ServerArgs, run_one: Callable[[ParallelState], str | None], *,
+               num_layers: int) -> str | None:
+    """`run_one` for each stage's ParallelState, each in its own thread; stage 0's output (the others print
+    nothing)."""
     stages = server_args.pp_size
     stage_layer_counts(num_layers, stages, server_args.pp_layer_partition)  # a split that cannot be: refused before any thread starts
     group = InProcessGroup(stages)
@@ -41,9 +39,7 @@ def run_stages(make_container: Callable[[], EngineContainer], server_args: Serve
 
     def stage_work(stage: int) -> None:
         try:
-            container = make_container()
-            container.parallel_state.override(providers.Object(stage_state(server_args, stage, group)))
-            outputs[stage] = run_one(container)
+            outputs[stage] = run_one(stage_state(server_args, stage, group))
         except BaseException as exc:  # noqa: BLE001 - carried to the main thread, which raises the first
             errors[stage] = exc
             group.abort()

@@ -1,23 +1,26 @@
 """The `plan --engine vllm` report: what vLLM 0.34.0 would allocate, as text for people or one JSON object.
 
-A dry run measures the weights (dummy weights on the meta device) and estimates the rest of what vLLM
+A dry run counts the weights (app.dry_run) and estimates the rest of what vLLM
 measures at start-up; the report says which number is estimated (kvcache.engines.vllm_answer).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
+from app.dry_run import PlannedWorker
+from app.plan_wiring import planned_workers
 from app.report_header import report_header
 from kvcache.byte_units import format_bytes
-from kvcache.engines import vllm_rules
+from kvcache.engines import engine_rules, vllm_rules
 from kvcache.engines.vllm_answer import VllmAnswer, vllm_answer
+from kvcache.inputs.cards import SimulatedCard
 from kvcache.inputs.dtypes import DType, KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.server_args import ServerArgs
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.memory.runtime_reserve import RuntimeShape
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.worker_sizing import WorkerSizing
@@ -99,16 +102,19 @@ def answer_on_card(case: VllmCase, *, total_bytes: int, weights_bytes: int, card
     )
 
 
-def plan_for_vllm(container: Any, *, card: str | None) -> VllmReport:
-    """Load the target's dummy weights (the one number a dry run measures) and ask vLLM's rules the rest.
-
-    `container` is an EngineContainer (app does not import containers); nothing else is built."""
-    case = vllm_case(container.server_args(), container.model_config(), container.target.configurator().sizing)
-    rules = container.engine_rules()
-    weights = container.target.model_runner().load_weights()
-    answer = answer_on_card(case, total_bytes=container.memory_probe().total_bytes(), weights_bytes=weights.total_bytes,
-                            card=card)
-    return vllm_report(answer, model=case.model.name, device=str(container.device()), card=card,
+def plan_for_vllm(server_args: ServerArgs, model: ModelConfig, parallel_state: ParallelState,
+                  card: SimulatedCard) -> VllmReport:
+    """The target's weights on `card` (counted, and refused as a start refuses them: app.dry_run) and vLLM's
+    rules for the rest; no pools are planned."""
+    wired = planned_workers(server_args, model, parallel_state)
+    case = vllm_case(server_args, model, wired.sizing)
+    rules = engine_rules(server_args.engine)
+    target = PlannedWorker(wired=wired.workers[0], parallel_state=parallel_state,
+                           memory_probe=FixedMemoryProbe.of_card(card))
+    weights = target.load_weights()
+    answer = answer_on_card(case, total_bytes=target.memory_probe.total_bytes(), weights_bytes=weights.total_bytes,
+                            card=card.name)
+    return vllm_report(answer, model=case.model.name, device=str(target.device), card=card.name,
                        model_dtype=case.model_dtype.name, kv_cache_dtype=case.kv_dtype.name,
                        engine_notes=(*rules.config_notes(case.model), *rules.kv_dtype_notes(
                            case.model, kv_cache_dtype=case.kv_dtype.name, model_dtype=case.model_dtype.name)))

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvcache.byte_units import format_bytes
-from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, WeightsDoNotFitError, WeightsLeaveNoRoomError
+from kvcache.errors import (
+    BudgetBelowOnePageError, BudgetBelowOneRequestError, DoesNotFitError, WeightsDoNotFitError, WeightsLeaveNoRoomError,
+)
 from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES
 from kvcache.inputs.parallel import ParallelState
 from kvcache.memory.host_memory import host_memory_bytes
@@ -20,6 +22,9 @@ from kvcache.sizing.memory_size_advice import card_fixes, memory_limit_fixes
 from kvcache.sizing.tp_advice import TensorParallelFit, tp_size_that_fits
 from kvcache.sizing.worker_sizing import WorkerSizing
 from kvcache.sizing.worker_memory import WorkerMemory
+
+# A KV cache that cannot plan with what the weights leave: a larger --tp-size may plan (tp_size_suggestion)
+KV_CACHE_REFUSALS = (WeightsLeaveNoRoomError, BudgetBelowOnePageError, BudgetBelowOneRequestError)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +41,11 @@ class WorkerRefusals:
     total_bytes: int
     device_capacity_bytes: int
     weights_for: Callable[[ParallelState], int]
+
+    def check_weights_fit(self, needed: int) -> None:
+        """Refuse `needed` bytes of weights where less than that is free before loading (the probe's reading)."""
+        if needed > self.free_before_load:
+            raise self.weights_do_not_fit(needed)
 
     def weights_do_not_fit(self, needed: int, *, refused: bool = False) -> WeightsDoNotFitError:
         """More weights than free memory; or (`refused`) the device refused their allocation although the probe
@@ -70,8 +80,12 @@ class WorkerRefusals:
                             reported_total_bytes=self.device_capacity_bytes)
         try:
             self.sizing.plan(best)
-        except (WeightsLeaveNoRoomError, BudgetBelowOnePageError, BudgetBelowOneRequestError) as exc:
-            raise exc.with_suggestions(self.tp_size_suggestion(kv_cache_plans_only=True) + exc.suggestions) from None
+        except KV_CACHE_REFUSALS as exc:
+            raise self.with_tp_advice(exc) from None
+
+    def with_tp_advice(self, exc: DoesNotFitError) -> DoesNotFitError:
+        """A KV cache's refusal (one of KV_CACHE_REFUSALS) naming first the larger --tp-size that plans, if any."""
+        return exc.with_suggestions(self.tp_size_suggestion(kv_cache_plans_only=True) + exc.suggestions)
 
     def tp_size_suggestion(self, *, kv_cache_plans_only: bool) -> tuple[str, ...]:
         """A larger --tp-size, checked by planning at it with the defaults' reserve (kvcache.sizing.tp_advice), on a

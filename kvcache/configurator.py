@@ -16,7 +16,6 @@ import torch
 from kvcache.pools.allocator_protocol import AllocatorFactory, TokenAllocator
 from kvcache.engines import EngineRules
 from kvcache.engines.sglang import SGLANG
-from kvcache.errors import ConfigError
 from kvcache.inputs.dtypes import DType, KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.sizing_settings import SizingSettings
@@ -26,6 +25,7 @@ from kvcache.models.model_config import ModelConfig
 from kvcache.pools import RecurrentStatePool, ReqToTokenPool
 from kvcache.pools.builder import KVPool, WorkerPools, build_worker_pools
 from kvcache.runtime.streams import ForwardStream
+from kvcache.sizing.agreed_plan import check_draft_shares, plan_as_the_ranks_agree
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.pool_layout import CacheLayout
 from kvcache.sizing.worker_sizing import WorkerSizing
@@ -148,40 +148,17 @@ class KVCacheConfigurator:
         return pools
 
     def _plan(self, sizing: WorkerSizing, free_before: int) -> tuple[MemoryPoolConfig, int, WorkerMemory]:
-        """Plan with the ranks' smallest free memory, as SGLang 0.5.23 does; every rank then holds the smallest
-        rank's tokens (the plan, this rank's own tokens before agreeing, and its own memory readings).
-        `plan --pp-size` agrees the same way."""
-        ranks = self.parallel_state.agreement
+        """Plan as the ranks agree (kvcache.sizing.agreed_plan) from this rank's readings: the plan, this rank's own
+        tokens before agreeing, and its own memory readings. `plan --pp-size` agrees the same way."""
         probe = self.memory_probe
         own = WorkerMemory(total_bytes=probe.total_bytes(), free_before_load=free_before,
                            free_after_load=probe.free_bytes(), reported_total_bytes=probe.device_capacity_bytes())
-        agreed = ranks.agree_on_memory(free_before_load=own.free_before_load, free_after_load=own.free_after_load,
-                                       total_bytes=own.total_bytes, device_capacity_bytes=own.device_capacity_bytes)
-        memory = WorkerMemory(total_bytes=agreed.total, free_before_load=agreed.free_before_load,
-                              free_after_load=agreed.free_after_load, reported_total_bytes=agreed.device_capacity)
-        plan = ranks.run_everywhere(lambda: sizing.plan(memory))
-        (tokens,) = ranks.min_int64((plan.max_total_num_tokens,))
-        capped = ranks.run_everywhere(  # every rank, re-planning or not
-            lambda: plan if plan.max_total_num_tokens <= tokens else sizing.plan(memory, at_most_tokens=tokens))
-        return capped, plan.max_total_num_tokens, own
+        agreed = plan_as_the_ranks_agree(sizing, own, self.parallel_state.agreement)
+        return agreed.plan, agreed.own_tokens, agreed.own_memory
 
     def _configure_from_shared(self, layout: CacheLayout, shared: SharedTargetCache) -> KVCacheConfigResult:
         plan = shared.memory_pool_config
-        for group in layout.kv_groups:
-            try:
-                pool_plan = plan.pool(group.name)
-            except KeyError:
-                raise ConfigError(
-                    f"the target's plan has no pool {group.name!r} for this draft worker (it has "
-                    f"{[p.name for p in plan.kv_pools]}): the target must be configured with this draft's layout"
-                ) from None
-            if pool_plan.bytes_per_token != group.bytes_per_token:
-                raise ConfigError(
-                    f"draft pool {group.name!r} costs {group.bytes_per_token} bytes/token but the target paid for "
-                    f"{pool_plan.bytes_per_token}: target and draft were configured with different settings"
-                )
-        if layout.state is not None:
-            raise ConfigError("a draft worker with recurrent-state layers cannot share the target's request table")
+        check_draft_shares(plan, layout)
         pools = self._build(plan, layout, shared)
         self.memory_probe.note_allocation(pools.nbytes)
         return self._result(plan, pools, shared.req_to_token_pool, shared.token_to_kv_pool_allocator,

@@ -10,6 +10,7 @@ everything afterwards.
 from __future__ import annotations
 
 import importlib.abc
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -73,6 +74,35 @@ def test_the_planner_plans_every_preset_without_torch(without_torch: None) -> No
         sweep = FitSweep(model=load_model_config(name), settings={}, target=FitTarget(tokens=1))
         outcomes[name] = sweep.cell(card_named("H200"), 1, 1, "auto").outcome
     assert outcomes["Llama-3.1-8B-Instruct"] == "fits" and outcomes["DeepSeek-V3"] == "weights"  # 671B on one card
+    assert "torch" not in sys.modules
+
+
+def test_plan_answers_for_every_preset_and_both_engines_without_torch(without_torch: None,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Every shipped preset planned for an H200 under SGLang's rules and vLLM's, as --json; the two presets whose
+    weights outweigh the card at --tp-size 1 (DeepSeek-V3's 671B parameters, mostly 1-byte fp8: 626.92 GiB; Qwen3-Next
+    80B in bf16: 148.41 GiB, against the H200's 139.19 GiB free) are refused in one line, also without torch. Then a
+    draft, pipeline stages and a refusal that searches for a larger --tp-size take their roads without it too."""
+    from app.cli import main
+    from kvcache.models.presets import preset_names
+
+    too_big = {"DeepSeek-V3", "Qwen3-Next-80B-A3B-Thinking"}
+    for engine in ("sglang", "vllm"):
+        for name in preset_names():
+            code = main(["plan", "--model", name, "--gpu", "H200", "--json", "--engine", engine])
+            out = json.loads(capsys.readouterr().out)
+            if name in too_big:
+                assert code == 3 and out["error"]["kind"] == "does_not_fit", (engine, name)
+                assert "weights" in out["error"]["message"] and out["error"]["suggestions"]
+            else:
+                assert code == 0 and out["engine"] == engine and out["max_total_num_tokens"] > 0, (engine, name)
+    assert main(["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "H200", "--speculative-algorithm", "EAGLE3",
+                 "--speculative-draft-model", "EAGLE3-LLaMA3.1-Instruct-8B"]) == 0
+    assert main(["plan", "--model", "Qwen3-Next-80B-A3B-Thinking", "--gpu", "H200", "--tp-size", "2", "--pp-size", "2",
+                 "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out.splitlines()[-1])["stages"]) == 2
+    assert main(["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "L4"]) == 3  # 15 GiB of weights leave no room
+    assert "what would work: --tp-size 2 (" in capsys.readouterr().err  # ... for the runtime: TP 2 re-planned
     assert "torch" not in sys.modules
 
 

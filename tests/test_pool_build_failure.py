@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from kvcache.byte_units import GiB, MiB
 from kvcache.errors import PoolBuildError, PoolOutOfMemoryError
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.testing import FailingAllocatorFactory
+from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG
 
 
 def _host_allocator_refusal() -> RuntimeError:
@@ -69,7 +71,8 @@ def test_an_error_that_is_not_out_of_memory_still_frees_the_arena(make_engine: A
 )
 def test_the_cli_reports_a_broken_build_invariant_as_a_bug_and_out_of_memory_as_does_not_fit(
         error: BaseException, code: int, kind: str, line_start: str,
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """On a bootstrap, which builds the pools (`plan` builds none: app.dry_run), of the tiny test model on the CPU."""
     from dependency_injector import providers
 
     import app.cli as cli
@@ -81,8 +84,11 @@ def test_the_cli_reports_a_broken_build_invariant_as_a_bug_and_out_of_memory_as_
         container.target.allocator_factory.override(providers.Callable(FailingAllocatorFactory(error)))
         return container
 
-    monkeypatch.setattr(containers, "EngineContainer", engine_whose_build_fails)  # what `plan` imports when it runs
-    assert cli.main(["plan", "--gpu-memory", "8GiB", "--json"]) == code
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(TINY_MODEL_HF_CONFIG))
+    monkeypatch.setattr(containers, "EngineContainer", engine_whose_build_fails)  # what bootstrap imports when it runs
+    assert cli.main(["bootstrap", "--device", "cpu", "--model", str(model), "--memory-limit", "256MiB",
+                     "--kv-cache-memory", "16MiB", "--json"]) == code
     captured = capsys.readouterr()
     assert captured.err.startswith(line_start) and captured.err.count("\n") == 1, captured.err
     failure = json.loads(captured.out)["error"]

@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 import torch
 
-from app.weights.shapes import ParamSpec
+from app.weights.shapes import ParamSpec, parameter_count
 from app.weights.storage import NO_QUANTIZATION, arena_bytes, bytes_needed, stored_tensors
 from kvcache.inputs.dtypes import DType
 from kvcache.memory.device_buffers import Arena
@@ -121,7 +121,7 @@ class DummyWeightLoader:
             self._fill_all(tensors)
         return LoadedWeights(tensors=MappingProxyType(tensors), total_bytes=arena.nbytes,
                              tensor_bytes=sum(t.nbytes for t in stored),
-                             parameter_count=sum(spec.numel for spec in specs))
+                             parameter_count=parameter_count(specs))
 
     def _fill_all(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Tile one block of noise per dtype over every tensor."""

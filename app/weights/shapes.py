@@ -6,7 +6,7 @@ HF config dict, which is read through the same registry first.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvcache.inputs.parallel import ParallelState
@@ -14,7 +14,7 @@ from kvcache.models.model_config import ModelConfig
 from kvcache.models.weight_blocks import ParamSpec
 from kvcache.models.hf_config import model_config_from_hf
 
-__all__ = ["ParamSpec", "count_parameters", "parameter_specs"]
+__all__ = ["ParamSpec", "count_parameters", "parameter_count", "parameter_specs"]
 
 
 def _model(source: ModelConfig | Mapping[str, Any]) -> ModelConfig:
@@ -33,7 +33,12 @@ def parameter_specs(
 
 def count_parameters(source: ModelConfig | Mapping[str, Any], **ranks: Any) -> int:
     """Parameters this rank holds: the sum of parameter_specs' element counts."""
-    return sum(spec.numel for spec in parameter_specs(source, **ranks))
+    return parameter_count(parameter_specs(source, **ranks))
+
+
+def parameter_count(specs: Sequence[ParamSpec]) -> int:
+    """The parameters (elements) these tensors hold."""
+    return sum(spec.numel for spec in specs)
 
 
 def rank_parameter_specs(model: ModelConfig, parallel_state: ParallelState) -> tuple[ParamSpec, ...]:
