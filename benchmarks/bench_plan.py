@@ -4,8 +4,9 @@ For every shipped preset on an H200, and for the heavy cases (DeepSeek-V3 with a
 at TP 8, a huge --max-running-requests, a refused plan whose advice re-plans many times), it
 runs `app.cli.main(["plan", ...])` in this process and reports the median wall time of a few
 calls, the time inside the planner and the advice (cProfile, cumulative), and how many
-candidate plans were costed. Then it times whole `python -m app plan` processes and a bare
-`import app.cli`, which is what a user waits for.
+candidate plans were costed, and whether any of it imported torch (a dry run must not: app/dry_run.py). Then it
+times whole `python -m app plan` processes, the default 70B `fit` sweep and a bare `import app.cli`, which is what
+a user waits for.
 
     python benchmarks/bench_plan.py [--repeat 5] [--processes 3]
 """
@@ -34,6 +35,7 @@ HEAVY: list[list[str]] = [
     ["DeepSeek-V3", "--tp-size", "8", "--max-running-requests", "100000", "--context-length", "4096"],
     ["Llama-3.1-8B-Instruct", "--max-running-requests", "1000000000", "--page-size", "16"],
 ]
+FIT_MODEL = Path(__file__).resolve().parents[1] / "tests" / "model_corpus" / "Meta-Llama-3.1-70B.json"
 PLANNER_FUNCS = {"plan_pool_sizes": "planning.py", "suggest_fixes": "advice.py", "plan_cost": "planning.py"}
 
 
@@ -92,11 +94,13 @@ def main_bench(argv: list[str] | None = None) -> None:
         p = planner_seconds(argv)
         print(f"{' '.join(case):78} {rc}  {first * 1e3:8.1f}  {median * 1e3:9.1f}  "
               f"{p['plan_pool_sizes'][1] * 1e3:10.1f} ({p['plan_cost'][0]:5d})  {p['suggest_fixes'][1] * 1e3:9.1f}")
+    print(f"torch imported by these plans: {'yes' if 'torch' in sys.modules else 'no'}")
     heavy = ["-m", "app", "plan", "--model", *HEAVY[0], "--gpu", "H200"]
+    fit = ["-m", "app", "fit", "--model", str(FIT_MODEL), "--requests", "64", "--context-length", "32768"]
     if not opts.processes:
         return
     print(f"\nprocess `python -c 'import app.cli'`: {process_seconds(['-c', 'import app.cli'], opts.processes):.2f} s")
-    for argv in (["-m", "app", "plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "H200"], heavy):
+    for argv in (["-m", "app", "plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "H200"], heavy, fit):
         print(f"process `python {' '.join(argv)}`: {process_seconds(argv, opts.processes):.2f} s")
 
 
