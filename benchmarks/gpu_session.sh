@@ -3,7 +3,7 @@
 # Run from the repository root on the GPU host, with the wheels of dependency-injector and msgspec in .whl/:
 #   bash benchmarks/gpu_session.sh card      # the card's totals (nvidia-smi, cudaMemGetInfo), torch, driver
 #   bash benchmarks/gpu_session.sh cuda      # the CUDA, allocator, resize and worst-case-step tests
-#   bash benchmarks/gpu_session.sh suite     # the whole suite (pytest-timeout, as on the device image)
+#   bash benchmarks/gpu_session.sh suite     # the rest of the suite (pytest-timeout, xdist: as on the device image)
 #   bash benchmarks/gpu_session.sh faults    # benchmarks/gpu_fault_matrix.py (every row PASS)
 #   bash benchmarks/gpu_session.sh headroom  # benchmarks/gpu_measured_headroom.py --steps 200 (about 6 minutes)
 #   bash benchmarks/gpu_session.sh mixed     # the same with --enable-mixed-chunk, Llama-3.1-8B unless MODELS says
@@ -40,9 +40,12 @@ PY
         tests/test_allocator*.py tests/test_resize*.py tests/test_vmm*.py tests/test_post_capture_resize.py \
         tests/test_worst_case_steps.py tests/test_mixed_chunk.py 2>&1 | tee "$out/cuda_tests.log" | tail -25 || rc=1
       ;;
-    suite)  # every test named as it runs (a test that hangs fails at 90 s and the rest go on); the slowest listed
-      timeout "${SUITE_S:-400}" python3 -m pytest "${plugin[@]}" -v -rs -p no:cacheprovider --timeout 90 --durations 25 \
-        > "$out/suite.log" 2>&1 || rc=1
+    suite)  # the CUDA tests apart (they each want the whole card), the rest on 8 workers where pytest-xdist is
+      # installed (serially it takes ~13 minutes on a CUDA host: each test ends with a full gc); a test that hangs
+      # fails at 90 s and the rest go on; the slowest listed
+      workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 8)
+      timeout "${SUITE_S:-400}" python3 -m pytest "${plugin[@]}" "${workers[@]}" -q -rfs -p no:cacheprovider --timeout 90 \
+        --durations 25 --ignore-glob='tests/test_cuda*' > "$out/suite.log" 2>&1 || rc=1
       grep -E "^(FAILED|ERROR)|passed|failed" "$out/suite.log" | tail -30; grep -A27 "slowest" "$out/suite.log" | tail -26
       ;;
     faults)
