@@ -126,8 +126,7 @@ class FitSweep:
             values["max_model_len" if self.settings.get("engine") == "vllm" else "context_length"] = context
         return ServerArgs.from_mapping(values)
 
-    def combination(self, card: SimulatedCard, tp: int, pp: int, dtype: str,
-                    context: int | None) -> _Combination | ConfigError:
+    def combination(self, tp: int, pp: int, dtype: str, context: int | None) -> _Combination | ConfigError:
         """The worker wiring for these values, or why the model cannot be laid out so (cached: every card of a
         combination shares it; each cell makes its own card's probe)."""
         key = (tp, pp, dtype, context)
@@ -160,7 +159,7 @@ class FitSweep:
         pipeline stages, as the ranks agree (KVCacheConfigurator._plan): every stage plans with the smallest
         free memory, then keeps the smallest stage's tokens."""
         context = self.target.context_length if context is None else context
-        combination = self.combination(card, tp, pp, dtype, context)
+        combination = self.combination(tp, pp, dtype, context)
         row = self.row_start(card, tp, pp, dtype, context)
         if isinstance(combination, ConfigError):
             return refused(row, "invalid", str(combination).splitlines()[0])
@@ -286,7 +285,7 @@ def run_sweep(sweep: FitSweep, cards: list[SimulatedCard], tp_sizes: list[int], 
         on_cell(i + 1, len(cells))
     invalid = [r for r in rows if r.outcome == "invalid"]
     if len(invalid) == len(rows):  # no cell could be laid out: the input, not the sweep, is wrong
-        first = sweep.combination(cards[0], tp_sizes[0], pp_sizes[0], dtypes[0], sweep.target.context_length)
+        first = sweep.combination(tp_sizes[0], pp_sizes[0], dtypes[0], sweep.target.context_length)
         raise first if isinstance(first, ConfigError) else ConfigError(invalid[0].why_not)
     return rows
 

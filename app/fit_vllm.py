@@ -31,7 +31,7 @@ class VllmFitSweep(FitSweep):
 
     _wirings: dict[tuple[int, int, str, int | None], _VllmWiring | ConfigError] = field(default_factory=dict)
 
-    def combination(self, card: SimulatedCard, tp: int, pp: int, dtype: str,  # type: ignore[override]
+    def combination(self, tp: int, pp: int, dtype: str,  # type: ignore[override]
                     context: int | None) -> _VllmWiring | ConfigError:
         """The wiring for these values, or why vLLM cannot lay the model out so (cached across cards)."""
         key = (tp, pp, dtype, context)
@@ -52,7 +52,7 @@ class VllmFitSweep(FitSweep):
     def cell(self, card: SimulatedCard, tp: int, pp: int, dtype: str, context: int | None = None) -> FitRow:
         """One cell: vLLM's answer on `card`, and whether its requests of max_model_len meet the target."""
         context = self.target.context_length if context is None else context
-        wiring = self.combination(card, tp, pp, dtype, context)
+        wiring = self.combination(tp, pp, dtype, context)
         row = self.row_start(card, tp, pp, dtype, context)
         if isinstance(wiring, ConfigError):
             return refused(row, "invalid", str(wiring).splitlines()[0])

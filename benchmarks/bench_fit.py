@@ -44,7 +44,7 @@ def one_sweep() -> tuple[float, float, int]:
     start = time.perf_counter()
     for tp in TP_SIZES:
         for dtype in DTYPES:
-            sweep.combination(cards[0], tp, 1, dtype, 32768)
+            sweep.combination(tp, 1, dtype, 32768)
     built = time.perf_counter() - start
     rows = run_sweep(sweep, cards, TP_SIZES, [1], DTYPES)
     return time.perf_counter() - start, built, len(rows)
