@@ -27,7 +27,7 @@ from kvcache.errors import (
 )
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.inputs.parallel import ParallelState
-from kvcache.sizing.planning import align_down, plan_cost, plan_pool_sizes, running_requests
+from kvcache.sizing.planning import align_down, plan_cost, plan_pool_sizes, running_requests, window_request_tokens
 from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest, StateDemand
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.memory.arena_sizes import arena_size, slot_size
@@ -530,3 +530,11 @@ def test_a_plan_that_fits_is_what_configure_allocates() -> None:
     assert plan.budget.budget_bytes == 52 * GiB
     assert result.allocated_bytes == plan.total_bytes <= 52 * GiB
     assert result.max_total_num_tokens == plan.max_total_num_tokens == plan.pool("full").num_tokens
+
+
+def test_one_request_in_a_paired_window_pool() -> None:
+    # SGLang 0.5.23 charges a request min(its tokens, window) + page_size in the window pool: gpt-oss's 128-token
+    # window, pages of 1 -> a 1,000-token request takes 128 + 1 = 129 tokens there, a 100-token one 100 + 1 = 101
+    assert window_request_tokens(128, 1_000, 1) == 129
+    assert window_request_tokens(128, 100, 1) == 101
+    assert window_request_tokens(4_096, 131_072, 64) == 4_160  # gemma-2's window in pages of 64

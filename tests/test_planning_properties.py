@@ -31,7 +31,9 @@ from kvcache.sizing.layer_specs import check_tensor_parallel
 from kvcache.memory.memory_budget import MemoryBudget
 from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
-from kvcache.sizing.planning import align_down, align_up, plan_cost, plan_pool_sizes, running_requests
+from kvcache.sizing.planning import (
+    align_down, align_up, plan_cost, plan_pool_sizes, requests_at_context, running_requests,
+)
 from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest, StateDemand
 from kvcache.sizing.pool_config import REQ_TO_TOKEN_ELEMENT_BYTES, MemoryPoolConfig
 from kvcache.models.presets import load_model_config
@@ -231,6 +233,10 @@ def check_plan(req: PlanRequest, plan: MemoryPoolConfig) -> None:
     assert r <= max(1, t // 2)
     if plan.state_pool is not None:
         assert r * plan.state_pool.slots_per_request <= plan.state_pool.usable_slots
+    # a strict plan holds one request of the context at once: requests_at_context counts a request in a paired
+    # window pool as the pool's floor does (window_request_tokens), so a pool past that floor holds one
+    if req.below_one_request == "refuse":
+        assert requests_at_context(req, plan) >= 1
 
     # maximal: one more page does not fit, unless the token cap stops it
     capped = req.max_total_tokens is not None and t + page > req.max_total_tokens

@@ -173,10 +173,19 @@ def whole_request_tokens(req: PlanRequest) -> int:
 
 
 def one_request_tokens(req: PlanRequest) -> int:
-    """Full-pool tokens one request of context_length needs. With only sliding layers, a window."""
+    """Full-pool tokens one request of context_length needs. With only sliding layers (one pool holding every token,
+    no paired window pool to admit into), a window plus a page, or the whole request when that is shorter."""
     if req.kv_pools and all(p.window is not None for p in req.kv_pools):
         return min(req.context_length, min(p.window for p in req.kv_pools if p.window) + req.page_size)
     return req.context_length
+
+
+def window_request_tokens(window: int, request_tokens: int, page_size: int) -> int:
+    """Tokens one request of `request_tokens` takes in a sliding-window pool paired with a full pool: its last
+    `window` tokens (all of it when shorter) plus a page, SGLang 0.5.23's admission charge (min(extend + decode,
+    window) + page_size, validate_swa_pool_size in srt/model_executor/pool_configurator.py). The one count of a
+    request in a paired window pool: the pool's floor and the requests a plan holds at once both read it."""
+    return min(request_tokens, window) + page_size
 
 
 def _check_state_fits(req: PlanRequest, slots: int) -> None:
@@ -205,7 +214,7 @@ def _check_windows_fit(req: PlanRequest, tokens: int, slots: int) -> None:
     for p in req.kv_pools:
         if p.share != "swa" or p.window is None:
             continue
-        need = p.window + req.page_size + 1
+        need = window_request_tokens(p.window, p.window, req.page_size) + 1  # a request as long as the window
         have = _pool_tokens(req, p, tokens)
         if have < need:
             raise BudgetBelowOneRequestError(
@@ -220,7 +229,7 @@ def requests_at_context(req: PlanRequest, plan: MemoryPoolConfig) -> int:
     """Requests of `req.context_length` tokens each that `plan` holds at once: its running-request cap (state slots
     included), the token slots of a plan without per-token KV, and every pool's tokens over what one such request
     takes there (plan_pool_sizes' one request in a
-    pool of every token; a window plus a page in a paired sliding-window pool, as _check_windows_fit counts it)."""
+    pool of every token; window_request_tokens in a paired sliding-window pool)."""
     one_request = whole_request_tokens(req)
     held = plan.max_running_requests
     if not req.kv_pools:  # without per-token KV the token slots (zero_kv_tokens) still hold each request's tokens
@@ -228,6 +237,6 @@ def requests_at_context(req: PlanRequest, plan: MemoryPoolConfig) -> int:
     for demand, pool in zip(req.kv_pools, plan.kv_pools, strict=True):
         per_request = one_request
         if demand.share == "swa" and demand.window is not None:
-            per_request = min(demand.window, req.context_length) + req.page_size
+            per_request = window_request_tokens(demand.window, req.context_length, req.page_size)
         held = min(held, pool.num_tokens // per_request)
     return held
