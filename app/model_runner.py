@@ -29,7 +29,7 @@ from kvcache.inputs.dtypes import DType
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
 from kvcache.errors import KVCacheError, WeightsDoNotFitError
 from kvcache.sizing.worker_sizing import WorkerSizing
-from kvcache.memory.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
+from kvcache.sizing.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
 from kvcache.memory.memory_probe import MemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState

@@ -10,7 +10,7 @@ import msgspec
 from app.started_worker import StartedEngine, StartedWorker
 from kvcache.engines import EngineRules
 from kvcache.inputs.cards import KNOWN_CARDS
-from kvcache.memory.memory_budget import MemoryBudget, headroom_bytes
+from kvcache.sizing.memory_budget import MemoryBudget, headroom_bytes
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.capacity_notes import CapacityNote, capacity_notes
 from kvcache.sizing.worker_memory import WorkerMemory

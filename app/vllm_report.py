@@ -21,7 +21,7 @@ from kvcache.inputs.dtypes import DType, KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.memory.fixed_probe import FixedMemoryProbe
-from kvcache.memory.runtime_reserve import RuntimeShape
+from kvcache.sizing.runtime_reserve import RuntimeShape
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.worker_sizing import WorkerSizing
 

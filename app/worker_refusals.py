@@ -16,7 +16,7 @@ from kvcache.errors import (
 )
 from kvcache.inputs.cards import CUDA_KERNEL_LOAD_BYTES
 from kvcache.inputs.parallel import ParallelState
-from kvcache.memory.host_memory import host_memory_bytes
+from kvcache.inputs.host_memory import host_memory_bytes
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.memory_size_advice import card_fixes, memory_limit_fixes
 from kvcache.sizing.tp_advice import TensorParallelFit, tp_size_that_fits

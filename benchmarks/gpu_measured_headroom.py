@@ -89,7 +89,7 @@ def measured(model: Any, steps: int, mixed_chunk: bool = False, settings: dict[s
     if m is None:
         return out
     from app.forward.worst_case import sample_with_logprobs
-    from kvcache.memory.runtime_reserve import default_chunked_prefill_size
+    from kvcache.sizing.runtime_reserve import default_chunked_prefill_size
 
     chunk = runner.sizing.settings.chunked_prefill_size or default_chunked_prefill_size(
         runner.memory_probe.device_capacity_bytes())  # as the engine's step, which reads nvidia-smi's card

@@ -46,7 +46,7 @@ from kvcache.engines.vllm_plan import VllmPlan, plan_vllm, resolve_block_size  #
 from kvcache.errors import BudgetBelowOneRequestError, UnsupportedModelError  # noqa: E402
 from kvcache.byte_units import GiB  # noqa: E402
 from kvcache.inputs.cards import KNOWN_CARDS  # noqa: E402
-from kvcache.memory.runtime_reserve import RuntimeShape  # noqa: E402
+from kvcache.sizing.runtime_reserve import RuntimeShape  # noqa: E402
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype  # noqa: E402
 from kvcache.inputs.parallel import ParallelState  # noqa: E402
 from kvcache.memory.torch_dtypes import torch_dtype  # noqa: E402

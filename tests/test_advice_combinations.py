@@ -15,7 +15,7 @@ from app.cli import main
 from kvcache.sizing.advice import round_shorter_contexts
 from kvcache.sizing.knob_search import largest_passing, smallest_passing
 from kvcache.byte_units import GiB
-from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.sizing.memory_budget import MemoryBudget
 from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest
 
 LLAMA_ON_L4 = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "L4"]

@@ -8,7 +8,7 @@ import torch
 from kvcache.allocators import SWATokenToKVPoolAllocator
 from kvcache.sizing.allocator_footprint import allocator_index_bytes
 from sglang_calls import decode, extend
-from kvcache.memory.arena_sizes import allocation_size
+from kvcache.sizing.arena_sizes import allocation_size
 from kvcache.testing.allocator_plans import swa_allocator
 
 

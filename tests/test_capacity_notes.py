@@ -16,7 +16,7 @@ import json
 import pytest
 
 from app.cli import main
-from kvcache.memory.arena_sizes import slot_size
+from kvcache.sizing.arena_sizes import slot_size
 
 
 def _plan(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:

@@ -8,7 +8,7 @@ import torch
 from app.forward.graphs import decode_graph_batch_sizes
 from kvcache.byte_units import GiB, MiB
 from kvcache.memory.memory_probe import FixedMemoryProbe
-from kvcache.memory.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
+from kvcache.sizing.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
 
 
 def test_sglang_s_capture_list_up_to_the_cap_includes_the_cap() -> None:

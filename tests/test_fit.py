@@ -13,7 +13,7 @@ import app.fit_command as fit_command
 from app.cli import main
 from app.fit_sweep import FitRow, FitSweep, FitTarget, closest, ordered
 from kvcache.inputs.cards import card_named
-from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.sizing.memory_budget import MemoryBudget
 from kvcache.models.presets import load_model_config
 from kvcache.sizing.planning import candidate_plan, requests_at_context
 from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest

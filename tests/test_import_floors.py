@@ -14,10 +14,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kvcache"
 
-# Lowest first. "ground" is the modules directly in kvcache/ (errors, arithmetic, byte_units): they import
-# nothing of kvcache but each other. engines/ (one engine version's rules) sits above runtime, below the configurator.
+# Lowest first, as DESIGN.md stages them: the pure planning floors (configs, models, sizing, engine rules), then the
+# torch floors (memory probing, pools, allocators, runtime, the configurator). "ground" is the modules directly in
+# kvcache/ (errors, arithmetic, byte_units): they import nothing of kvcache but each other. engines/ (one engine
+# version's rules) sits on sizing: each engine is an EngineRules (kvcache.sizing.engine_rules) over its layer specs.
 # kvcache.testing (fakes for engines built on kvcache) sits on top.
-FLOORS = ("ground", "inputs", "models", "memory", "sizing", "pools", "allocators", "runtime", "engines", "configurator",
+FLOORS = ("ground", "inputs", "models", "sizing", "engines", "memory", "pools", "allocators", "runtime", "configurator",
           "testing")
 FORBIDDEN_IN_KVCACHE = ("dependency_injector", "app", "containers")
 # Planning: numbers in, plan out. These floors, and every module they import, import no torch (DESIGN.md: plans are
@@ -158,6 +160,11 @@ def test_reached_from_follows_imports_and_packages() -> None:
     graph = {"kvcache.sizing.a": {"kvcache.memory.b"}, "kvcache.memory.b": set(), "kvcache.memory.c": set()}
     assert reached_from(["kvcache.sizing.a"], graph) == {
         "kvcache", "kvcache.sizing", "kvcache.sizing.a", "kvcache.memory", "kvcache.memory.b"}
+
+
+def test_the_planning_floors_lie_below_every_torch_floor() -> None:
+    # DESIGN.md: numbers in, plan out first; memory, pools, allocators, runtime and the configurator (torch) on top
+    assert FLOORS[:len(PLANNING_FLOORS)] == PLANNING_FLOORS
 
 
 def test_every_stage_folder_is_a_floor() -> None:

@@ -18,7 +18,7 @@ from kvcache.inputs.dtypes import BFLOAT16
 from kvcache.errors import DoesNotFitError, UnsupportedModelError
 from kvcache.byte_units import GiB, MiB
 from kvcache.inputs.server_args import ServerArgs
-from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.sizing.memory_budget import MemoryBudget
 from kvcache.runtime.measured_headroom import (
     MeasuredSizing, StepPeak, decide_measured_tokens,
 )

@@ -9,7 +9,7 @@ import pytest
 from kvcache.byte_units import GiB, MiB
 from kvcache.errors import DoesNotFitError, KVCacheMemoryTooLargeError, WeightsLeaveNoRoomError
 from kvcache.arithmetic import exact_fraction
-from kvcache.memory.memory_budget import compute_budget, derive_mem_fraction_static
+from kvcache.sizing.memory_budget import compute_budget, derive_mem_fraction_static
 
 
 def budget(free_before: int, free_after: int, fraction: float | None = None, kv: int | None = None,

@@ -17,7 +17,7 @@ from kvcache.sizing.pool_layout import CacheLayout, KVPoolGroup
 from kvcache.allocators import TokenToKVPoolAllocator
 from kvcache.byte_units import GiB, MiB
 from kvcache.memory.device_buffers import Arena
-from kvcache.memory.arena_sizes import arena_size
+from kvcache.sizing.arena_sizes import arena_size
 from kvcache.pools.planned_views import carve_slots
 from kvcache.sizing.layer_specs import FullAttentionSpec
 from kvcache.sizing.tensor_plan import PlannedSlot, per_layer

@@ -19,7 +19,7 @@ from kvcache.engines import engine_rules
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES, resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.sizing_settings import SizingSettings
-from kvcache.memory.arena_sizes import arena_size
+from kvcache.sizing.arena_sizes import arena_size
 from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.models.hf_config import model_config_from_hf
 from kvcache.models.model_config import ModelConfig

@@ -1,6 +1,6 @@
 """plan_pool_sizes: tokens, requests and every buffer's bytes, by hand and through the configurator.
 
-Each buffer is a slot of its worker's one arena, S(n) = kvcache.memory.arena_sizes.slot_size: n
+Each buffer is a slot of its worker's one arena, S(n) = kvcache.sizing.arena_sizes.slot_size: n
 rounded up to 512 B; the arena is the slots' sum rounded up to 2 MiB (at least 10 MiB). The
 allocator's index is a free log of two int64 per page (per token at page_size 1), plus, with a
 paired sliding-window pool, its free log and one int64 per full-pool row.
@@ -25,12 +25,12 @@ from kvcache.errors import (
     BudgetBelowOnePageError, BudgetBelowOneRequestError, DoesNotFitError, KVCacheMemoryTooLargeError,
     WeightsLeaveNoRoomError,
 )
-from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.sizing.memory_budget import MemoryBudget
 from kvcache.inputs.parallel import ParallelState
 from kvcache.sizing.planning import align_down, plan_cost, plan_pool_sizes, running_requests, window_request_tokens
 from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest, StateDemand
 from kvcache.sizing.pool_config import MemoryPoolConfig
-from kvcache.memory.arena_sizes import arena_size, slot_size
+from kvcache.sizing.arena_sizes import arena_size, slot_size
 from kvcache.sizing.pool_layout import DRAFT_POOL_PREFIX, worker_cache_layout
 from kvcache.models.presets import load_model_config
 from kvcache.inputs.server_args import ServerArgs

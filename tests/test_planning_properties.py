@@ -24,11 +24,11 @@ from kvcache.engines.sglang_minimums import SGLANG_MINIMUMS
 from kvcache.sizing.allocator_footprint import allocator_index_bytes
 from kvcache.byte_units import GiB, KiB, MiB
 from kvcache.configurator import KVCacheConfigurator
-from kvcache.memory.arena_sizes import LARGE_ROUND
+from kvcache.sizing.arena_sizes import LARGE_ROUND
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, ConfigError, DoesNotFitError
 from kvcache.sizing.layer_specs import check_tensor_parallel
-from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.sizing.memory_budget import MemoryBudget
 from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
 from kvcache.sizing.planning import (

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvcache.memory.arena_sizes import allocation_size
+from kvcache.sizing.arena_sizes import allocation_size
 from kvcache.inputs.dtypes import BFLOAT16, FLOAT32, KV_CACHE_DTYPES
 from kvcache.sizing.layer_specs import FullAttentionSpec, MLASpec, RecurrentStateSpec
 from kvcache.sizing.pool_config import request_table_slot

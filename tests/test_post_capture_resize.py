@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from kvcache.byte_units import GiB, MiB
 from kvcache.configurator import KVCacheConfigurator
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
-from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.sizing.memory_budget import MemoryBudget
 from kvcache.inputs.parallel import ParallelState
 from kvcache.sizing.planning import plan_cost, plan_pool_sizes
 from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest

@@ -12,7 +12,7 @@ from app.parallel_setup import check_layout, check_local_rank, parallel_state_re
 from kvcache.runtime.agreed_resize import agree_on_resize, capped_resize
 from kvcache.byte_units import GiB, MiB
 from kvcache.errors import ConfigError, DoesNotFitError, RankFailedError, RankLostError, UnbalancedMemoryError
-from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.sizing.memory_budget import MemoryBudget
 from kvcache.inputs.parallel import ParallelState, group_ranks
 from kvcache.sizing.planning import plan_pool_sizes
 from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest

@@ -20,8 +20,8 @@ from app.cli import main
 from kvcache.byte_units import MiB
 from kvcache.engines.sglang_minimums import SGLANG_MINIMUMS
 from kvcache.errors import BudgetBelowOneRequestError
-from kvcache.memory.memory_budget import MemoryBudget
-from kvcache.memory.arena_sizes import slot_size
+from kvcache.sizing.memory_budget import MemoryBudget
+from kvcache.sizing.arena_sizes import slot_size
 from kvcache.sizing.planning import plan_pool_sizes
 from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest
 

@@ -13,7 +13,7 @@ import pytest
 
 from kvcache.byte_units import GiB, MiB
 from kvcache.inputs.cards import KNOWN_CARDS
-from kvcache.memory.runtime_reserve import (
+from kvcache.sizing.runtime_reserve import (
     RuntimeShape, decode_cuda_graph_max_bs,
     decode_graph_batch_cap, default_chunked_prefill_size, default_cuda_graph_max_bs,
     default_mem_fraction_static, prefill_cuda_graph_count, runtime_reserve_mib,

@@ -33,7 +33,7 @@ from kvcache.inputs.dtypes import BFLOAT16, KV_CACHE_DTYPES
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.inputs.sizing_settings import SizingSettings
-from kvcache.memory.memory_budget import headroom_bytes
+from kvcache.sizing.memory_budget import headroom_bytes
 from kvcache.models.hf_config import model_config_from_hf
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.worker_sizing import WorkerSizing

@@ -20,7 +20,7 @@ from kvcache.errors import BudgetBelowOneRequestError, ConfigError
 from kvcache.byte_units import GiB
 from kvcache.inputs.dtypes import BFLOAT16, FLOAT32, resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.inputs.parallel import ParallelState
-from kvcache.memory.runtime_reserve import RuntimeShape
+from kvcache.sizing.runtime_reserve import RuntimeShape
 from kvcache.models.hf_config import model_config_from_hf
 
 CORPUS = Path(__file__).with_name("model_corpus")

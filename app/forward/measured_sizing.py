@@ -82,7 +82,7 @@ def size_from_worst_case(runner: Any, configurator: Any, make_step: Callable[...
     """Steps 1-4 of the module docstring on `runner`; returns the MeasuredSizing (the runner's pools, allocator
     and plan are replaced as it goes)."""
     from kvcache.errors import UnsupportedModelError
-    from kvcache.memory.runtime_reserve import default_chunked_prefill_size
+    from kvcache.sizing.runtime_reserve import default_chunked_prefill_size
     from kvcache.runtime.measured_headroom import MeasuredSizing, agreed_plan, decide_measured_tokens
     from kvcache.sizing.measured_prediction import measured_margin_bytes
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from kvcache.runtime.agreed_resize import agree_on_resize
 from kvcache.configurator import KVCacheConfigResult
-from kvcache.memory.runtime_reserve import RuntimeShape, runtime_reserve_mib
+from kvcache.sizing.runtime_reserve import RuntimeShape, runtime_reserve_mib
 from kvcache.memory.memory_probe import MemoryProbe
 from kvcache.inputs.parallel import ParallelState
 from kvcache.runtime.resize import PostCaptureKVResize, compute_post_capture_kv_resize, post_capture_headroom_bytes

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvcache.inputs.dtypes import DType
-from kvcache.memory.arena_sizes import arena_size, slot_size
+from kvcache.sizing.arena_sizes import arena_size, slot_size
 from kvcache.models.quantization import Quantization, StoredTensor
 from kvcache.models.weight_blocks import ParamSpec
 

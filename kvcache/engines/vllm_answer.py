@@ -20,7 +20,7 @@ from kvcache.byte_units import MiB
 from kvcache.errors import BudgetBelowOneRequestError, ConfigError
 from kvcache.inputs.dtypes import DType, KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
-from kvcache.memory.runtime_reserve import RuntimeShape, runtime_reserve_mib
+from kvcache.sizing.runtime_reserve import RuntimeShape, runtime_reserve_mib
 from kvcache.models.model_config import ModelConfig
 
 
@@ -35,7 +35,7 @@ def vllm_available_bytes(*, total_bytes: int, gpu_memory_utilization: float, wei
 def estimated_runtime_bytes(total_bytes: int, shape: RuntimeShape) -> int:
     """What vLLM measures at start-up besides weights and the cache -- the activation peak of its profile run,
     non-torch memory (CUDA context, NCCL) and its CUDA graph estimate -- which a dry run cannot measure: taken
-    as the project's runtime reserve for the card (kvcache.memory.runtime_reserve, SGLang 0.5.23's rule:
+    as the project's runtime reserve for the card (kvcache.sizing.runtime_reserve, SGLang 0.5.23's rule:
     chunked-prefill activations, communication, CUDA graphs, at least 10 GiB above 60 GiB)."""
     return ceil(runtime_reserve_mib(total_bytes, shape) * MiB)
 

@@ -22,7 +22,7 @@ from typing import Protocol, Sequence
 import torch
 
 from kvcache.errors import PlanMismatchError
-from kvcache.memory.arena_sizes import HOST_MAP_THRESHOLD, slot_size
+from kvcache.sizing.arena_sizes import HOST_MAP_THRESHOLD, slot_size
 
 
 class ArenaBacking(Protocol):

@@ -18,7 +18,7 @@ from kvcache.byte_units import MiB
 from kvcache.inputs.cards import SimulatedCard
 from kvcache.errors import ConfigError
 from kvcache.memory.fixed_probe import FixedMemoryProbe
-from kvcache.memory.host_memory import check_memory_limit, host_memory_bytes
+from kvcache.inputs.host_memory import check_memory_limit, host_memory_bytes
 
 
 @runtime_checkable

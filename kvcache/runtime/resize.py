@@ -18,7 +18,7 @@ import msgspec
 
 from kvcache.byte_units import MiB, format_bytes
 from kvcache.errors import DoesNotFitError
-from kvcache.memory.memory_budget import headroom_bytes
+from kvcache.sizing.memory_budget import headroom_bytes
 from kvcache.arithmetic import align_up
 from kvcache.sizing.planning import plan_cost, plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig

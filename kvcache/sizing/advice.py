@@ -13,7 +13,7 @@ import msgspec
 
 from kvcache.byte_units import GiB, MiB
 from kvcache.errors import DoesNotFitError
-from kvcache.memory.memory_budget import MemoryBudget, compute_budget, headroom_bytes
+from kvcache.sizing.memory_budget import MemoryBudget, compute_budget, headroom_bytes
 from kvcache.arithmetic import align_down, align_up
 from kvcache.sizing.knob_search import (
     fits, largest_fitting_state_slots, longest_fitting_context, most_running_requests_that_run, smallest_fitting_budget,

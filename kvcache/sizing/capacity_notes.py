@@ -20,7 +20,7 @@ import msgspec
 
 from kvcache.errors import DoesNotFitError
 from kvcache.byte_units import format_bytes
-from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.sizing.memory_budget import MemoryBudget
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.worker_sizing import WorkerSizing
 from kvcache.sizing.worker_memory import WorkerMemory

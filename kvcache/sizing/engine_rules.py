@@ -17,7 +17,7 @@ from kvcache.arithmetic import exact_fraction
 from kvcache.byte_units import MiB
 from kvcache.inputs.server_arg_types import HybridSwaMemory
 from kvcache.inputs.sizing_settings import SizingSettings
-from kvcache.memory.memory_budget import MIN_DERIVED_FRACTION
+from kvcache.sizing.memory_budget import MIN_DERIVED_FRACTION
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.planning import plan_pool_sizes
 from kvcache.sizing.plan_request import BelowOneRequest, PlanRequest, StartupMinimums

@@ -27,7 +27,7 @@ import msgspec
 
 from kvcache.byte_units import GiB, MiB
 from kvcache.errors import DoesNotFitError
-from kvcache.memory.runtime_reserve import decode_cuda_graph_max_bs, default_chunked_prefill_size
+from kvcache.sizing.runtime_reserve import decode_cuda_graph_max_bs, default_chunked_prefill_size
 from kvcache.sizing.measured_calibration import calibration_for, fitted_on
 from kvcache.sizing.planning import plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig

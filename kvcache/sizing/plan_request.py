@@ -9,7 +9,7 @@ from typing import Literal
 import msgspec
 
 from kvcache.inputs.sglang_ratios import SGLANG_SWA_FULL_TOKENS_RATIO
-from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.sizing.memory_budget import MemoryBudget
 from kvcache.sizing.pool_config import KVPoolPlan, PoolKind, StatePoolPlan
 from kvcache.sizing.tensor_plan import PlannedTensor
 

@@ -2,7 +2,7 @@
 
 The cost of holding T tokens (T a multiple of page_size) is the charge of the plan the
 planner would return for T, `candidate_plan(req, T).charged_bytes`: each worker's arena
-(kvcache.memory.device_buffers.arena_size: the slots' sum rounded up to 2 MiB, at least 10 MiB)
+(kvcache.sizing.arena_sizes.arena_size: the slots' sum rounded up to 2 MiB, at least 10 MiB)
 holding its buffers, every buffer in a slot of S(n) = slot_size(n) (n rounded up to 512 B):
 
     pools       S((tokens_p(T) + page_size) * bytes_per_token_p)

@@ -14,8 +14,8 @@ import msgspec
 
 from kvcache.sizing.allocator_footprint import allocator_index_bytes, allocator_slots
 from kvcache.sizing.tensor_plan import PlannedSlot, PlannedTensor, per_layer, tensor
-from kvcache.memory.arena_sizes import arena_size, slot_size
-from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.sizing.arena_sizes import arena_size, slot_size
+from kvcache.sizing.memory_budget import MemoryBudget
 
 PoolKind = Literal["full", "swa", "mla"]
 DRAFT_POOL_PREFIX = "draft_"  # a draft worker's pools, which the target's plan pays for
@@ -218,7 +218,7 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
         return out
 
     def arena_bytes(self, *, draft: bool = False) -> int:
-        """The one allocation a worker makes for its buffers (kvcache.memory.device_buffers.arena_size)."""
+        """The one allocation a worker makes for its buffers (kvcache.sizing.arena_sizes.arena_size)."""
         return arena_size(sum(self.worker_buffers(draft=draft).values()))
 
     @property

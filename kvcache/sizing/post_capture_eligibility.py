@@ -19,7 +19,7 @@ import msgspec
 
 from kvcache.inputs.dtypes import KVCacheDtype
 from kvcache.sizing.pool_layout import CacheLayout
-from kvcache.memory.runtime_reserve import parallel_reserve_mib
+from kvcache.sizing.runtime_reserve import parallel_reserve_mib
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.inputs.sizing_settings import SizingSettings, measures_headroom
 

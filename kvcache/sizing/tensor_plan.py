@@ -15,7 +15,7 @@ from math import prod
 import msgspec
 
 from kvcache.inputs.dtypes import dtype_named
-from kvcache.memory.arena_sizes import slot_size
+from kvcache.sizing.arena_sizes import slot_size
 
 
 class PlannedTensor(msgspec.Struct, frozen=True, array_like=True):

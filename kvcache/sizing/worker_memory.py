@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from kvcache.memory.memory_budget import MemoryBudget
+from kvcache.sizing.memory_budget import MemoryBudget
 
 
 class WorkerMemory(msgspec.Struct, frozen=True, kw_only=True):

@@ -18,9 +18,9 @@ from kvcache.inputs.dtypes import KV_CACHE_DTYPES, DType, KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.inputs.speculative_defaults import default_max_running_requests
-from kvcache.memory.host_memory import host_memory_bytes
-from kvcache.memory.memory_budget import MemoryBudget, compute_budget, derive_mem_fraction_static
-from kvcache.memory.runtime_reserve import (RuntimeShape, default_chunked_prefill_size, default_mem_fraction_static,
+from kvcache.inputs.host_memory import host_memory_bytes
+from kvcache.sizing.memory_budget import MemoryBudget, compute_budget, derive_mem_fraction_static
+from kvcache.sizing.runtime_reserve import (RuntimeShape, default_chunked_prefill_size, default_mem_fraction_static,
                                           prefill_graph_token_cap)
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.model_page_size import forced_page_size
@@ -102,7 +102,7 @@ class WorkerSizing:
         )
 
     def mem_fraction_static(self, total_bytes: int) -> float:
-        """The user's value, or SGLang's rule for a card of `total_bytes` (kvcache.memory.runtime_reserve), cut
+        """The user's value, or SGLang's rule for a card of `total_bytes` (kvcache.sizing.runtime_reserve), cut
         for a multimodal model by the engine's rule (`multimodal()`). `total_bytes` is the card as SGLang reads
         it: nvidia-smi's total (WorkerMemory.device_capacity_bytes), not cudaMemGetInfo's."""
         if self.settings.mem_fraction_static is not None:

@@ -4,7 +4,7 @@ budget = free_after_load - round(free_before_load * (1 - mem_fraction_static)) -
 or `kv_cache_memory` when given (checked against what is free after the weights). `reserved` is what the
 engine allocates only after sizing the KV cache (SGLang's multimodal embedding cache), so it is kept out.
 When mem_fraction_static is not given it is derived from the card's size the way
-SGLang does (`kvcache.memory.runtime_reserve`, then `derive_mem_fraction_static`).
+SGLang does (`kvcache.sizing.runtime_reserve`, then `derive_mem_fraction_static`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from fractions import Fraction
 import msgspec
 
 from kvcache.byte_units import MiB
-from kvcache.memory.memory_budget import derive_mem_fraction_static
+from kvcache.sizing.memory_budget import derive_mem_fraction_static
 
 GiB_IN_MIB = 1024
 MLA_PREFILL_GRAPH_RESERVE_MIB = 1536
