@@ -26,7 +26,7 @@ from kvcache.runtime.measured_headroom import MeasuredSizing, WorstCaseStep
 from kvcache.runtime.resize import PostCaptureKVResize
 from kvcache.memory.vmm_storage import VmmBacking
 from kvcache.inputs.dtypes import DType
-from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator
+from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator, SharedTargetCache
 from kvcache.errors import KVCacheError, WeightsDoNotFitError
 from kvcache.sizing.worker_sizing import WorkerSizing
 from kvcache.sizing.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
@@ -42,6 +42,7 @@ class ModelRunner:
         self, *, role: str, model_config: ModelConfig, parallel_state: ParallelState, device: torch.device,
         model_dtype: DType, memory_probe: MemoryProbe, configurator_factory: Callable[[], KVCacheConfigurator],
         forward_stream: Any, worst_case_step_factory: Callable[..., WorstCaseStep] = ReferenceWorstCaseStep,
+        target_cache_factory: Callable[[], SharedTargetCache | None] = lambda: None,  # a draft's: its target's cache
     ) -> None:
         self.role = role
         self.model_config = model_config
@@ -51,6 +52,7 @@ class ModelRunner:
         self.memory_probe = memory_probe
         self.forward_stream = forward_stream
         self._configurator_factory = configurator_factory
+        self._target_cache_factory = target_cache_factory  # asked for only once the target's pools exist
         self.timings: dict[str, float] = {}
         self.pre_model_load_memory: int | None = None
         self.weights: LoadedWeights | None = None
@@ -265,12 +267,13 @@ class ModelRunner:
         self._decoder = None
 
     def _configure_kv_cache(self, configurator: KVCacheConfigurator, pre_model_load_memory: int) -> KVCacheConfigResult:
-        """Configure; pools that the post-capture resize will trim are built on VMM storage."""
+        """Configure (a draft from its target's cache); pools the post-capture resize will trim are on VMM storage."""
+        shared = self._target_cache_factory()
         if not configurator.sizing.post_capture_resize().active:
-            return configurator.configure(pre_model_load_memory=pre_model_load_memory)
+            return configurator.configure(pre_model_load_memory=pre_model_load_memory, shared=shared)
         backing = VmmBacking()
         result = dataclasses.replace(configurator, arena_backing=backing).configure(
-            pre_model_load_memory=pre_model_load_memory)
+            pre_model_load_memory=pre_model_load_memory, shared=shared)
         self._vmm_backing = backing  # only once the pools exist: a failed build leaves nothing to resize
         return result
 

@@ -73,7 +73,7 @@ class EngineContainer(containers.DeclarativeContainer):
         server_args=worker_server_args, model_config=draft_model_config, parallel_state=parallel_state,
         device=device, memory_probe=memory_probe, model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype,
         engine_rules=engine_rules, pool_name_prefix=providers.Object(DRAFT_POOL_PREFIX),
-        forced_page_size=model_page_size,
+        forced_page_size=model_page_size, is_draft_worker=providers.Object(True),
         shared=providers.Factory(
             SharedTargetCache,
             req_to_token_pool=target.model_runner.provided.req_to_token_pool,

@@ -37,7 +37,9 @@ class WorkerContainer(containers.DeclarativeContainer):
     engine_rules = providers.Dependency(instance_of=EngineRules)
     pool_name_prefix = providers.Object("")
     draft_layout = providers.Object(None)  # a target with a draft pays for the draft's pools
-    shared = providers.Object(None)  # a draft gets the target's request table, allocator and plan
+    is_draft_worker = providers.Object(False)
+    shared = providers.Object(None)  # a draft's: the target's request table, allocator and plan, asked for only
+    # when the draft configures (its sizing and refusals are known before the target has built them)
     forced_page_size = providers.Object(None)  # the page size the target model imposes (DSA: 64), if any
 
     settings = providers.Callable(SizingSettings.from_server_args, server_args, forced_page_size=forced_page_size)
@@ -53,11 +55,13 @@ class WorkerContainer(containers.DeclarativeContainer):
         settings=settings, model_config=model_config, parallel_state=parallel_state,
         model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype, device=device, memory_probe=memory_probe,
         allocator_factory=allocator_factory.provider, forward_stream=forward_stream, engine=engine_rules,
-        layer_ids=layer_range, pool_name_prefix=pool_name_prefix, draft_layout=draft_layout, shared=shared,
+        layer_ids=layer_range, pool_name_prefix=pool_name_prefix, draft_layout=draft_layout,
+        is_draft_worker=is_draft_worker,
     )
     model_runner = providers.ThreadSafeSingleton(
         ModelRunner,
         role=role, model_config=model_config, parallel_state=parallel_state, device=device,
         model_dtype=model_dtype, memory_probe=memory_probe, configurator_factory=configurator.provider,
         forward_stream=forward_stream, worst_case_step_factory=worst_case_step.provider,
+        target_cache_factory=shared.provider,
     )

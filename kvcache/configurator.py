@@ -1,9 +1,11 @@
 """KVCacheConfigurator: profile, plan, build; one call, one immutable result.
 
 A target worker profiles through its MemoryProbe, plans with the pure planner (paying
-for any draft pools too), and builds its pools and allocator. A draft worker is given
-the target's request table, allocator and plan (`shared`): it skips profiling and
-builds only its own KV pool, with the same token capacity.
+for any draft pools too), and builds its pools and allocator. A draft worker
+(`is_draft_worker`) is given the target's request table, allocator and plan when it
+configures (`shared`): it skips profiling and builds only its own KV pool, with the same
+token capacity. Its sizing is known before the target's cache exists, so a draft whose
+weights do not fit is refused before the target builds anything.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from kvcache.pools.allocator_protocol import AllocatorFactory, TokenAllocator
 from kvcache.engines import EngineRules
 from kvcache.engines.sglang import SGLANG
+from kvcache.errors import KVCacheError
 from kvcache.inputs.dtypes import DType, KVCacheDtype
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.sizing_settings import SizingSettings
@@ -106,17 +109,19 @@ class KVCacheConfigurator:
     layer_ids: range | None = None
     pool_name_prefix: str = ""
     draft_layout: CacheLayout | None = None
-    shared: SharedTargetCache | None = None
+    is_draft_worker: bool = False  # configure() then takes the target's cache (`shared`)
     arena_backing: ArenaBacking | None = None  # the arena's CUDA storage: VMM when a post-capture resize trims it
 
     # ---- the one public method -------------------------------------------
-    def configure(self, *, pre_model_load_memory: int) -> KVCacheConfigResult:
-        """Profile (unless shared), plan, build. `pre_model_load_memory` is the free bytes
-        the probe reported before weights were loaded."""
+    def configure(self, *, pre_model_load_memory: int, shared: SharedTargetCache | None = None) -> KVCacheConfigResult:
+        """Profile, plan, build; a draft builds from its target's `shared` cache instead. `pre_model_load_memory`
+        is the free bytes the probe reported before weights were loaded."""
+        if (shared is not None) != self.is_draft_worker:
+            raise KVCacheError("a draft worker configures from its target's cache (shared=), and only a draft does; "
+                               f"this one is_draft_worker={self.is_draft_worker}, shared={shared is not None}")
         sizing = self.sizing
         layout = sizing.layout()
         ranks = self.parallel_state.agreement  # all ranks succeed, or all raise the same error
-        shared = self.shared
         if shared is not None:
             return ranks.run_everywhere(lambda: self._configure_from_shared(layout, shared))
         plan, own_tokens, own_memory = self._plan(sizing, pre_model_load_memory)
@@ -132,7 +137,7 @@ class KVCacheConfigurator:
             settings=self.settings, model_config=self.model_config, parallel_state=self.parallel_state,
             model_dtype=self.model_dtype, kv_cache_dtype=self.kv_cache_dtype, device_type=self.device.type,
             layer_ids=self.layer_ids, pool_name_prefix=self.pool_name_prefix, draft_layout=self.draft_layout,
-            is_draft_worker=self.shared is not None, engine=self.engine,
+            is_draft_worker=self.is_draft_worker, engine=self.engine,
         )
 
     # ---- internals --------------------------------------------------------

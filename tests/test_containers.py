@@ -12,6 +12,7 @@ from containers import EngineContainer, WorkerContainer
 from kvcache.byte_units import GiB, MiB
 from kvcache.inputs.dtypes import BFLOAT16
 from kvcache.configurator import KVCacheConfigurator
+from kvcache.errors import KVCacheError
 from kvcache.memory.memory_probe import FixedMemoryProbe, HostMemoryProbe, MemoryProbe
 from kvcache.inputs.parallel import ParallelState
 from kvcache.testing import RecordingAllocator, RecordingStream
@@ -83,7 +84,7 @@ def test_configure_is_called_once_with_the_pre_load_free_bytes(make_engine, mock
     spy = mocker.spy(KVCacheConfigurator, "configure")
     engine.engine().bootstrap()
     assert spy.call_count == 1
-    assert spy.call_args.kwargs == {"pre_model_load_memory": GiB}
+    assert spy.call_args.kwargs == {"pre_model_load_memory": GiB, "shared": None}  # a target: no target's cache
 
 
 def test_an_autospec_probe_is_strict_about_its_interface(make_engine, mocker) -> None:
@@ -117,6 +118,18 @@ def test_draft_config_comes_from_the_algorithm(make_engine) -> None:
     engine = make_engine(model="DeepSeek-V3", speculative_algorithm="NEXTN")
     draft = engine.draft_model_config()
     assert draft.num_hidden_layers == 1 and draft.layer_kinds == ("mla",) and draft.nextn_of_target
+
+
+def test_a_draft_s_sizing_is_known_before_its_target_has_a_cache(make_engine) -> None:
+    """The draft's configurator (and so its refusals) needs nothing of the target; it takes the target's cache only
+    when it configures, and a configure without it (or a target's with one) is refused as the bug it would be."""
+    engine = make_engine(model="DeepSeek-V3", speculative_algorithm="NEXTN")
+    draft = engine.draft.configurator()
+    assert draft.sizing.is_draft_worker and draft.sizing.pool_name_prefix == "draft_"
+    assert not engine.target.configurator().sizing.is_draft_worker
+    assert not engine.engine().target.is_configured  # nothing of the target was asked for
+    with pytest.raises(KVCacheError, match="is_draft_worker=True, shared=False"):
+        draft.configure(pre_model_load_memory=GiB)
 
 
 def test_an_allocator_factory_overridden_on_the_instance_is_used(make_engine) -> None:

@@ -94,8 +94,8 @@ def test_the_dry_run_refuses_what_the_meta_bootstrap_refuses(model: str, card: s
 def test_a_draft_whose_weights_do_not_fit_is_refused_naming_them(capsys: pytest.CaptureFixture[str]) -> None:
     """--gpu-memory 17GB (GiB: 18,253,611,008 B) has 17,602,641,920 B free before load (the CUDA context takes
     650,969,088 B); the 8B target's 16,062,087,168 B of weights and the 96,468,992 B of kernels loading adds leave
-    1,444,085,760 B, less than the EAGLE3 draft's 1,902,116,864 B: exit 3, naming the draft's weights (the meta
-    bootstrap failed here with an internal error: its draft's refusal asked for the target's unbuilt plan)."""
+    1,444,085,760 B, less than the EAGLE3 draft's 1,902,116,864 B: exit 3, naming the draft's weights (the engine's
+    own bootstrap refuses it with this line too: tests/test_cli_draft_refusal.py)."""
     from app.cli import main
 
     args = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu-memory", "17GB", "--speculative-algorithm", "EAGLE3",

@@ -143,7 +143,7 @@ def test_pools_that_fail_to_build_leave_nothing_to_resize() -> None:
         sizing: Resizable = dataclasses.field(default_factory=Resizable)
         arena_backing: Any = None
 
-        def configure(self, *, pre_model_load_memory: int) -> None:
+        def configure(self, *, pre_model_load_memory: int, shared: Any = None) -> None:
             raise PoolBuildError("the pools could not be built")
 
     runner = ModelRunner(role="target", model_config=load_model_config("SmolLM2-135M"), parallel_state=ParallelState(),
