@@ -69,6 +69,7 @@ class PlannedWorker:
     pre_model_load_memory: int | None = None
     weights: PlannedWeights | None = None
     measured_sizing: None = None  # a dry run measures nothing (the report predicts it: app.report)
+    loaded_before: PlannedWorker | None = None  # a draft's: its target (whose refusals a draft's fix must satisfy)
     _kv_cache: PlannedCache | None = None
 
     @property
@@ -102,7 +103,7 @@ class PlannedWorker:
         self.pre_model_load_memory = self.memory_probe.free_bytes()
         self.timings["profile_before_load_s"] = time.perf_counter() - start
         start = time.perf_counter()
-        self._refusals().check_weights_fit(self.wired.weights_bytes)
+        self.refusals().check_weights_fit(self.wired.weights_bytes)
         self.weights = PlannedWeights(total_bytes=self.wired.weights_bytes, parameter_count=self.wired.parameter_count)
         self.memory_probe.note_allocation(self.weights.total_bytes)
         self.timings["load_weights_s"] = time.perf_counter() - start
@@ -122,7 +123,7 @@ class PlannedWorker:
             try:
                 agreed = plan_as_the_ranks_agree(self.sizing, own, self.parallel_state.agreement)
             except KV_CACHE_REFUSALS as exc:
-                raise self._refusals().with_tp_advice(exc) from None
+                raise self.refusals().with_tp_advice(exc) from None
             plan, own_tokens, own_memory = agreed.plan, agreed.own_tokens, agreed.own_memory
         else:
             plan = shared.memory_pool_config
@@ -136,14 +137,15 @@ class PlannedWorker:
         self.timings["configure_kv_cache_s"] = time.perf_counter() - start
         return self._kv_cache
 
-    def _refusals(self) -> WorkerRefusals:
+    def refusals(self) -> WorkerRefusals:
         """Why this worker cannot start, with what would work (app.worker_refusals), from its readings now."""
         probe = self.memory_probe
         return WorkerRefusals(
             role=self.role, model_config=self.model_config, sizing=self.sizing, device=str(self.device),
             device_type=self.device.type, free_before_load=self.pre_model_load_memory or 0,
             total_bytes=probe.total_bytes(), device_capacity_bytes=probe.device_capacity_bytes(),
-            weights_for=self.wired.weights_for)
+            weights_for=self.wired.weights_for,
+            loaded_before=None if self.loaded_before is None else self.loaded_before.refusals())
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +172,8 @@ def dry_run(server_args: ServerArgs, model: ModelConfig, card: SimulatedCard, pa
     probe = FixedMemoryProbe.of_card(card)
     workers = [PlannedWorker(wired=w, parallel_state=parallel_state, memory_probe=probe)
                for w in planned_workers(server_args, model, parallel_state).workers]
+    if len(workers) == 2:
+        workers[1].loaded_before = workers[0]
     run = DryRun(*workers)
     run.bootstrap()
     return run

@@ -43,6 +43,7 @@ class ModelRunner:
         model_dtype: DType, memory_probe: MemoryProbe, configurator_factory: Callable[[], KVCacheConfigurator],
         forward_stream: Any, worst_case_step_factory: Callable[..., WorstCaseStep] = ReferenceWorstCaseStep,
         target_cache_factory: Callable[[], SharedTargetCache | None] = lambda: None,  # a draft's: its target's cache
+        target_refusals_factory: Callable[[], WorkerRefusals | None] = lambda: None,  # a draft's: its target's
     ) -> None:
         self.role = role
         self.model_config = model_config
@@ -53,6 +54,7 @@ class ModelRunner:
         self.forward_stream = forward_stream
         self._configurator_factory = configurator_factory
         self._target_cache_factory = target_cache_factory  # asked for only once the target's pools exist
+        self._target_refusals_factory = target_refusals_factory  # asked for only when this draft is refused
         self.timings: dict[str, float] = {}
         self.pre_model_load_memory: int | None = None
         self.weights: LoadedWeights | None = None
@@ -98,7 +100,7 @@ class ModelRunner:
         try:
             self._kv_cache = self._configure_kv_cache(configurator, self.pre_model_load_memory)
         except KV_CACHE_REFUSALS as exc:
-            raise self._refusals().with_tp_advice(exc) from None
+            raise self.refusals().with_tp_advice(exc) from None
         self._synchronize()
         self.timings["configure_kv_cache_s"] = time.perf_counter() - start
         return self._kv_cache
@@ -282,16 +284,17 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _refusals(self) -> WorkerRefusals:
+    def refusals(self) -> WorkerRefusals:
         """Why this worker cannot start, with what would work (app.worker_refusals), from its readings now."""
         return WorkerRefusals(
             role=self.role, model_config=self.model_config, sizing=self.sizing, device=str(self.device),
             device_type=self.device.type, free_before_load=self.pre_model_load_memory or 0,
             total_bytes=self.memory_probe.total_bytes(), device_capacity_bytes=self.memory_probe.device_capacity_bytes(),
-            weights_for=lambda state: self._weight_loader().bytes_needed(self.weight_specs(state)))
+            weights_for=lambda state: self._weight_loader().bytes_needed(self.weight_specs(state)),
+            loaded_before=self._target_refusals_factory())
 
     def _weights_do_not_fit(self, needed: int, *, refused: bool = False) -> WeightsDoNotFitError:
-        return self._refusals().weights_do_not_fit(needed, refused=refused)
+        return self.refusals().weights_do_not_fit(needed, refused=refused)
 
     def _refuse_a_kv_cache_that_cannot_plan(self, weights: int) -> None:
-        self._refusals().refuse_a_kv_cache_that_cannot_plan(weights)
+        self.refusals().refuse_a_kv_cache_that_cannot_plan(weights)

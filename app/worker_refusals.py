@@ -7,7 +7,7 @@ here touches a device, so a dry run and a real start refuse alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from kvcache.byte_units import format_bytes
@@ -41,6 +41,8 @@ class WorkerRefusals:
     total_bytes: int
     device_capacity_bytes: int
     weights_for: Callable[[ParallelState], int]
+    loaded_before: WorkerRefusals | None = None  # a draft's: its target's, whose weights load first and whose plan
+    # holds the draft's pools, so what would hold the draft is what holds both (the engine's whole start)
 
     def check_weights_fit(self, needed: int) -> None:
         """Refuse `needed` bytes of weights where less than that is free before loading (the probe's reading)."""
@@ -51,9 +53,10 @@ class WorkerRefusals:
         """More weights than free memory; or (`refused`) the device refused their allocation although the probe
         saw room for them (another process took it, or fragmentation): then no smaller limit is suggested."""
         free = self.free_before_load
-        found = self._larger_tp_size()
-        per_rank = self._tp_size_line(found, kv_cache_plans_only=False)
-        tp_plans = bool(self._tp_size_line(found, kv_cache_plans_only=True))
+        engine, weights = self._whole_start(needed)
+        found = engine._larger_tp_size()
+        per_rank = engine._tp_size_line(found, kv_cache_plans_only=False)
+        tp_plans = bool(engine._tp_size_line(found, kv_cache_plans_only=True))
         where = 'the card' if self.device_type == 'meta' else self.device
         if refused and needed <= free:
             return WeightsDoNotFitError(
@@ -65,12 +68,21 @@ class WorkerRefusals:
             f"{self.model_config.name}'s {self.role} weights ({format_bytes(needed)} on this rank) do not fit "
             f"in the {format_bytes(free)} free on {where}",
             needed_bytes=needed, available_bytes=free,
-            suggestions=(*per_rank, *card_fixes(self.sizing, weights_bytes=needed, dry_run=self.device_type == "meta",
-                                                only_found=tp_plans))
+            suggestions=(*per_rank, *card_fixes(engine.sizing, weights_bytes=weights,
+                                                dry_run=self.device_type == "meta", only_found=tp_plans))
             if self.device_type != "cpu" else
-            memory_limit_fixes(self.sizing, used_bytes=self.total_bytes - free, weights_bytes=needed,
-                               host_memory=host_memory_bytes()),
+            memory_limit_fixes(engine.sizing, used_bytes=engine.total_bytes - engine.free_before_load,
+                               weights_bytes=weights, host_memory=host_memory_bytes()),
         )
+
+    def _whole_start(self, needed: int) -> tuple[WorkerRefusals, int]:
+        """The refusals a fix must satisfy and the weights it must hold on this rank: this worker's own; a draft's are
+        its target's with both workers' weights, from the readings before the target loaded."""
+        first = self.loaded_before
+        if first is None:
+            return self, needed
+        both = replace(first, weights_for=lambda state: first.weights_for(state) + self.weights_for(state))
+        return both, first.weights_for(self.sizing.parallel_state) + needed
 
     def refuse_a_kv_cache_that_cannot_plan(self, weights: int) -> None:
         """Before filling the weights (a CPU fills 15 GiB of dummy weights in ~26 s): plan with the most memory they

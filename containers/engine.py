@@ -74,6 +74,7 @@ class EngineContainer(containers.DeclarativeContainer):
         device=device, memory_probe=memory_probe, model_dtype=model_dtype, kv_cache_dtype=kv_cache_dtype,
         engine_rules=engine_rules, pool_name_prefix=providers.Object(DRAFT_POOL_PREFIX),
         forced_page_size=model_page_size, is_draft_worker=providers.Object(True),
+        loaded_before=target.model_runner.provided.refusals.call(),
         shared=providers.Factory(
             SharedTargetCache,
             req_to_token_pool=target.model_runner.provided.req_to_token_pool,

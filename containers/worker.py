@@ -40,6 +40,7 @@ class WorkerContainer(containers.DeclarativeContainer):
     is_draft_worker = providers.Object(False)
     shared = providers.Object(None)  # a draft's: the target's request table, allocator and plan, asked for only
     # when the draft configures (its sizing and refusals are known before the target has built them)
+    loaded_before = providers.Object(None)  # a draft's: its target's refusals (a fix for the draft must hold both)
     forced_page_size = providers.Object(None)  # the page size the target model imposes (DSA: 64), if any
 
     settings = providers.Callable(SizingSettings.from_server_args, server_args, forced_page_size=forced_page_size)
@@ -63,5 +64,5 @@ class WorkerContainer(containers.DeclarativeContainer):
         role=role, model_config=model_config, parallel_state=parallel_state, device=device,
         model_dtype=model_dtype, memory_probe=memory_probe, configurator_factory=configurator.provider,
         forward_stream=forward_stream, worst_case_step_factory=worst_case_step.provider,
-        target_cache_factory=shared.provider,
+        target_cache_factory=shared.provider, target_refusals_factory=loaded_before.provider,
     )

@@ -87,3 +87,23 @@ def test_the_engine_refuses_a_draft_whose_weights_do_not_fit_as_plan_does(capsys
     del container, refused
     gc.collect()
     assert census.made == 1 and census.alive() == 0  # the target's (meta) weights arena
+
+
+def test_each_fix_named_for_a_draft_that_does_not_fit_starts_the_target_and_the_draft(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A fix for the draft must hold both workers: the target's 16.06 GB and the draft's 1.90 GB of weights and the
+    target's plan with the draft's pool. Asked of the draft's weights alone it named --tp-size 4 and --gpu A10 (24 GB),
+    where the target's plan then found nothing left for the KV cache."""
+    base = ["plan", "--model", "Llama-3.1-8B-Instruct", *EAGLE3]
+    assert main([*base, "--gpu-memory", "17GB"]) == 3
+    err = capsys.readouterr().err
+    tp = re.search(r"--tp-size (\d+) \(about [^;]* per rank, each request capped at ([\d,]+) tokens\)", err)
+    card = re.search(r"--gpu (\S+) \(", err)
+    assert tp is not None and card is not None, err
+    assert tp.group(1) == "2"  # 8.41 GiB of both models' weights per rank on 17 GB
+    assert main([*base, "--gpu-memory", "17GB", "--tp-size", tp.group(1), "--json"]) == 0
+    held = json.loads(capsys.readouterr().out)["max_total_num_tokens"]
+    assert held > int(tp.group(2).replace(",", ""))  # at least the cap it promised
+    assert main([*base, "--gpu", card.group(1), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["max_total_num_tokens"] > 131_072  # "one full-length request" at the model's 131,072 tokens
