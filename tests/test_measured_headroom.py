@@ -23,7 +23,7 @@ from kvcache.runtime.measured_headroom import (
     MeasuredSizing, StepPeak, decide_measured_tokens,
 )
 from kvcache.sizing.measured_prediction import measured_margin_bytes
-from kvcache.runtime.resize import resized_plan_request
+from kvcache.sizing.resized_plan import resized_plan_request
 from kvcache.sizing.planning import plan_cost, plan_pool_sizes
 from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest
 from kvcache.testing import FixedActivationStep, FixedMemoryProbe, tiny_model_config

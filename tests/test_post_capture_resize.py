@@ -21,7 +21,8 @@ from kvcache.sizing.planning import plan_cost, plan_pool_sizes
 from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest
 from kvcache.sizing.pool_layout import worker_cache_layout
 from kvcache.models.presets import load_model_config
-from kvcache.runtime.resize import compute_post_capture_kv_resize, post_capture_headroom_bytes, resized_plan_request
+from kvcache.runtime.resize import compute_post_capture_kv_resize, post_capture_headroom_bytes
+from kvcache.sizing.resized_plan import resized_plan_request
 from kvcache.sizing.post_capture_eligibility import is_post_capture_kv_active, post_capture_eligibility, post_capture_reserve_mib
 from kvcache.runtime.resize import PostCaptureResizeError
 from kvcache.inputs.server_args import ServerArgs

@@ -24,6 +24,7 @@ from kvcache.sizing.memory_budget import MemoryBudget
 from kvcache.sizing.arena_sizes import slot_size
 from kvcache.sizing.planning import plan_pool_sizes
 from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest
+from kvcache.sizing.resized_plan import resized_plan_request
 
 SCOUT = "tests/model_corpus/Llama-4-Scout-17B-16E-Instruct.json"
 
@@ -151,3 +152,24 @@ def test_a_measured_headline_and_its_notes_describe_the_same_pools(capsys: pytes
     assert main(argv) == 0
     assert "buffers:  (the static plan's, as this dry run builds them; a measured bootstrap resizes them to the " \
            "headline)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("rule", ["cap", "refuse"])
+def test_a_re_plan_caps_requests_only_where_the_planner_capped_them(rule: str) -> None:
+    # One pool of 4,096 B/token, one request of 4,096 tokens. Within 10 MiB (one arena, 10,485,760 B), T = 2,531:
+    # table 2 x 4,096 x 4 = 32,768 B, pool S(2,532 x 4,096) = 10,371,072 B, allocator index 2 x S(16 x 2,531) =
+    # 81,920 B: the whole arena, and fewer than one request. Within 20 MiB, 5,071 tokens: a full request.
+    # The planner records on the plan which rule a re-plan follows: a plan it capped stays capped, a plan of a full
+    # request (whatever the rule it was planned with) is not re-planned below one.
+    small = request(10 * MiB, (full(4096),), context=4096, max_running_requests=1, below_one_request="cap")
+    capped = plan_pool_sizes(small)
+    assert (capped.max_total_num_tokens, capped.request_token_cap, capped.below_one_request) == (2_531, 2_530, "cap")
+    assert capped.buffers == {"req_to_token": 32_768, "allocator_index": 81_920, "kv_full": 10_371_072}
+    again = plan_pool_sizes(resized_plan_request(capped, 10 * MiB))  # re-planned as it was: still capped
+    assert (again.max_total_num_tokens, again.request_token_cap, again.below_one_request) == (2_531, 2_530, "cap")
+
+    whole = plan_pool_sizes(msgspec.structs.replace(small, budget=request(20 * MiB, (), context=1).budget,
+                                                    below_one_request=rule))
+    assert (whole.max_total_num_tokens, whole.request_token_cap, whole.below_one_request) == (5_071, None, "refuse")
+    with pytest.raises(BudgetBelowOneRequestError, match="holds 2,531 tokens, fewer than one request"):
+        plan_pool_sizes(resized_plan_request(whole, 10 * MiB))

@@ -36,7 +36,7 @@ from kvcache.memory.memory_probe import FixedMemoryProbe
 from kvcache.memory.vmm_storage import VmmAllocation, VmmBacking
 from kvcache.runtime.live_resize import mapping_targets, resize_live_pools
 from kvcache.runtime.measured_headroom import StepPeak
-from kvcache.runtime.resize import resized_plan_request
+from kvcache.sizing.resized_plan import resized_plan_request
 from kvcache.runtime.shrink import LiveTokensInTailError, pool_buffers
 from kvcache.sizing import worker_sizing
 from kvcache.sizing.planning import plan_pool_sizes

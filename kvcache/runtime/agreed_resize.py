@@ -11,7 +11,8 @@ import msgspec
 
 from kvcache.sizing.planning import plan_pool_sizes
 from kvcache.inputs.rank_agreement import RankAgreement
-from kvcache.runtime.resize import PostCaptureKVResize, resized_plan_request
+from kvcache.runtime.resize import PostCaptureKVResize
+from kvcache.sizing.resized_plan import resized_plan_request
 
 
 def capped_resize(resize: PostCaptureKVResize, max_tokens: int) -> PostCaptureKVResize:

@@ -133,7 +133,8 @@ def decide_measured_tokens(
 
 def agreed_plan(plan: MemoryPoolConfig, built: MemoryPoolConfig, agreed_tokens: int) -> MemoryPoolConfig:
     """`plan` capped at the ranks' smallest token count (re-planned within its own budget). That count is another
-    rank's plan, which may cap each request below the context (a static floor does), so this one may too."""
+    rank's plan, which may cap each request below the context (a static floor does), so this one may too, whatever
+    `built`'s own rule (its below_one_request)."""
     if plan.max_total_num_tokens <= agreed_tokens:
         return plan
     request = resized_plan_request(built, plan.budget.budget_bytes)

@@ -22,7 +22,7 @@ from kvcache.sizing.memory_budget import headroom_bytes
 from kvcache.arithmetic import align_up
 from kvcache.sizing.planning import plan_cost, plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
-from kvcache.sizing.resized_plan import resized_plan_request  # noqa: F401 - re-exported: callers import it here
+from kvcache.sizing.resized_plan import resized_plan_request
 
 
 class PostCaptureResizeError(DoesNotFitError):

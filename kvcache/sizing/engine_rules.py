@@ -20,8 +20,8 @@ from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.sizing.memory_budget import MIN_DERIVED_FRACTION
 from kvcache.models.model_config import ModelConfig
 from kvcache.sizing.planning import plan_pool_sizes
-from kvcache.sizing.plan_request import BelowOneRequest, PlanRequest, StartupMinimums
-from kvcache.sizing.pool_config import MemoryPoolConfig
+from kvcache.sizing.plan_request import PlanRequest, StartupMinimums
+from kvcache.sizing.pool_config import BelowOneRequest, MemoryPoolConfig
 
 
 class WindowPools(msgspec.Struct, frozen=True, kw_only=True):

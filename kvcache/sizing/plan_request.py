@@ -10,15 +10,10 @@ import msgspec
 
 from kvcache.inputs.sglang_ratios import SGLANG_SWA_FULL_TOKENS_RATIO
 from kvcache.sizing.memory_budget import MemoryBudget
-from kvcache.sizing.pool_config import KVPoolPlan, PoolKind, StatePoolPlan
+from kvcache.sizing.pool_config import BelowOneRequest, KVPoolPlan, PoolKind, StatePoolPlan
 from kvcache.sizing.tensor_plan import PlannedTensor
 
 DEFAULT_REQUESTS_PER_CONTEXT = 512
-
-# What a pool holding fewer tokens than one full-context request means: "refuse" it (the project's strict answer,
-# the one advice and `fit` search against), or "cap" each request at the pool less one token and plan it (SGLang
-# 0.5.23 warns and runs; kvcache.engines.sglang sets it).
-BelowOneRequest = Literal["refuse", "cap"]
 MIN_DEFAULT_RUNNING_REQUESTS = 2048
 MAX_DEFAULT_RUNNING_REQUESTS = 4096
 
@@ -85,6 +80,6 @@ class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
     max_total_tokens: int | None = None
     max_running_requests: int | None = None
     attention_dp_size: int = 1
-    below_one_request: BelowOneRequest = "refuse"
+    below_one_request: BelowOneRequest = "refuse"  # (kvcache.sizing.pool_config); the plan keeps it
     request_table_requests: int | None = None  # a table already built with this many rows (MemoryPoolConfig's)
     minimums: StartupMinimums = StartupMinimums()  # the engine's (EngineRules.minimums)

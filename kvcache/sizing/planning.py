@@ -27,7 +27,7 @@ from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, 
 from kvcache.sizing.plan_request import (
     DEFAULT_REQUESTS_PER_CONTEXT, MAX_DEFAULT_RUNNING_REQUESTS, MIN_DEFAULT_RUNNING_REQUESTS, KVPoolDemand, PlanRequest,
 )
-from kvcache.sizing.pool_config import MemoryPoolConfig
+from kvcache.sizing.pool_config import BelowOneRequest, MemoryPoolConfig
 from kvcache.arithmetic import align_down, align_up
 
 
@@ -64,8 +64,10 @@ def running_requests(req: PlanRequest, tokens: int, state_slots: int) -> int:
     return max(cap, 1)
 
 
-def candidate_plan(req: PlanRequest, tokens: int, state_slots: int) -> MemoryPoolConfig:
-    """The plan for `tokens` tokens in the pools that hold every token (fitting or not)."""
+def candidate_plan(req: PlanRequest, tokens: int, state_slots: int,
+                   below_one_request: BelowOneRequest = "refuse") -> MemoryPoolConfig:
+    """The plan for `tokens` tokens in the pools that hold every token (fitting or not); `below_one_request` is what
+    plan_pool_sizes records (MemoryPoolConfig's), which changes no byte."""
     page = req.page_size
     pools = tuple(p.sized(_pool_tokens(req, p, tokens), page) for p in req.kv_pools)
     state_plan = req.state.sized(state_slots) if req.state is not None else None
@@ -73,7 +75,7 @@ def candidate_plan(req: PlanRequest, tokens: int, state_slots: int) -> MemoryPoo
         budget=req.budget, page_size=page, context_length=req.context_length,
         max_total_num_tokens=tokens, max_running_requests=running_requests(req, tokens, state_slots),
         req_to_token_row_width=req.req_to_token_row_width, kv_pools=pools, state_pool=state_plan,
-        request_table_requests=req.request_table_requests,
+        request_table_requests=req.request_table_requests, below_one_request=below_one_request,
     )
 
 
@@ -130,7 +132,7 @@ def plan_pool_sizes(req: PlanRequest) -> MemoryPoolConfig:
     if tokens < one_request:
         _refuse_below_one_request(req, tokens, one_request, slots)
     _check_windows_fit(req, tokens, slots)
-    return candidate_plan(req, tokens, slots)
+    return candidate_plan(req, tokens, slots, "cap" if tokens < one_request else "refuse")
 
 
 def _refuse_below_one_request(req: PlanRequest, tokens: int, one_request: int, slots: int) -> None:

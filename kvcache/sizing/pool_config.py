@@ -18,6 +18,10 @@ from kvcache.sizing.arena_sizes import arena_size, slot_size
 from kvcache.sizing.memory_budget import MemoryBudget
 
 PoolKind = Literal["full", "swa", "mla"]
+# What a pool holding fewer tokens than one full-context request means: "refuse" it (the project's strict answer,
+# the one advice and `fit` search against), or "cap" each request at the pool less one token and plan it (SGLang
+# 0.5.23 warns and runs; kvcache.engines.sglang sets it).
+BelowOneRequest = Literal["refuse", "cap"]
 DRAFT_POOL_PREFIX = "draft_"  # a draft worker's pools, which the target's plan pays for
 
 REQ_TO_TOKEN_ELEMENT_BYTES = 4  # int32 token indices (tests check the table's bytes against it)
@@ -121,6 +125,10 @@ class MemoryPoolConfig(msgspec.Struct, frozen=True, kw_only=True):
     # the request table's rows (less padding) in a plan re-planned within pools already built (resized_plan_request):
     # the table is not resized, so such a plan charges the rows it holds; None: max_running_requests + 1 rows
     request_table_requests: int | None = None
+    # the rule a re-plan of this plan (resized_plan_request) follows below one full-context request, set by the
+    # planner: "cap" where it planned this pool below one request, each request capped (the engine runs it so), else
+    # "refuse": a re-plan does not take a plan that holds a full request below one
+    below_one_request: BelowOneRequest = "refuse"
 
     @property
     def bytes_per_token(self) -> int:

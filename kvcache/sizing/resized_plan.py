@@ -28,7 +28,7 @@ def resized_plan_request(plan: MemoryPoolConfig, budget_bytes: int) -> PlanReque
         budget=budget, page_size=plan.page_size, context_length=plan.context_length,
         req_to_token_row_width=plan.req_to_token_row_width, kv_pools=tuple(demands),
         max_total_tokens=plan.max_total_num_tokens, max_running_requests=plan.max_running_requests,
-        below_one_request="refuse" if plan.request_token_cap is None else "cap",  # a capped plan stays one
+        below_one_request=plan.below_one_request,  # the planner's: a capped plan stays one, a full one stays full
         request_table_requests=plan.table_requests,  # the table is not resized: its rows stay charged
     )
 
@@ -36,8 +36,8 @@ def resized_plan_request(plan: MemoryPoolConfig, budget_bytes: int) -> PlanReque
 def built_rows_plan(built: MemoryPoolConfig, static: MemoryPoolConfig, at_most_tokens: int) -> MemoryPoolConfig:
     """`static` (SGLang's static plan, say) as `built`'s pools hold it, at most `at_most_tokens`: the request table
     is not resized, so its rows beyond `static`'s are added to `static`'s budget, and the tokens stay `static`'s.
-    `static` was planned, so the engine runs a plan of its size; one below a full-context request caps each
-    request."""
+    `static` was planned, so the engine runs a plan of its size; `at_most_tokens` may be another rank's such plan,
+    so one below a full-context request caps each request whatever `built`'s rule."""
     as_held = msgspec.structs.replace(static, request_table_requests=built.table_requests)
     extra_rows = max(0, as_held.total_bytes - static.total_bytes)  # the rows and what the arena's rounding adds
     budget = msgspec.structs.replace(static.budget, budget_bytes=static.budget.budget_bytes + extra_rows)
