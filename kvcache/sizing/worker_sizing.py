@@ -25,6 +25,7 @@ from kvcache.sizing.runtime_reserve import (RuntimeShape, default_chunked_prefil
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.model_page_size import forced_page_size
 from kvcache.sizing.advice import MORE_DEVICES, KeptFree, suggest_fixes, suggest_kv_cache_memory
+from kvcache.sizing.reserve_knob_advice import reserve_knob_fixes
 from kvcache.sizing.knob_search import fits, smallest_passing
 from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory
 from kvcache.sizing.planning import max_total_tokens_fix, whole_request_tokens
@@ -66,7 +67,7 @@ class WorkerSizing:
             return self.engine.plan(request)
         except DoesNotFitError as exc:
             fraction = request.budget.mem_fraction_static
-            more = self._suggestions(layout, request, self.budget_for(memory) if fraction else None)
+            more = self._suggestions(layout, request, self.budget_for(memory) if fraction else None, memory)
             if exc.suggestions:  # the planner named the value that works: more devices is no fix then
                 more = tuple(s for s in more if s != MORE_DEVICES)
             raise exc.with_suggestions(exc.suggestions + more) from None
@@ -82,7 +83,7 @@ class WorkerSizing:
                 and fits(msgspec.structs.replace(request, max_total_tokens=whole)):
             fixes = (max_total_tokens_fix(whole),)
         fraction = request.budget.mem_fraction_static
-        return fixes + self._suggestions(layout, request, self.budget_for(memory) if fraction else None)
+        return fixes + self._suggestions(layout, request, self.budget_for(memory) if fraction else None, memory)
 
     def plan_or_none(self, memory: WorkerMemory) -> MemoryPoolConfig | None:
         """This worker's plan with this memory, or None where it does not plan (no advice searched)."""
@@ -221,7 +222,7 @@ class WorkerSizing:
                                  mem_fraction_static=self.mem_fraction_static(memory.device_capacity_bytes),
                                  kv_cache_memory_bytes=None, reported_total_bytes=memory.reported_total_bytes)
             raise exc.with_suggestions(self._suggestions(
-                layout, self.plan_request(layout, empty), self.budget_for(memory))) from None
+                layout, self.plan_request(layout, empty), self.budget_for(memory), memory)) from None
 
     def budget_for(self, memory: WorkerMemory) -> Callable[[float], int]:
         """The budget a given mem_fraction_static would leave with this memory (0 where the weights leave none)."""
@@ -237,8 +238,8 @@ class WorkerSizing:
                 return 0
         return budget_for
 
-    def _suggestions(self, layout: CacheLayout, request: PlanRequest,
-                     budget_for: Callable[[float], int] | None) -> tuple[str, ...]:
+    def _suggestions(self, layout: CacheLayout, request: PlanRequest, budget_for: Callable[[float], int] | None,
+                     memory: WorkerMemory) -> tuple[str, ...]:
         fp8 = None
         if self.kv_cache_dtype.bits > 8:
             fp8_dtype = KV_CACHE_DTYPES["fp8_e4m3"]
@@ -256,8 +257,8 @@ class WorkerSizing:
         fixes = suggest_fixes(request, budget_for_fraction=budget_for, kv_cache_memory_limit=limit, fp8_request=fp8,
                               fraction_for_limit=self.mem_fraction_static if on_cpu else None,
                               host_memory=host_memory_bytes() if on_cpu else None, kept_free=kept_free)
-        page = self._page_size_fix(request)
-        return fixes if page is None else (page, *(f for f in fixes if f != MORE_DEVICES))
+        first = (*reserve_knob_fixes(self, memory), *filter(None, (self._page_size_fix(request),)))
+        return (*first, *(f for f in fixes if f != MORE_DEVICES)) if first else fixes
 
     def _page_size_fix(self, request: PlanRequest) -> str | None:
         """The largest power of two below --page-size that plans with everything else unchanged (by bisection over
