@@ -173,3 +173,21 @@ def test_a_re_plan_caps_requests_only_where_the_planner_capped_them(rule: str) -
     assert (whole.max_total_num_tokens, whole.request_token_cap, whole.below_one_request) == (5_071, None, "refuse")
     with pytest.raises(BudgetBelowOneRequestError, match="holds 2,531 tokens, fewer than one request"):
         plan_pool_sizes(resized_plan_request(whole, 10 * MiB))
+
+
+def test_a_max_total_tokens_fix_is_named_only_where_the_planner_plans_it() -> None:
+    # A full pool and a window pool (128-token window, 4/5 of the tokens), 100-token requests, --max-total-tokens 64
+    # in 64 MiB: the budget holds far more, but 100 tokens leave the window pool align_down(100 x 4/5) = 80, not
+    # more than 128 + 1, so the planner refuses that value too (the window floor): no --max-total-tokens is named.
+    # With a 16-token window 80 > 16 + 1 admits a request: --max-total-tokens 100 is named, and it plans.
+    def pools(window: int) -> tuple[KVPoolDemand, ...]:
+        return (full(1024), KVPoolDemand(name="swa", kind="swa", num_layers=1, bytes_per_token=1024, window=window,
+                                         share="swa"))
+    for window, named in ((128, False), (16, True)):
+        req = request(64 * MiB, pools(window), context=100, max_total_tokens=64, max_running_requests=1)
+        with pytest.raises(BudgetBelowOneRequestError) as refused:
+            plan_pool_sizes(req)
+        fixes = [s for s in refused.value.suggestions if s.startswith("--max-total-tokens")]
+        assert fixes == (["--max-total-tokens 100 or more (or drop it)"] if named else []), window
+        if named:
+            assert plan_pool_sizes(msgspec.structs.replace(req, max_total_tokens=100)).max_total_num_tokens == 100

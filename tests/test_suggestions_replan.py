@@ -22,6 +22,7 @@ EXAMPLES = settings(max_examples=14, deadline=None, derandomize=True,
 MODELS = ["Llama-3.1-8B-Instruct", "Qwen3-8B", "DeepSeek-V2-Lite", "gemma-2-9b-it", "Mistral-7B-v0.1",
           "Qwen3-Next-80B-A3B-Thinking", "gpt-oss-20b"]
 CARDS = ["L4", "A10", "RTX-3090", "A100-40GB"]
+POOL_BELOW_ONE_REQUEST = ["--context-length", "8192", "--max-total-tokens", "4096"]  # SGLang runs it, capped
 TIGHTENERS: list[list[str]] = [[], ["--context-length", "131072"], ["--mem-fraction-static", "0.3"],
                                ["--kv-cache-memory", "1GiB"], ["--tp-size", "2"], ["--kv-cache-dtype", "bfloat16"]]
 
@@ -78,14 +79,18 @@ def test_every_suggested_value_plans_when_applied(model: str, card: str, tighten
 @EXAMPLES
 @given(model=st.sampled_from(["Llama-3.1-8B-Instruct", "Mistral-7B-v0.1", "Qwen3-8B", "gemma-2-9b-it"]),
        card=st.sampled_from(["L4", "A10", "RTX-4090"]), tp=st.sampled_from(["1", "2"]),
-       headroom=st.sampled_from(["fraction", "auto"]))
-@example(model="Mistral-7B-v0.1", card="L4", tp="1", headroom="fraction")  # 9,339 tokens: each request capped
-@example(model="Llama-3.1-8B-Instruct", card="L4", tp="2", headroom="fraction")  # capped at 102,659 of 131,072
+       headroom=st.sampled_from(["fraction", "auto"]), pool_cap=st.sampled_from([[], POOL_BELOW_ONE_REQUEST]))
+@example(model="Mistral-7B-v0.1", card="L4", tp="1", headroom="fraction", pool_cap=[])  # 9,339 tokens: capped
+@example(model="Llama-3.1-8B-Instruct", card="L4", tp="2", headroom="fraction", pool_cap=[])  # 102,659 of 131,072
+# a --max-total-tokens below the 8,192-token request where the budget holds more: the note names
+# --max-total-tokens 8192 (checked by the planner's own strict plan, as its refusal names it)
+@example(model="Llama-3.2-1B-Instruct", card="L4", tp="1", headroom="fraction", pool_cap=POOL_BELOW_ONE_REQUEST)
 def test_every_fix_a_capped_request_is_given_holds_a_full_request(model: str, card: str, tp: str, headroom: str,
+                                                                  pool_cap: list[str],
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """A plan whose pool is shorter than one full-length request runs with each request capped, and its note names
     values for a full-length request: each, applied, plans with no cap."""
-    argv = ["plan", "--model", model, "--gpu", card, "--tp-size", tp, "--kv-headroom", headroom]
+    argv = ["plan", "--model", model, "--gpu", card, "--tp-size", tp, "--kv-headroom", headroom, *pool_cap]
     code, report = run(argv, capsys)
     if code != 0:
         return

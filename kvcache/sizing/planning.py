@@ -22,6 +22,8 @@ charges and leaves unused.
 
 from __future__ import annotations
 
+import msgspec
+
 from kvcache.byte_units import format_bytes
 from kvcache.errors import BudgetBelowOnePageError, BudgetBelowOneRequestError, DoesNotFitError
 from kvcache.sizing.plan_request import (
@@ -140,28 +142,40 @@ def _refuse_below_one_request(req: PlanRequest, tokens: int, one_request: int, s
     caps each request at the pool less one token, refused only when that leaves no token."""
     budget = req.budget.budget_bytes
     capped = req.max_total_tokens is not None and tokens == align_down(req.max_total_tokens, req.page_size)
+    fix = max_total_tokens_fixes(req) if capped else ()
     if req.below_one_request == "cap":
         smallest = req.minimums.pool_tokens
         if tokens < smallest:
-            fix = (max_total_tokens_fix(one_request),) if capped and plan_cost(req, one_request, slots) <= budget else ()
             raise BudgetBelowOneRequestError(
                 f"the KV {'pool' if capped else 'budget'} holds {tokens} token{'s' if tokens != 1 else ''}, "
                 f"below the {smallest} the engine starts with (a request holds the pool less one token)",
                 needed_bytes=plan_cost(req, smallest, slots), available_bytes=budget, suggestions=fix,
             )
         return
-    if capped and plan_cost(req, one_request, slots) <= budget:
+    if fix:
         raise BudgetBelowOneRequestError(
             f"--max-total-tokens {req.max_total_tokens} is below one request of --context-length "
             f"{req.context_length} ({one_request:,} tokens); the budget would hold more",
-            needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
-            suggestions=(max_total_tokens_fix(one_request),),
+            needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget, suggestions=fix,
         )
     raise BudgetBelowOneRequestError(
         f"the KV budget holds {tokens:,} tokens, fewer than one request of --context-length {req.context_length} "
         f"needs ({one_request:,} tokens)",
         needed_bytes=plan_cost(req, one_request, slots), available_bytes=budget,
     )
+
+
+def max_total_tokens_fixes(req: PlanRequest) -> tuple[str, ...]:
+    """The fix for a --max-total-tokens below one whole request (max_total_tokens_fix), where the strict planner
+    plans with it: the one test of that fix, so the refusal and a capped plan's note name it exactly when it plans."""
+    whole = whole_request_tokens(req)
+    if req.max_total_tokens is None or req.max_total_tokens >= whole:
+        return ()
+    try:
+        plan_pool_sizes(msgspec.structs.replace(req, max_total_tokens=whole, below_one_request="refuse"))
+    except DoesNotFitError:
+        return ()
+    return (max_total_tokens_fix(whole),)
 
 
 def max_total_tokens_fix(one_request: int) -> str:

@@ -28,7 +28,7 @@ from kvcache.sizing.advice import MORE_DEVICES, KeptFree, suggest_fixes, suggest
 from kvcache.sizing.reserve_knob_advice import reserve_knob_fixes
 from kvcache.sizing.knob_search import fits, smallest_passing
 from kvcache.sizing.engine_rules import EngineRules, MultimodalMemory
-from kvcache.sizing.planning import max_total_tokens_fix, whole_request_tokens
+from kvcache.sizing.planning import max_total_tokens_fixes
 from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.sizing.pool_layout import CacheLayout, worker_cache_layout
@@ -77,13 +77,9 @@ class WorkerSizing:
         would let one such request fit, each checked by planning with it (the fixes a refusal would name)."""
         layout = self.layout()
         request = self._request(layout, memory)
-        fixes: tuple[str, ...] = ()
-        whole = whole_request_tokens(request)
-        if request.max_total_tokens is not None and request.max_total_tokens < whole \
-                and fits(msgspec.structs.replace(request, max_total_tokens=whole)):
-            fixes = (max_total_tokens_fix(whole),)
         fraction = request.budget.mem_fraction_static
-        return fixes + self._suggestions(layout, request, self.budget_for(memory) if fraction else None, memory)
+        budget_for = self.budget_for(memory) if fraction else None
+        return max_total_tokens_fixes(request) + self._suggestions(layout, request, budget_for, memory)
 
     def plan_or_none(self, memory: WorkerMemory) -> MemoryPoolConfig | None:
         """This worker's plan with this memory, or None where it does not plan (no advice searched)."""
