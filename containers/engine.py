@@ -14,7 +14,8 @@ from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.memory.memory_probe import probe_for_device
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.model_page_size import forced_page_size, note_on_page_size
-from kvcache.sizing.pool_layout import DRAFT_POOL_PREFIX, draft_cache_layout
+from kvcache.sizing.pool_layout import draft_cache_layout
+from kvcache.sizing.pool_config import DRAFT_POOL_PREFIX
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.inputs.speculative_defaults import with_speculative_defaults
 

@@ -32,7 +32,7 @@ from kvcache.byte_units import GiB
 from kvcache.memory.vmm_storage import VmmBacking
 from kvcache.models.hf_config import model_config_from_hf
 from kvcache.sizing import worker_sizing
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.testing import TINY_MODEL_HF_CONFIG, FakeCudaReadings, tiny_model_config
 from kvcache.testing.virtual_memory import FakeVirtualMemory
 

@@ -18,7 +18,7 @@ from app.server_args_flags import server_args_fields
 from containers import EngineContainer
 from kvcache.byte_units import GiB, MiB, parse_bytes
 from kvcache.errors import ConfigError, DoesNotFitError
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.inputs.settings_file import server_args_from_file
 from kvcache.testing import tiny_model_config

@@ -13,7 +13,7 @@ from containers import EngineContainer
 from kvcache.errors import DoesNotFitError
 from kvcache.byte_units import MiB, parse_bytes
 from kvcache.inputs.server_args import ServerArgs
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.models.presets import PRESET_DIR
 from kvcache.testing import tiny_model_config
 

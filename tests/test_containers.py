@@ -13,7 +13,8 @@ from kvcache.byte_units import GiB, MiB
 from kvcache.inputs.dtypes import BFLOAT16
 from kvcache.configurator import KVCacheConfigurator
 from kvcache.errors import KVCacheError
-from kvcache.memory.memory_probe import FixedMemoryProbe, HostMemoryProbe, MemoryProbe
+from kvcache.memory.memory_probe import HostMemoryProbe, MemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.inputs.parallel import ParallelState
 from kvcache.testing import RecordingAllocator, RecordingStream
 

@@ -7,7 +7,7 @@ import torch
 
 from app.forward.graphs import decode_graph_batch_sizes
 from kvcache.byte_units import GiB, MiB
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.sizing.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
 
 

@@ -19,7 +19,7 @@ from kvcache.sizing.dsa_latent import DSAFp8Latent
 from kvcache.inputs.dtypes import BFLOAT16, KV_CACHE_DTYPES
 from kvcache.errors import ConfigError
 from kvcache.sizing.layer_specs import MLASpec
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
 from kvcache.sizing.pool_layout import worker_cache_layout

@@ -9,7 +9,7 @@ import torch
 from containers import EngineContainer
 from kvcache.allocators import SWATokenToKVPoolAllocator
 from kvcache.byte_units import GiB, MiB
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.pools import HybridSWAKVPool
 from kvcache.models.presets import preset_names
 

@@ -18,7 +18,7 @@ from containers import EngineContainer
 from kvcache.byte_units import GiB
 from kvcache.inputs.dtypes import resolve_kv_cache_dtype, resolve_model_dtype
 from kvcache.sizing.layer_specs import RecurrentStateSpec, model_layer_specs
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.server_args import ServerArgs

@@ -15,7 +15,7 @@ from kvcache.inputs.dtypes import BFLOAT16, FLOAT32
 from kvcache.memory import device_buffers
 from kvcache.byte_units import GiB, MiB
 from kvcache.errors import KVCacheError, PoolBuildError, WeightsDoNotFitError
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.models.presets import load_model_config
 
 

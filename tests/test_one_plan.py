@@ -23,7 +23,7 @@ from kvcache.sizing.layer_specs import FullAttentionSpec
 from kvcache.sizing.tensor_plan import PlannedSlot, per_layer
 from kvcache.testing.arena_census import ArenaCensus
 from kvcache.errors import ConfigError, PlanMismatchError
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.sizing.planning import candidate_plan, plan_cost, plan_pool_sizes
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.models.presets import load_model_config

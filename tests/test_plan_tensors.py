@@ -20,7 +20,7 @@ from kvcache.inputs.dtypes import KV_CACHE_DTYPES, resolve_kv_cache_dtype, resol
 from kvcache.inputs.parallel import ParallelState
 from kvcache.inputs.sizing_settings import SizingSettings
 from kvcache.sizing.arena_sizes import arena_size
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.models.hf_config import model_config_from_hf
 from kvcache.models.model_config import ModelConfig
 from kvcache.models.presets import load_model_config, preset_names

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvcache.byte_units import GiB, MiB
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.memory.vmm_storage import VmmBacking
 from kvcache.testing.virtual_memory import FakeVirtualMemory
 from kvcache.allocators import SWATokenToKVPoolAllocator

@@ -27,11 +27,12 @@ from kvcache.errors import (
 )
 from kvcache.sizing.memory_budget import MemoryBudget
 from kvcache.inputs.parallel import ParallelState
-from kvcache.sizing.planning import align_down, plan_cost, plan_pool_sizes, running_requests, window_request_tokens
+from kvcache.sizing.planning import plan_cost, plan_pool_sizes, running_requests, window_request_tokens
+from kvcache.arithmetic import align_down
 from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest, StateDemand
-from kvcache.sizing.pool_config import MemoryPoolConfig
+from kvcache.sizing.pool_config import DRAFT_POOL_PREFIX, MemoryPoolConfig
 from kvcache.sizing.arena_sizes import arena_size, slot_size
-from kvcache.sizing.pool_layout import DRAFT_POOL_PREFIX, worker_cache_layout
+from kvcache.sizing.pool_layout import worker_cache_layout
 from kvcache.models.presets import load_model_config
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.inputs.sizing_settings import SizingSettings

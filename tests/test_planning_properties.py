@@ -31,9 +31,8 @@ from kvcache.sizing.layer_specs import check_tensor_parallel
 from kvcache.sizing.memory_budget import MemoryBudget
 from kvcache.models.model_config import ModelConfig
 from kvcache.inputs.parallel import ParallelState
-from kvcache.sizing.planning import (
-    align_down, align_up, plan_cost, plan_pool_sizes, requests_at_context, running_requests,
-)
+from kvcache.sizing.planning import plan_cost, plan_pool_sizes, requests_at_context, running_requests
+from kvcache.arithmetic import align_down, align_up
 from kvcache.sizing.plan_request import KVPoolDemand, PlanRequest, StateDemand
 from kvcache.sizing.pool_config import REQ_TO_TOKEN_ELEMENT_BYTES, MemoryPoolConfig
 from kvcache.models.presets import load_model_config

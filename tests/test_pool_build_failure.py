@@ -13,7 +13,7 @@ import torch
 from kvcache.testing.arena_census import ArenaCensus
 from kvcache.byte_units import GiB, MiB
 from kvcache.errors import PoolBuildError, PoolOutOfMemoryError
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.testing import FailingAllocatorFactory
 from kvcache.testing.fakes import TINY_MODEL_HF_CONFIG
 

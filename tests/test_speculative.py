@@ -13,7 +13,7 @@ from containers import EngineContainer
 from kvcache.byte_units import GiB, MiB
 from kvcache.inputs.dtypes import KV_CACHE_DTYPES
 from kvcache.errors import ConfigError
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.models.presets import PRESET_DIR
 from kvcache.inputs.server_args import ServerArgs
 

@@ -14,7 +14,7 @@ import pytest
 from containers import EngineContainer
 from kvcache.allocators import SWATokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcache.byte_units import GiB
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.pools import HybridSWAKVPool, MHATokenToKVPool
 from kvcache.models.presets import load_model_config
 from kvcache.inputs.server_args import ServerArgs

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from kvcache.byte_units import GiB
-from kvcache.memory.memory_probe import FixedMemoryProbe, MemoryProbe
+from kvcache.memory.memory_probe import MemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.models.model_config import ModelConfig
 from kvcache.testing import RecordingAllocator, fixed_card_probe, tiny_model_config
 from kvcache.testing.allocator_plans import token_allocator

@@ -32,7 +32,7 @@ from kvcache.inputs.rank_agreement import RankAgreement
 from kvcache.inputs.server_args import ServerArgs
 from kvcache.memory.device_buffers import Arena
 from kvcache.sizing.arena_sizes import slot_size
-from kvcache.memory.memory_probe import FixedMemoryProbe
+from kvcache.memory.fixed_probe import FixedMemoryProbe
 from kvcache.memory.vmm_storage import VmmAllocation, VmmBacking
 from kvcache.runtime.live_resize import mapping_targets, resize_live_pools
 from kvcache.runtime.measured_headroom import StepPeak
