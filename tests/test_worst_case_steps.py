@@ -110,27 +110,41 @@ def _prediction(capsys, model, *flags):  # type: ignore[no-untyped-def]
     return json.loads(capsys.readouterr().out)
 
 
-def test_the_dry_run_adds_the_mla_context_step_by_formula_in_turn_with_the_recorded_steps(capsys):
+def test_the_mla_context_step_counts_131072_context_and_8192_chunk_tokens_up_projected(monkeypatch):
     """DeepSeek-V2-Lite on an H200 (chunk 8,192, context 163,840): 131,072 context + 8,192 chunk tokens, each
     up-projected in bf16 as 2 x (512 + 64 + 16 heads x (128 + 2 x 192 + 128 + 192)) = 27,776 B; plus the chunk's
-    8,192 x 145 x 2,048 B of activations and 2,048 x 10 x 102,400 B of prompt logprobs. In turn with the recorded
-    steps' 7,818,182,656 B (the H200 run of 2026-12-06, sampled, which ran no MLA context step): the larger plus 3/5
-    of the smaller."""
-    from kvcache.sizing.measured_calibration import calibration_for
+    8,192 x 145 x 2,048 B of activations and 2,048 x 10 x 102,400 B of prompt logprobs: the formula, an upper bound
+    (every tensor held at once), for a card no run measured the step on."""
+    from kvcache.sizing import measured_prediction
 
     step = (131_072 + 8192) * 2 * (512 + 64 + 16 * (128 + 2 * 192 + 128 + 192)) + 8192 * 145 * 2048 \
         + 2048 * 10 * 102_400
     assert step == 8_398_045_184
-    recorded = 7_818_182_656
-    assert step > recorded
-    added = step + recorded * 3 // 5 - recorded
+    seen: dict[str, int] = {}
+    formula = measured_prediction.added_step_bytes
+    monkeypatch.setattr(measured_prediction, "added_step_bytes", lambda **kw: seen.update(formula(**kw)) or dict(seen))
+    monkeypatch.setattr(measured_prediction, "measured_step", lambda *args: None)  # as before any card measured it
+    assert main(["plan", "--model", "DeepSeek-V2-Lite", "--gpu", "H200", "--json"]) == 0
+    assert seen == {"mla_context": step}
+
+
+def test_a_step_measured_on_another_card_in_the_same_tensors_replaces_the_formula(capsys):
+    """The H100 run of 2026-12-06 measured MLA's context step at 2,787,115,008 B where the formula counts
+    8,398,045,184 B, the same count as on an H200 (same chunk, context and shapes): the H200's prediction takes the
+    measured step, in turn with its recorded steps' 7,818,182,656 B (the larger plus 3/5 of the smaller), and says
+    where it was measured; still uncalibrated (not this card's run)."""
+    from kvcache.sizing.measured_calibration import calibration_for
+
+    recorded, measured = 7_818_182_656, 2_787_115_008
+    added = max(recorded, measured) + measured * 3 // 5 - recorded
+    assert added == 1_672_269_004
     report = _prediction(capsys, "DeepSeek-V2-Lite")
     p = report["measured_prediction"]
-    recorded_free = calibration_for("H200", "DeepSeek-V2-Lite").kept_free_bytes
-    assert p["needed_free_bytes"] == recorded_free + 64 * MiB + added
-    assert p["basis"] == "uncalibrated" and f"plus {added:,} B by formula for the steps no recorded run ran " \
-        "(mla_context)" in p["source"]
-    assert p["tokens"] >= report["static_plan_tokens"]
+    assert p["needed_free_bytes"] == calibration_for("H200", "DeepSeek-V2-Lite").kept_free_bytes + 64 * MiB + added
+    assert p["basis"] == "uncalibrated" and p["source"].endswith(
+        f"plus {added:,} B for the steps no recorded run ran on this card (mla_context: measured on H100-80GB, the "
+        "same tensors)")
+    assert report["static_plan_tokens"] < p["tokens"] < 3_365_683  # below the H200's run without the step
 
 
 def test_mixed_chunk_is_measured_and_the_dry_run_adds_its_step(capsys):

@@ -22,6 +22,8 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     tokens: int
     sampled: bool = False  # whether the steps ran the sampler with logprobs (sample_with_logprobs)
     steps_run: tuple[str, ...] = ("prefill_chunk", "eager_decode")  # the worst-case steps that run measured
+    # the steps beyond those two, each (name, its measured peak, what added_step_bytes counts for it on that card)
+    measured_steps: tuple[tuple[str, int, int], ...] = ()
 
 
 _H200_2026_12_04 = ("torch 2.11.0+cu130, 2026-12-04, benchmarks/gpu_measured_headroom.py "
@@ -79,12 +81,14 @@ CALIBRATION: tuple[Calibration, ...] = (
     Calibration(card="H100-80GB", card_total_bytes=85_017_493_504, model="DeepSeek-V2-Lite", source=_H100_2026_12_06_B,
                 graph_bytes=1_426_063_360, prefill_chunk_bytes=4_458_545_152, eager_decode_bytes=5_337_251_840,
                 alternating_bytes=7_818_182_656, kept_free_bytes=10_026_680_320, tokens=1_290_152, sampled=True,
-                steps_run=("prefill_chunk", "eager_decode", "mla_context")),
+                steps_run=("prefill_chunk", "eager_decode", "mla_context"),
+                measured_steps=(("mla_context", 2_787_115_008, 8_398_045_184),)),
     # --enable-mixed-chunk: the mixed step (4,204,789,760 B, the prefill chunk's own peak) raised no peak either
     Calibration(card="H100-80GB", card_total_bytes=85_017_493_504, model="Llama-3.1-8B-Instruct",
                 source=_H100_2026_12_06_MIXED, graph_bytes=725_614_592, prefill_chunk_bytes=4_204_789_760,
                 eager_decode_bytes=2_940_207_104, alternating_bytes=4_206_886_912, kept_free_bytes=5_939_331_072,
-                tokens=466_952, sampled=True, steps_run=("prefill_chunk", "eager_decode", "mixed_chunk")),
+                tokens=466_952, sampled=True, steps_run=("prefill_chunk", "eager_decode", "mixed_chunk"),
+                measured_steps=(("mixed_chunk", 4_204_789_760, 4_438_622_208),)),
 )
 
 
@@ -102,3 +106,13 @@ def fitted_on() -> str:
     formula): each card once, with its runs' source."""
     cards = dict.fromkeys(f"{c.card} ({c.source})" for c in CALIBRATION if not c.sampled)
     return "; ".join(cards)
+
+
+def measured_step(model: str, step: str, formula_bytes: int) -> tuple[int, str] | None:
+    """A step a recorded run of `model` measured where the formula counts it as it counts this one (`formula_bytes`:
+    the same chunk, context and shapes, so the same tensors): its measured peak and the card it ran on, or None."""
+    for run in reversed(CALIBRATION):
+        for name, measured, counted in run.measured_steps:
+            if run.model == model and name == step and counted == formula_bytes:
+                return measured, run.card
+    return None

@@ -28,7 +28,7 @@ import msgspec
 from kvcache.byte_units import GiB, MiB
 from kvcache.errors import DoesNotFitError
 from kvcache.sizing.runtime_reserve import decode_cuda_graph_max_bs, default_chunked_prefill_size
-from kvcache.sizing.measured_calibration import calibration_for, fitted_on
+from kvcache.sizing.measured_calibration import calibration_for, fitted_on, measured_step
 from kvcache.sizing.planning import plan_pool_sizes
 from kvcache.sizing.pool_config import MemoryPoolConfig
 from kvcache.inputs.rank_agreement import RankAgreement
@@ -148,6 +148,26 @@ def added_step_bytes(*, sizing: object, static: MemoryPoolConfig, chunk: int, de
     return steps
 
 
+def with_measured_steps(model: str, added: dict[str, int]) -> tuple[dict[str, int], dict[str, str]]:
+    """`added` (added_step_bytes) with each step a recorded run of this model measured in the same tensors (on
+    another card: kvcache.sizing.measured_calibration.measured_step) at its measured peak; and the card of each."""
+    borrowed: dict[str, str] = {}
+    out = dict(added)
+    for name, counted in added.items():
+        found = measured_step(model, name, counted)
+        if found is not None:
+            out[name], borrowed[name] = found
+    return out, borrowed
+
+
+def steps_note(added: dict[str, int], borrowed: dict[str, str], what: str) -> str:
+    """How the steps no recorded run of this card ran are counted: by formula, or measured on another card."""
+    if not borrowed:
+        return f"by formula {what} ({', '.join(added)})"
+    how = (f"{n}: measured on {borrowed[n]}, the same tensors" if n in borrowed else f"{n}: by formula" for n in added)
+    return f"{what} on this card ({'; '.join(how)})"
+
+
 def _is_moe(hf: dict[str, object]) -> bool:
     return any(k in hf for k in ("n_routed_experts", "num_experts", "num_local_experts"))
 
@@ -198,7 +218,8 @@ def predict_measured_plan(*, sizing: object, memory: object,
     shape = cuda.runtime_shape()
     basis: Basis
     chunk = s.chunked_prefill_size or default_chunked_prefill_size(card)
-    added = added_step_bytes(sizing=cuda, static=static, chunk=chunk, decode_batch=built.max_running_requests)
+    added, borrowed = with_measured_steps(
+        m.name, added_step_bytes(sizing=cuda, static=static, chunk=chunk, decode_batch=built.max_running_requests))
     if calibration is not None and defaults and single and s.page_size == 1 and cuda.kv_cache_dtype.bits == 16:
         where = f"{calibration.card} ({calibration.source})"
         kept, basis, source = calibration.kept_free_bytes + PREDICTION_SAFETY, "calibrated", "a recorded run on " + where
@@ -215,7 +236,7 @@ def predict_measured_plan(*, sizing: object, memory: object,
             for step in added.values():
                 in_turn = with_step_in_turn(in_turn, step)
             kept, basis = kept + in_turn - peak, "uncalibrated"
-            source += f"; plus {in_turn - peak:,} B by formula for the steps no recorded run ran ({', '.join(added)})"
+            source += f"; plus {in_turn - peak:,} B {steps_note(added, borrowed, 'for the steps no recorded run ran')}"
     else:
         kept = extrapolated_kept_free_bytes(
             hidden=m.hidden_size, vocab=m.vocab_size, layers=m.num_hidden_layers, moe=_is_moe(m.hf_config),
@@ -225,7 +246,7 @@ def predict_measured_plan(*, sizing: object, memory: object,
             added_steps=tuple(added.values()))
         basis, source = "extrapolated", "from the model's shapes, coefficients fitted on " + fitted_on()
         if added:
-            source += f"; with the steps no recorded run ran by formula ({', '.join(added)})"
+            source += f"; {steps_note(added, borrowed, 'with the steps no recorded run ran')}"
     free = memory.free_after_load  # type: ignore[attr-defined]
     plan = _plan_leaving(built, static, free - kept)
     return MeasuredPrediction(tokens=plan.max_total_num_tokens, kept_free_bytes=free - plan.total_bytes,
