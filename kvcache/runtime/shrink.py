@@ -28,11 +28,11 @@ class AllocatorSwap:
 
     allocator: Any
     old: Any
-    taken: torch.Tensor
+    taken: tuple[torch.Tensor, ...]  # the old allocator's free tokens, by chunk (paged: a token of each page)
 
     def undo(self) -> None:
         """The resize failed after the swap: give the old allocator its free tokens back (drop the new one)."""
-        self.old.free(self.taken)
+        give_back(self.old, self.taken)
 
 
 CARRY_CHUNK_TOKENS = 1 << 16  # the swap works through the token lists this many at a time (1.5 MiB of temporaries)
@@ -40,8 +40,32 @@ CARRY_CHUNK_TOKENS = 1 << 16  # the swap works through the token lists this many
 
 def carry_transient_bytes(*, tokens: int, grown_tokens: int) -> int:
     """Device bytes carry_tokens_in_use holds beyond both allocators (lists of up to `tokens` ids): one chunk's
-    masks and copies, and the ids of the `grown_tokens` new tokens copied out before any is freed (int64 each)."""
+    ids, masks and copies, and the ids of the `grown_tokens` new tokens copied out before any is freed (int64
+    each; with pages, one id a page: fewer)."""
     return 3 * 8 * min(CARRY_CHUNK_TOKENS, tokens) + 8 * max(grown_tokens, 0)
+
+
+def take_free_tokens(allocator: Any, step: int) -> list[torch.Tensor]:
+    """Every free token of `allocator` taken, `step` tokens (whole pages) at a time: each chunk as alloc() gave it
+    (page 1: a view of its own list) or, paged, one token of each page (alloc() expands pages into tokens; a
+    paged free() frees every page a token lies in)."""
+    page, parts, left = allocator.page_size, [], allocator.available_size()
+    try:
+        while left:
+            part = allocator.alloc(min(step, left))
+            assert part is not None
+            parts.append(part if page == 1 else part[::page].clone())
+            left -= part.numel()
+    except BaseException:
+        give_back(allocator, parts)
+        raise
+    return parts
+
+
+def give_back(allocator: Any, parts: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> None:
+    """Free what take_free_tokens took, chunk by chunk."""
+    for part in parts:
+        allocator.free(part)
 
 
 def carry_tokens_in_use(old: Any, new: Any, *, chunk_tokens: int = CARRY_CHUNK_TOKENS) -> AllocatorSwap:
@@ -55,30 +79,29 @@ def carry_tokens_in_use(old: Any, new: Any, *, chunk_tokens: int = CARRY_CHUNK_T
     if new.page_size != page or new.size % page:
         raise ValueError(f"the new allocator's {new.size} tokens in pages of {new.page_size} do not continue the old "
                          f"one's pages of {page}")
+    if new.available_size() != new.size:
+        raise ValueError(f"the new allocator has {new.size - new.available_size()} tokens in use; it must be fresh")
     step = max(chunk_tokens // page, 1) * page  # a paged free frees every page it touches: never split one
     last_new, last_old = new.size // page, old.size // page  # page p holds tokens p*page .. p*page+page-1
-    free = old.alloc(old.available_size())
-    assert free is not None
+    per_id = 1 if page == 1 else page  # tokens each taken id stands for
+    free = take_free_tokens(old, step)
     try:
-        kept_free = sum(int((part // page <= last_new).sum()) for part in free.split(step))
-        live_past = max(old.size - new.size, 0) - (free.numel() - kept_free)
+        kept_ids = sum(int((part // page <= last_new).sum()) for part in free)
+        dropped = (sum(part.numel() for part in free) - kept_ids) * per_id
+        live_past = max(old.size - new.size, 0) - dropped
         if live_past:
             raise LiveTokensInTailError(
                 f"{live_past} KV tokens in use lie past token {new.size}; shrinking the pool from {old.size} would "
                 "drop them. Resize right after CUDA-graph capture, before requests run"
             )
-        every = new.alloc(new.size)
-        if every is None:
-            raise ValueError(f"the new allocator has {new.size - new.available_size()} tokens in use; it must be fresh")
-        grown = [part[part // page > last_old] for part in every.split(step)]  # copies: `every` is new's own list
-        for part in free.split(step):  # old free ones, then any grown
+        grown = [part[part // page > last_old] for part in take_free_tokens(new, step)]  # copies of new's own ids
+        for part in free:  # old free ones, then any grown
             new.free(part[part // page <= last_new])
-        for part in grown:
-            new.free(part)
+        give_back(new, grown)
     except BaseException:
-        old.free(free)  # the old allocator as it was
+        give_back(old, free)  # the old allocator as it was
         raise
-    return AllocatorSwap(allocator=new, old=old, taken=free)
+    return AllocatorSwap(allocator=new, old=old, taken=tuple(free))
 
 
 def pool_buffers(pool: Any) -> list[torch.Tensor]:
