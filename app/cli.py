@@ -146,14 +146,16 @@ def run(ns: argparse.Namespace) -> int:
 
 def _run_engine(ns: argparse.Namespace, command: str) -> int:
     """`plan` (a dry run: app.plan_command, no torch), or `bootstrap`: the only command that imports the engine,
-    and with it torch (presets, fit, plan and --help answer without it)."""
+    and with it torch (presets, fit, plan and --help answer without it). plan's card is read first, without the
+    model: a mistyped --gpu is named before the model, a settings file or a draft is read."""
+    card = _card(ns) if command == "plan" else None
     server_args = server_args_from(ns, device="meta" if command == "plan" else None)
     if server_args.engine == VLLM.name and command != "plan":
         raise UsageError("--engine vllm is a dry run of vLLM's block plan: use plan --engine vllm --gpu NAME "
                          f"({command} builds this engine's pools)")
     model = load_model_config(ns.model)
-    if command == "plan":
-        output = plan_output(server_args, model, _card(ns), as_json=ns.json)
+    if card is not None:
+        output = plan_output(server_args, model, card, as_json=ns.json)
     else:
         output = _bootstrap(server_args, model, as_json=ns.json)
     if output is not None:

@@ -12,12 +12,31 @@ import pytest
 from kvcache import silence_torch_numpy_warning  # importing the package installs it too
 from app.cli import main
 from app.weights import DummyWeightLoader
+from kvcache.inputs.cards import KNOWN_CARDS
 
 
 def test_a_card_family_name_suggests_its_sizes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--gpu", "H100"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown card 'H100'; did you mean H100-80GB or H100-94GB?" in err
+
+
+@pytest.mark.parametrize("rest", [
+    ["--model", "NoSuchModel"],  # the model is never read
+    ["--config", "nonexistent.toml"],  # nor the settings file
+    ["--model", "/nonexistent", "--json"],  # the JSON error names the card too
+])
+def test_plan_names_an_unknown_card_before_anything_else(rest: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped --gpu is read before the model and the settings: an operator who mistyped both learns of the
+    card at once, with the cards that are known."""
+    assert main(["plan", "--gpu", "Foo", *rest]) == 2
+    captured = capsys.readouterr()
+    line = f"kvcache: error: unknown card 'Foo'; known: {', '.join(KNOWN_CARDS)}; or give --gpu-memory 80GiB\n"
+    assert captured.err == line
+    if "--json" in rest:
+        assert "unknown card 'Foo'" in json.loads(captured.out)["error"]["message"]
+    else:
+        assert captured.out == ""
 
 
 def test_a_settings_file_s_bad_value_names_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
