@@ -43,6 +43,7 @@ class WorkerRefusals:
     weights_for: Callable[[ParallelState], int]
     loaded_before: WorkerRefusals | None = None  # a draft's: its target's, whose weights load first and whose plan
     # holds the draft's pools, so what would hold the draft is what holds both (the engine's whole start)
+    draft: WorkerSizing | None = None  # the draft whose pools a target pays for: a larger --tp-size splits them too
 
     def check_weights_fit(self, needed: int) -> None:
         """Refuse `needed` bytes of weights where less than that is free before loading (the probe's reading)."""
@@ -81,7 +82,8 @@ class WorkerRefusals:
         first = self.loaded_before
         if first is None:
             return self, needed
-        both = replace(first, weights_for=lambda state: first.weights_for(state) + self.weights_for(state))
+        both = replace(first, weights_for=lambda state: first.weights_for(state) + self.weights_for(state),
+                       draft=self.sizing)
         return both, first.weights_for(self.sizing.parallel_state) + needed
 
     def refuse_a_kv_cache_that_cannot_plan(self, weights: int) -> None:
@@ -112,7 +114,7 @@ class WorkerRefusals:
             self.sizing, free_before_load=self.free_before_load, total_bytes=self.total_bytes,
             device_capacity_bytes=self.device_capacity_bytes,
             weights_for=self.weights_for, context_growth=CUDA_KERNEL_LOAD_BYTES,
-            check_kv_cache=self.role == "target" and self.sizing.engine.plans_pools)
+            check_kv_cache=self.role == "target" and self.sizing.engine.plans_pools, draft=self.draft)
 
     def _tp_size_line(self, found: TensorParallelFit | None, *, kv_cache_plans_only: bool) -> tuple[str, ...]:
         """The --tp-size suggestion for `found`; none when only its weights fit and `kv_cache_plans_only`."""

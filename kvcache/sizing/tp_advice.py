@@ -29,10 +29,11 @@ class TensorParallelFit(msgspec.Struct, frozen=True, kw_only=True):
 
 def tp_size_that_fits(sizing: WorkerSizing, *, free_before_load: int, total_bytes: int, device_capacity_bytes: int,
                       weights_for: Callable[[ParallelState], int], context_growth: int,
-                      check_kv_cache: bool) -> TensorParallelFit | None:
+                      check_kv_cache: bool, draft: WorkerSizing | None = None) -> TensorParallelFit | None:
     """The smallest attention-TP multiple above the current --tp-size (heads must split) with which this worker
     plans; else the smallest whose weights leave the runtime reserve free. `check_kv_cache=False` (a draft,
-    which follows its target's plan) checks the weights alone."""
+    which follows its target's plan) checks the weights alone. A target paying for a `draft`'s pools pays for them
+    as that size splits them (the draft worker's own layout there), as `plan` at that size does."""
     parallel = sizing.parallel_state
     weights_alone: TensorParallelFit | None = None
     for attention_tp in tensor_parallel_sizes(sizing.model_config):
@@ -44,6 +45,8 @@ def tp_size_that_fits(sizing: WorkerSizing, *, free_before_load: int, total_byte
         if weights > free_before_load:
             continue
         at_tp = replace(sizing, parallel_state=state)
+        if draft is not None:
+            at_tp = replace(at_tp, draft_layout=replace(draft, parallel_state=state).layout())
         after = max(0, free_before_load - weights - context_growth)
         memory = WorkerMemory(total_bytes=total_bytes, free_before_load=free_before_load, free_after_load=after,
                               reported_total_bytes=device_capacity_bytes)
