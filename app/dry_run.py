@@ -70,6 +70,7 @@ class PlannedWorker:
     weights: PlannedWeights | None = None
     measured_sizing: None = None  # a dry run measures nothing (the report predicts it: app.report)
     loaded_before: PlannedWorker | None = None  # a draft's: its target (whose refusals a draft's fix must satisfy)
+    then_draft: PlannedWorker | None = None  # a target's: its draft (whose weights and pools a target's fix holds)
     _kv_cache: PlannedCache | None = None
 
     @property
@@ -137,15 +138,17 @@ class PlannedWorker:
         self.timings["configure_kv_cache_s"] = time.perf_counter() - start
         return self._kv_cache
 
-    def refusals(self) -> WorkerRefusals:
-        """Why this worker cannot start, with what would work (app.worker_refusals), from its readings now."""
+    def refusals(self, *, alone: bool = False) -> WorkerRefusals:
+        """Why this worker cannot start, with what would work (app.worker_refusals), from its readings now; linked
+        to its partner's (a draft's target, a target's draft) unless `alone`."""
         probe = self.memory_probe
         return WorkerRefusals(
             role=self.role, model_config=self.model_config, sizing=self.sizing, device=str(self.device),
             device_type=self.device.type, free_before_load=self.pre_model_load_memory or 0,
             total_bytes=probe.total_bytes(), device_capacity_bytes=probe.device_capacity_bytes(),
             weights_for=self.wired.weights_for,
-            loaded_before=None if self.loaded_before is None else self.loaded_before.refusals())
+            loaded_before=None if alone or self.loaded_before is None else self.loaded_before.refusals(alone=True),
+            then_draft=None if alone or self.then_draft is None else self.then_draft.refusals(alone=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +176,7 @@ def dry_run(server_args: ServerArgs, model: ModelConfig, card: SimulatedCard, pa
     workers = [PlannedWorker(wired=w, parallel_state=parallel_state, memory_probe=probe)
                for w in planned_workers(server_args, model, parallel_state).workers]
     if len(workers) == 2:
-        workers[1].loaded_before = workers[0]
+        workers[1].loaded_before, workers[0].then_draft = workers[0], workers[1]
     run = DryRun(*workers)
     run.bootstrap()
     return run

@@ -22,6 +22,11 @@ class Engine:
     target: ModelRunner
     draft: ModelRunner | None = None
 
+    def __post_init__(self) -> None:
+        if self.draft is not None:  # a fix for the target must hold its draft too (app.worker_refusals)
+            draft = self.draft
+            self.target.draft_refusals = lambda: draft.refusals(alone=True)
+
     def bootstrap(self) -> None:
         self.target.parallel_state.agreement.run_everywhere(self._load_weights)  # a stage that cannot load stops all
         self.target.init_memory_pool()

@@ -27,7 +27,7 @@ from kvcache.runtime.resize import PostCaptureKVResize
 from kvcache.memory.vmm_storage import VmmBacking
 from kvcache.inputs.dtypes import DType
 from kvcache.configurator import KVCacheConfigResult, KVCacheConfigurator, SharedTargetCache
-from kvcache.errors import KVCacheError, WeightsDoNotFitError
+from kvcache.errors import KVCacheError
 from kvcache.sizing.worker_sizing import WorkerSizing
 from kvcache.sizing.runtime_reserve import RuntimeShape, decode_cuda_graph_max_bs
 from kvcache.memory.memory_probe import MemoryProbe
@@ -55,6 +55,7 @@ class ModelRunner:
         self._configurator_factory = configurator_factory
         self._target_cache_factory = target_cache_factory  # asked for only once the target's pools exist
         self._target_refusals_factory = target_refusals_factory  # asked for only when this draft is refused
+        self.draft_refusals: Callable[[], WorkerRefusals | None] = lambda: None  # a target's: its draft's (app.engine)
         self.timings: dict[str, float] = {}
         self.pre_model_load_memory: int | None = None
         self.weights: LoadedWeights | None = None
@@ -79,13 +80,13 @@ class ModelRunner:
         loader = self._weight_loader()
         needed = loader.bytes_needed(specs)
         if needed > self.pre_model_load_memory:
-            raise self._weights_do_not_fit(needed)
+            raise self.refusals().weights_do_not_fit(needed)
         if self.device.type == "cpu" and self.role == "target":
-            self._refuse_a_kv_cache_that_cannot_plan(needed)
+            self.refusals().refuse_a_kv_cache_that_cannot_plan(needed)
         try:
             self.weights = loader.load(specs)
         except LoaderOutOfMemory as exc:
-            raise self._weights_do_not_fit(needed, refused=True) from exc
+            raise self.refusals().weights_do_not_fit(needed, refused=True) from exc
         self.memory_probe.note_allocation(self.weights.total_bytes)
         self._synchronize()
         self.timings["load_weights_s"] = time.perf_counter() - start
@@ -284,17 +285,13 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def refusals(self) -> WorkerRefusals:
-        """Why this worker cannot start, with what would work (app.worker_refusals), from its readings now."""
+    def refusals(self, *, alone: bool = False) -> WorkerRefusals:
+        """Why this worker cannot start, with what would work (app.worker_refusals), from its readings now; linked
+        to its partner's (a draft's target, a target's draft) unless `alone`."""
         return WorkerRefusals(
             role=self.role, model_config=self.model_config, sizing=self.sizing, device=str(self.device),
             device_type=self.device.type, free_before_load=self.pre_model_load_memory or 0,
             total_bytes=self.memory_probe.total_bytes(), device_capacity_bytes=self.memory_probe.device_capacity_bytes(),
             weights_for=lambda state: self._weight_loader().bytes_needed(self.weight_specs(state)),
-            loaded_before=self._target_refusals_factory())
-
-    def _weights_do_not_fit(self, needed: int, *, refused: bool = False) -> WeightsDoNotFitError:
-        return self.refusals().weights_do_not_fit(needed, refused=refused)
-
-    def _refuse_a_kv_cache_that_cannot_plan(self, weights: int) -> None:
-        self.refusals().refuse_a_kv_cache_that_cannot_plan(weights)
+            loaded_before=None if alone else self._target_refusals_factory(),
+            then_draft=None if alone else self.draft_refusals())

@@ -44,6 +44,8 @@ class WorkerRefusals:
     loaded_before: WorkerRefusals | None = None  # a draft's: its target's, whose weights load first and whose plan
     # holds the draft's pools, so what would hold the draft is what holds both (the engine's whole start)
     draft: WorkerSizing | None = None  # the draft whose pools a target pays for: a larger --tp-size splits them too
+    then_draft: WorkerRefusals | None = None  # a target's: its draft's, whose weights load with it and whose pools
+    # its plan holds, so a fix for the target holds both too
 
     def check_weights_fit(self, needed: int) -> None:
         """Refuse `needed` bytes of weights where less than that is free before loading (the probe's reading)."""
@@ -77,14 +79,16 @@ class WorkerRefusals:
         )
 
     def _whole_start(self, needed: int) -> tuple[WorkerRefusals, int]:
-        """The refusals a fix must satisfy and the weights it must hold on this rank: this worker's own; a draft's are
-        its target's with both workers' weights, from the readings before the target loaded."""
-        first = self.loaded_before
-        if first is None:
+        """The refusals a fix must satisfy and the weights it must hold on this rank (this worker's `needed` and its
+        partner's): with a draft, the target's refusals with both workers' weights and the draft's pools, from the
+        readings before the target loaded; else this worker's own."""
+        first, then = (self.loaded_before, self) if self.loaded_before is not None else (self, self.then_draft)
+        if then is None:
             return self, needed
-        both = replace(first, weights_for=lambda state: first.weights_for(state) + self.weights_for(state),
-                       draft=self.sizing)
-        return both, first.weights_for(self.sizing.parallel_state) + needed
+        both = replace(first, loaded_before=None, then_draft=None, draft=then.sizing,
+                       weights_for=lambda state: first.weights_for(state) + then.weights_for(state))
+        other = first if first is not self else then
+        return both, other.weights_for(self.sizing.parallel_state) + needed
 
     def refuse_a_kv_cache_that_cannot_plan(self, weights: int) -> None:
         """Before filling the weights (a CPU fills 15 GiB of dummy weights in ~26 s): plan with the most memory they
@@ -104,7 +108,8 @@ class WorkerRefusals:
     def tp_size_suggestion(self, *, kv_cache_plans_only: bool) -> tuple[str, ...]:
         """A larger --tp-size, checked by planning at it with the defaults' reserve (kvcache.sizing.tp_advice), on a
         card (a CPU engine has no TP to offer); none when only the weights would fit and `kv_cache_plans_only`."""
-        return self._tp_size_line(self._larger_tp_size(), kv_cache_plans_only=kv_cache_plans_only)
+        engine, _ = self._whole_start(0)
+        return engine._tp_size_line(engine._larger_tp_size(), kv_cache_plans_only=kv_cache_plans_only)
 
     def _larger_tp_size(self) -> TensorParallelFit | None:
         """The least larger --tp-size whose weights fit (its KV cache checked where the engine plans pools here)."""

@@ -111,3 +111,21 @@ def test_each_fix_named_for_a_draft_that_does_not_fit_starts_the_target_and_the_
     assert main([*base, "--gpu", card.group(1), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["max_total_num_tokens"] > 131_072  # "one full-length request" at the model's 131,072 tokens
+
+
+def test_a_target_refused_beside_its_draft_promises_what_the_tp_size_it_names_plans(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """On 18 GB the draft's weights fit but the target's KV cache does not: its --tp-size fix counts both workers'
+    weights (8,032,092,160 + 1,002,438,656 = 9,034,530,816 B a rank at TP 2) and the draft's pool split at TP 2, so
+    the cap it promises is what plan at that size holds (it promised 90,153 with the target's weights alone)."""
+    base = ["plan", "--model", "Llama-3.1-8B-Instruct", *EAGLE3, "--gpu-memory", "18GB"]
+    assert 8_032_092_160 + 1_002_438_656 == 9_034_530_816
+    assert main(base) == 3
+    err = capsys.readouterr().err
+    assert "nothing is left for the KV cache" in err, err
+    tp = re.search(r"--tp-size 2 \(about [\d.]+ GiB \(9,034,530,816 B\) per rank, each request capped at ([\d,]+) "
+                   r"tokens\)", err)
+    assert tp is not None, err
+    assert main([*base, "--tp-size", "2", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert int(tp.group(1).replace(",", "")) == plan["static_plan_tokens"] - 1 == 78_063
