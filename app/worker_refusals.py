@@ -43,9 +43,8 @@ class WorkerRefusals:
     weights_for: Callable[[ParallelState], int]
     loaded_before: WorkerRefusals | None = None  # a draft's: its target's, whose weights load first and whose plan
     # holds the draft's pools, so what would hold the draft is what holds both (the engine's whole start)
-    draft: WorkerSizing | None = None  # the draft whose pools a target pays for: a larger --tp-size splits them too
     then_draft: WorkerRefusals | None = None  # a target's: its draft's, whose weights load with it and whose pools
-    # its plan holds, so a fix for the target holds both too
+    # its plan holds (a larger --tp-size splits them too), so a fix for the target holds both
 
     def check_weights_fit(self, needed: int) -> None:
         """Refuse `needed` bytes of weights where less than that is free before loading (the probe's reading)."""
@@ -79,16 +78,15 @@ class WorkerRefusals:
         )
 
     def _whole_start(self, needed: int) -> tuple[WorkerRefusals, int]:
-        """The refusals a fix must satisfy and the weights it must hold on this rank (this worker's `needed` and its
-        partner's): with a draft, the target's refusals with both workers' weights and the draft's pools, from the
-        readings before the target loaded; else this worker's own."""
-        first, then = (self.loaded_before, self) if self.loaded_before is not None else (self, self.then_draft)
-        if then is None:
+        """The refusals a fix must satisfy (the target's, linked to its draft: from the readings before the target
+        loaded) and the weights it must hold on this rank (this worker's `needed` and its partner's)."""
+        target = self.loaded_before or self
+        draft = self if self.loaded_before is not None else self.then_draft
+        if draft is None:
             return self, needed
-        both = replace(first, loaded_before=None, then_draft=None, draft=then.sizing,
-                       weights_for=lambda state: first.weights_for(state) + then.weights_for(state))
-        other = first if first is not self else then
-        return both, other.weights_for(self.sizing.parallel_state) + needed
+        partner = target if target is not self else draft
+        weights = partner.weights_for(self.sizing.parallel_state) + needed
+        return replace(target, loaded_before=None, then_draft=draft), weights
 
     def refuse_a_kv_cache_that_cannot_plan(self, weights: int) -> None:
         """Before filling the weights (a CPU fills 15 GiB of dummy weights in ~26 s): plan with the most memory they
@@ -115,11 +113,13 @@ class WorkerRefusals:
         """The least larger --tp-size whose weights fit (its KV cache checked where the engine plans pools here)."""
         if self.device_type == "cpu":
             return None
+        draft = self.then_draft
         return tp_size_that_fits(  # a card's context grows by its kernels as the weights are filled
             self.sizing, free_before_load=self.free_before_load, total_bytes=self.total_bytes,
-            device_capacity_bytes=self.device_capacity_bytes,
-            weights_for=self.weights_for, context_growth=CUDA_KERNEL_LOAD_BYTES,
-            check_kv_cache=self.role == "target" and self.sizing.engine.plans_pools, draft=self.draft)
+            device_capacity_bytes=self.device_capacity_bytes, context_growth=CUDA_KERNEL_LOAD_BYTES,
+            weights_for=self.weights_for if draft is None else lambda s: self.weights_for(s) + draft.weights_for(s),
+            check_kv_cache=self.role == "target" and self.sizing.engine.plans_pools,
+            draft=None if draft is None else draft.sizing)
 
     def _tp_size_line(self, found: TensorParallelFit | None, *, kv_cache_plans_only: bool) -> tuple[str, ...]:
         """The --tp-size suggestion for `found`; none when only its weights fit and `kv_cache_plans_only`."""

@@ -83,11 +83,10 @@ def carry_tokens_in_use(old: Any, new: Any, *, chunk_tokens: int = CARRY_CHUNK_T
         raise ValueError(f"the new allocator has {new.size - new.available_size()} tokens in use; it must be fresh")
     step = max(chunk_tokens // page, 1) * page  # a paged free frees every page it touches: never split one
     last_new, last_old = new.size // page, old.size // page  # page p holds tokens p*page .. p*page+page-1
-    per_id = 1 if page == 1 else page  # tokens each taken id stands for
     free = take_free_tokens(old, step)
     try:
         kept_ids = sum(int((part // page <= last_new).sum()) for part in free)
-        dropped = (sum(part.numel() for part in free) - kept_ids) * per_id
+        dropped = (sum(part.numel() for part in free) - kept_ids) * page  # paged: each id stands for its page
         live_past = max(old.size - new.size, 0) - dropped
         if live_past:
             raise LiveTokensInTailError(
